@@ -1,0 +1,69 @@
+"""Names, labels, annotations and environment variable names shared by every part of TrainJob.
+
+One module so that a newcomer finds every wire-level name in one place; the operator, the local
+executor and the runtime all import from here.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "trainjob.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "TrainJob"
+PLURAL: Final = "trainjobs"
+SHORT_NAME: Final = "tj"
+
+# Label and annotation keys carried by every child Pod and Service.
+LABEL_JOB_NAME: Final = f"{GROUP}/job-name"
+LABEL_REPLICA_TYPE: Final = f"{GROUP}/replica-type"
+LABEL_REPLICA_INDEX: Final = f"{GROUP}/replica-index"
+LABEL_APP_NAME: Final = "app.kubernetes.io/name"
+LABEL_APP_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_APP_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_APP_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_APP_PART_OF: Final = "app.kubernetes.io/part-of"
+APP_NAME: Final = "trainjob"
+MANAGED_BY: Final = "trainjob-operator"
+
+ANNOTATION_PREFIX: Final = f"{GROUP}/"
+FINALIZER: Final = f"{GROUP}/finalizer"
+
+# The container that runs TensorFlow and the port name that sets the TF_CONFIG port: the same
+# names as Kubeflow's TFJob, so existing pod templates port unchanged.
+DEFAULT_CONTAINER_NAME: Final = "tensorflow"
+DEFAULT_PORT_NAME: Final = "tfjob-port"
+DEFAULT_PORT: Final = 2222
+DEFAULT_CLUSTER_DOMAIN: Final = ""  # empty: hosts end in ".svc", resolved by the search path
+
+# Replica types, in the order TF_CONFIG lists them (sorted, as Go's encoding/json sorts map keys).
+CHIEF: Final = "chief"
+WORKER: Final = "worker"
+PS: Final = "ps"
+EVALUATOR: Final = "evaluator"
+REPLICA_TYPES: Final = (CHIEF, EVALUATOR, PS, WORKER)
+
+# Environment variables the executors set for the trainjob runtime.
+ENV_TF_CONFIG: Final = "TF_CONFIG"
+ENV_JOB_NAME: Final = "TRAINJOB_NAME"
+ENV_NAMESPACE: Final = "TRAINJOB_NAMESPACE"
+ENV_REPLICA_TYPE: Final = "TRAINJOB_REPLICA_TYPE"
+ENV_REPLICA_INDEX: Final = "TRAINJOB_REPLICA_INDEX"
+ENV_ENTRYPOINT: Final = "TRAINJOB_ENTRYPOINT"
+ENV_STRATEGY: Final = "TRAINJOB_STRATEGY"
+ENV_FRAMEWORK: Final = "TRAINJOB_FRAMEWORK"
+ENV_CONFIG: Final = "TRAINJOB_CONFIG"
+ENV_CHECKPOINT_DIR: Final = "TRAINJOB_CHECKPOINT_DIR"
+ENV_PROGRESS_FILE: Final = "TRAINJOB_PROGRESS_FILE"
+ENV_DTENSOR_CLIENT_ID: Final = "DTENSOR_CLIENT_ID"
+ENV_DTENSOR_NUM_CLIENTS: Final = "DTENSOR_NUM_CLIENTS"
+ENV_DTENSOR_JOB_NAME: Final = "DTENSOR_JOB_NAME"
+ENV_DTENSOR_JOBS: Final = "DTENSOR_JOBS"
+
+# Progress events the runtime prints on stdout, one JSON object per line after this prefix.
+PROGRESS_LINE_PREFIX: Final = "TRAINJOB_PROGRESS "
+
+CHECKPOINT_VOLUME_NAME: Final = "trainjob-checkpoint"
+DEFAULT_CHECKPOINT_PATH: Final = "/checkpoints"
+DEFAULT_RUNTIME_COMMAND: Final = ("python", "-m", "trainjob", "train")
