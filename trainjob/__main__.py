@@ -1,4 +1,4 @@
-"""`python -m trainjob` is the `trainjob` command (used by rendered pods: `python -m trainjob train`)."""
+"""`python -m trainjob` is the `trainjob` command; rendered pods run `python -m trainjob train`."""
 
 import sys
 

@@ -67,3 +67,7 @@ PROGRESS_LINE_PREFIX: Final = "TRAINJOB_PROGRESS "
 CHECKPOINT_VOLUME_NAME: Final = "trainjob-checkpoint"
 DEFAULT_CHECKPOINT_PATH: Final = "/checkpoints"
 DEFAULT_RUNTIME_COMMAND: Final = ("python", "-m", "trainjob", "train")
+
+# The attempt a Pod belongs to. The policy engine bumps a replica's attempt when it decides to
+# restart it; a Pod of an older attempt is stale: deleted, and its exit never counted again.
+ANNOTATION_ATTEMPT: Final = f"{GROUP}/attempt"

@@ -1,0 +1,515 @@
+"""The lifecycle policy engine: one pure function from (spec, status, observed replicas, now) to
+what to do next. The operator applies its decisions as API calls, the local executor as
+processes, so "worker 1 exited 137 under ExitCode" has exactly one implementation.
+
+Semantics (DESIGN.md section 3):
+- Pods never restart in place; a restart bumps the replica's *attempt*, the old Pod becomes
+  stale (deleted, its exit never counted), and a Pod of the new attempt is created under the
+  same name once the old one is gone.
+- Restart scope follows the strategy: an all-reduce job (no ps) restarts chief + workers
+  together, because one lost worker breaks the collective; a ParameterServer job restarts a
+  lost worker alone, and chief + ps together when either of them fails.
+- Every restart decision counts toward backoffLimit; exceeding it fails the job.
+- Success and per-replica completion are recorded in status and never inferred from Pods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from trainjob.core import constants, spec
+from trainjob.core import status as st
+
+ReplicaKey = tuple[str, int]
+
+# Phases as the kubelet (or the local executor) reports them.
+PHASE_PENDING: Final = "Pending"
+PHASE_RUNNING: Final = "Running"
+PHASE_SUCCEEDED: Final = "Succeeded"
+PHASE_FAILED: Final = "Failed"
+PHASE_UNKNOWN: Final = "Unknown"
+
+# Condition reasons.
+REASON_CREATED: Final = "TrainJobCreated"
+REASON_RUNNING: Final = "AllReplicasRunning"
+REASON_RESTARTING: Final = "ReplicasRestarting"
+REASON_SUCCEEDED: Final = "TrainJobSucceeded"
+REASON_FAILED: Final = "ReplicaFailed"
+REASON_BACKOFF: Final = "BackoffLimitExceeded"
+REASON_DEADLINE: Final = "DeadlineExceeded"
+REASON_STARTUP: Final = "StartupDeadlineExceeded"
+REASON_SUSPENDED: Final = "TrainJobSuspended"
+REASON_RESUMED: Final = "TrainJobResumed"
+REASON_INVALID: Final = "InvalidSpec"
+
+# Exit codes 1-127 are the program's own verdict; >= 128 means killed by a signal (128 + n).
+FIRST_SIGNAL_EXIT_CODE: Final = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class ObservedReplica:
+    """What an executor sees of one replica's Pod (or process) right now."""
+
+    phase: str
+    attempt: int = 0
+    exit_code: int | None = None
+    reason: str | None = None
+    deleting: bool = False
+    finished_at: datetime.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    status: st.JobStatus
+    create_pods: tuple[tuple[str, int, int], ...] = ()  # (type, index, attempt)
+    delete_pods: tuple[ReplicaKey, ...] = ()
+    create_services: tuple[ReplicaKey, ...] = ()
+    delete_services: tuple[ReplicaKey, ...] = ()
+    events: tuple[Event, ...] = ()
+    delete_job: bool = False
+    # Seconds until a deadline or TTL needs another look even if nothing else happens.
+    requeue_after: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    key: ReplicaKey
+    exit_code: int | None
+    reason: str | None
+    finished_at: datetime.datetime | None
+
+
+def is_retryable(restart_policy: str, failure: Failure) -> bool:
+    """Whether a replica's failure may be retried, by its replica type's restart policy."""
+    if failure.reason == "Deleted":
+        # A Pod deleted under us (kubectl delete pod, node drain) is recreated under any
+        # policy, as a Kubernetes controller would; it still counts toward backoffLimit.
+        return True
+    if restart_policy in ("OnFailure", "Always"):
+        return True
+    if restart_policy == "ExitCode":
+        code = failure.exit_code
+        # 1-127: the program gave up (permanent). >= 128 or no code: killed, evicted, OOM.
+        return code is None or code == 0 or code >= FIRST_SIGNAL_EXIT_CODE
+    return False
+
+
+def success_deciders(job: spec.TrainJob) -> list[ReplicaKey]:
+    """The replicas whose success makes the job succeed."""
+    workers = [(constants.WORKER, i) for i in range(job.replicas(constants.WORKER))]
+    chief = [(constants.CHIEF, 0)] if job.replicas(constants.CHIEF) > 0 else []
+    if job.success_policy == "AllWorkers":
+        return chief + workers
+    return chief or workers[:1]
+
+
+def is_success(job: spec.TrainJob, replicas: Mapping[ReplicaKey, st.ReplicaRecord]) -> bool:
+    deciders = success_deciders(job)
+    return bool(deciders) and all(
+        replicas.get(key, st.ReplicaRecord()).state == st.STATE_SUCCEEDED for key in deciders
+    )
+
+
+def restart_scope(job: spec.TrainJob, key: ReplicaKey) -> tuple[ReplicaKey, ...]:
+    """The replicas restarted together when `key` fails."""
+    rtype = key[0]
+    if rtype == constants.EVALUATOR:
+        return (key,)
+    if not job.uses_parameter_servers:
+        # All-reduce: chief + workers form one collective.
+        return tuple(k for k in job.replica_keys() if k[0] in (constants.CHIEF, constants.WORKER))
+    if rtype == constants.WORKER:
+        return (key,)
+    # Coordinator or a ps lost: variables must be restored from the checkpoint into fresh ps.
+    return tuple(k for k in job.replica_keys() if k[0] in (constants.CHIEF, constants.PS))
+
+
+def root_cause(failures: Iterable[Failure]) -> Failure:
+    """The earliest failure of a group: peers of an all-reduce job fail *because* one was lost
+    (exit 1 within seconds), so only the first failure tells whether to retry."""
+    far_future = datetime.datetime.max.replace(tzinfo=datetime.timezone.utc)
+    ordered = sorted(failures, key=lambda f: (f.finished_at or far_future,))
+    return ordered[0]
+
+
+def describe(failure: Failure) -> str:
+    rtype, index = failure.key
+    if failure.reason == "Deleted":
+        return f"{rtype} {index} was deleted"
+    if failure.exit_code is None:
+        return f"{rtype} {index} failed ({failure.reason or 'no exit code'})"
+    detail = f", {failure.reason}" if failure.reason else ""
+    return f"{rtype} {index} exited with code {failure.exit_code}{detail}"
+
+
+@dataclasses.dataclass
+class _Work:
+    """Mutable scratch space of one reconcile; the result is frozen into a Decision."""
+
+    job: spec.TrainJob
+    now: datetime.datetime
+    status: st.JobStatus
+    replicas: dict[ReplicaKey, st.ReplicaRecord]
+    conditions: tuple[st.Condition, ...]
+    events: list[Event] = dataclasses.field(default_factory=list)
+    delete_pods: list[ReplicaKey] = dataclasses.field(default_factory=list)
+    requeue: list[float] = dataclasses.field(default_factory=list)
+
+    def condition(self, ctype: str, value: bool, reason: str, message: str) -> None:
+        self.conditions = st.set_condition(self.conditions, ctype, value, reason, message, self.now)
+
+    def is_true(self, ctype: str) -> bool:
+        return any(c.type == ctype and c.status for c in self.conditions)
+
+    def event(self, etype: str, reason: str, message: str) -> None:
+        self.events.append(Event(etype, reason, message))
+
+
+def reconcile(
+    job: spec.TrainJob,
+    status: st.JobStatus,
+    pods: Mapping[ReplicaKey, ObservedReplica],
+    services: Iterable[ReplicaKey],
+    now: datetime.datetime,
+) -> Decision:
+    """Decide everything for one job from what is recorded and what is observed."""
+    work = _Work(
+        job=job,
+        now=now,
+        status=status,
+        replicas={key: status.record(key) for key in job.replica_keys()},
+        conditions=status.conditions,
+    )
+    existing_services = set(services)
+    start_time = status.start_time
+    attempt_start = status.attempt_start_time
+    completion_time = status.completion_time
+    restart_count = status.restart_count
+
+    if not status.finished and job.run_policy.suspend:
+        return _suspend(work, pods, existing_services)
+
+    if not status.finished:
+        if status.is_true(st.SUSPENDED):
+            work.condition(st.SUSPENDED, False, REASON_RESUMED, "TrainJob resumed")
+            work.event("Normal", "Resumed", "Resumed TrainJob: recreating its replicas")
+            start_time = attempt_start = now
+        if start_time is None:
+            start_time = attempt_start = now
+        if not work.is_true(st.CREATED):
+            work.condition(st.CREATED, True, REASON_CREATED, f"TrainJob {job.name} is created")
+            work.event("Normal", "Created", f"Created TrainJob {job.name}")
+
+    failures = _observe(work, pods)
+
+    if not status.finished:
+        verdict = _judge(work, failures, restart_count, start_time, attempt_start)
+        if verdict is not None:
+            restart_count = verdict.restart_count
+            attempt_start = verdict.attempt_start or attempt_start
+            if verdict.finished:
+                completion_time = now
+
+    finished = work.is_true(st.SUCCEEDED) or work.is_true(st.FAILED)
+    create_pods: list[tuple[str, int, int]] = []
+    create_services: list[ReplicaKey] = []
+    delete_services: list[ReplicaKey] = []
+    delete_job = False
+    if finished:
+        delete_services = _clean_up(work, pods, existing_services)
+        ttl = job.run_policy.ttl_seconds_after_finished
+        if ttl is not None and completion_time is not None:
+            remaining = (completion_time - now).total_seconds() + ttl
+            if remaining <= 0:
+                delete_job = True
+            else:
+                work.requeue.append(remaining)
+    else:
+        for key in job.replica_keys():
+            record = work.replicas[key]
+            if key not in existing_services:
+                create_services.append(key)
+            if key not in pods and record.state != st.STATE_SUCCEEDED:
+                create_pods.append((key[0], key[1], record.attempt))
+        _update_running(work)
+
+    new_status = st.JobStatus(
+        conditions=work.conditions,
+        replicas=work.replicas,
+        restart_count=restart_count,
+        start_time=start_time,
+        attempt_start_time=attempt_start,
+        completion_time=completion_time,
+        observed_generation=job.generation,
+    )
+    return Decision(
+        status=new_status,
+        create_pods=tuple(create_pods),
+        delete_pods=tuple(dict.fromkeys(work.delete_pods)),
+        create_services=tuple(create_services),
+        delete_services=tuple(delete_services),
+        events=tuple(work.events),
+        delete_job=delete_job,
+        requeue_after=min(work.requeue) if work.requeue else None,
+    )
+
+
+def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Failure]:
+    """Fold observed Pods into replica records; return the failures of current attempts."""
+    failures: list[Failure] = []
+    finished = work.status.finished
+    deciders = set(success_deciders(work.job))
+    for key in work.job.replica_keys():
+        record = work.replicas[key]
+        pod = pods.get(key)
+        if record.state in (st.STATE_SUCCEEDED, st.STATE_STOPPED):
+            continue
+        if pod is None:
+            if not finished and record.state in (st.STATE_PENDING, st.STATE_RUNNING):
+                failures.append(Failure(key, None, "Deleted", work.now))
+            continue
+        if pod.attempt > record.attempt:
+            # Created by an earlier reconcile whose status write was lost: adopt it.
+            record = dataclasses.replace(record, attempt=pod.attempt)
+            work.replicas[key] = record
+        if pod.attempt < record.attempt:
+            if not pod.deleting:
+                work.delete_pods.append(key)
+            continue
+        if pod.deleting:
+            # Terminating is not a failure by itself (kubeflow #2124); judge it once it's gone.
+            continue
+        if finished:
+            continue
+        if pod.phase in (PHASE_PENDING, PHASE_RUNNING):
+            work.replicas[key] = dataclasses.replace(record, state=pod.phase)
+        elif pod.phase == PHASE_SUCCEEDED:
+            restart_policy = work.job.replica_specs[key[0]].restart_policy
+            if restart_policy == "Always" and key not in deciders:
+                failures.append(Failure(key, 0, pod.reason or "Completed", pod.finished_at))
+            else:
+                work.replicas[key] = dataclasses.replace(
+                    record, state=st.STATE_SUCCEEDED, exit_code=0, reason=None
+                )
+        elif pod.phase == PHASE_FAILED:
+            failures.append(Failure(key, pod.exit_code, pod.reason, pod.finished_at))
+    return failures
+
+
+@dataclasses.dataclass(frozen=True)
+class _Verdict:
+    restart_count: int
+    attempt_start: datetime.datetime | None
+    finished: bool
+
+
+def _judge(
+    work: _Work,
+    failures: list[Failure],
+    restart_count: int,
+    start_time: datetime.datetime | None,
+    attempt_start: datetime.datetime | None,
+) -> _Verdict | None:
+    """Success, then deadlines, then failures: the first that applies decides."""
+    job, now = work.job, work.now
+    if is_success(job, work.replicas):
+        deciders = ", ".join(f"{t} {i}" for t, i in success_deciders(job))
+        _finish(work, st.SUCCEEDED, REASON_SUCCEEDED, f"TrainJob {job.name} succeeded ({deciders})")
+        return _Verdict(restart_count, None, True)
+
+    deadline = job.run_policy.active_deadline_seconds
+    if deadline is not None and start_time is not None:
+        remaining = (start_time - now).total_seconds() + deadline
+        if remaining <= 0:
+            _finish(
+                work,
+                st.FAILED,
+                REASON_DEADLINE,
+                f"TrainJob {job.name} ran longer than activeDeadlineSeconds={deadline}",
+            )
+            return _Verdict(restart_count, None, True)
+        work.requeue.append(remaining)
+
+    if failures:
+        return _handle_failures(work, failures, restart_count)
+
+    not_up = [
+        key
+        for key in job.replica_keys()
+        if work.replicas[key].state not in (st.STATE_RUNNING, st.STATE_SUCCEEDED)
+    ]
+    if not_up and attempt_start is not None:
+        limit = job.run_policy.startup_deadline_seconds
+        remaining = (attempt_start - now).total_seconds() + limit
+        if remaining <= 0:
+            names = ", ".join(f"{t} {i}" for t, i in not_up)
+            _finish(
+                work,
+                st.FAILED,
+                REASON_STARTUP,
+                f"Not every replica was running within startupDeadlineSeconds={limit}; "
+                f"still waiting for: {names}",
+            )
+            return _Verdict(restart_count, None, True)
+        work.requeue.append(remaining)
+    return None
+
+
+def _handle_failures(work: _Work, failures: list[Failure], restart_count: int) -> _Verdict:
+    job = work.job
+    groups: dict[tuple[ReplicaKey, ...], list[Failure]] = {}
+    for failure in failures:
+        groups.setdefault(restart_scope(job, failure.key), []).append(failure)
+    for failure in failures:
+        work.replicas[failure.key] = dataclasses.replace(
+            work.replicas[failure.key],
+            state=st.STATE_FAILED,
+            exit_code=failure.exit_code,
+            reason=failure.reason,
+        )
+    causes = [root_cause(group) for group in groups.values()]
+    for cause in causes:
+        policy = job.replica_specs[cause.key[0]].restart_policy
+        if not is_retryable(policy, cause):
+            _finish(
+                work,
+                st.FAILED,
+                REASON_FAILED,
+                f"{describe(cause)}; restartPolicy {policy} does not retry it",
+            )
+            return _Verdict(restart_count, None, True)
+    if restart_count + len(causes) > job.run_policy.backoff_limit:
+        _finish(
+            work,
+            st.FAILED,
+            REASON_BACKOFF,
+            f"{describe(causes[0])}; backoffLimit={job.run_policy.backoff_limit} "
+            f"restarts already used",
+        )
+        return _Verdict(restart_count, None, True)
+    for scope, cause in zip(groups, causes, strict=True):
+        restarted = [key for key in scope if work.replicas[key].state != st.STATE_SUCCEEDED]
+        for key in restarted:
+            record = work.replicas[key]
+            work.replicas[key] = dataclasses.replace(
+                record, attempt=record.attempt + 1, state=st.STATE_NONE
+            )
+            work.delete_pods.append(key)
+        restart_count += 1
+        names = ", ".join(f"{t} {i}" for t, i in restarted)
+        work.event(
+            "Warning",
+            "Restarting",
+            f"Restarting {names} after {describe(cause)} "
+            f"(restart {restart_count} of backoffLimit {job.run_policy.backoff_limit})",
+        )
+    message = "; ".join(describe(c) for c in causes)
+    work.condition(st.RESTARTING, True, REASON_RESTARTING, f"Restarting after {message}")
+    work.condition(st.RUNNING, False, REASON_RESTARTING, f"Restarting after {message}")
+    return _Verdict(restart_count, work.now, False)
+
+
+def _finish(work: _Work, ctype: str, reason: str, message: str) -> None:
+    work.condition(ctype, True, reason, message)
+    work.condition(st.RUNNING, False, reason, message)
+    if work.is_true(st.RESTARTING):
+        work.condition(st.RESTARTING, False, reason, message)
+    event_type = "Normal" if ctype == st.SUCCEEDED else "Warning"
+    work.event(event_type, reason, message)
+
+
+def _clean_up(
+    work: _Work, pods: Mapping[ReplicaKey, ObservedReplica], services: set[ReplicaKey]
+) -> list[ReplicaKey]:
+    """Apply cleanPodPolicy to a finished job; return the Services to delete.
+
+    ps and evaluator never exit by themselves, so the default (Running) stops whatever is still
+    running; finished Pods stay for their logs unless the policy is All."""
+    policy = work.job.run_policy.clean_pod_policy
+    delete_services: list[ReplicaKey] = []
+    for key in work.job.replica_keys():
+        pod = pods.get(key)
+        record = work.replicas[key]
+        if record.state in (st.STATE_PENDING, st.STATE_RUNNING, st.STATE_NONE) and policy != "None":
+            work.replicas[key] = dataclasses.replace(record, state=st.STATE_STOPPED)
+        if policy == "None" or pod is None or pod.deleting:
+            continue
+        active = pod.phase in (PHASE_PENDING, PHASE_RUNNING, PHASE_UNKNOWN)
+        if policy == "All" or active:
+            work.delete_pods.append(key)
+    if policy == "All":
+        delete_services = [key for key in work.job.replica_keys() if key in services]
+    elif policy == "Running":
+        delete_services = [
+            key for key in work.job.replica_keys() if key in services and key in work.delete_pods
+        ]
+    return delete_services
+
+
+def _update_running(work: _Work) -> None:
+    """Running once every replica is up (or already done); that also ends a restart."""
+    all_up = all(
+        work.replicas[key].state in (st.STATE_RUNNING, st.STATE_SUCCEEDED)
+        for key in work.job.replica_keys()
+    )
+    if all_up and not work.is_true(st.RUNNING):
+        work.condition(st.RUNNING, True, REASON_RUNNING, "All replicas are running")
+        if work.is_true(st.RESTARTING):
+            work.condition(st.RESTARTING, False, REASON_RUNNING, "All replicas are running again")
+        work.event("Normal", "Running", f"TrainJob {work.job.name} is running")
+
+
+def _suspend(
+    work: _Work, pods: Mapping[ReplicaKey, ObservedReplica], services: set[ReplicaKey]
+) -> Decision:
+    """Suspend deletes every Pod and Service and keeps status (what Kueue needs). Pods of the
+    suspended attempt become stale, so none of their exits is ever counted as a failure."""
+    newly = not work.status.is_true(st.SUSPENDED)
+    if newly:
+        for key, record in work.replicas.items():
+            if record.state != st.STATE_SUCCEEDED:
+                work.replicas[key] = dataclasses.replace(
+                    record, attempt=record.attempt + 1, state=st.STATE_NONE
+                )
+        work.condition(st.SUSPENDED, True, REASON_SUSPENDED, "TrainJob is suspended")
+        if work.is_true(st.RUNNING):
+            work.condition(st.RUNNING, False, REASON_SUSPENDED, "TrainJob is suspended")
+        if work.is_true(st.RESTARTING):
+            work.condition(st.RESTARTING, False, REASON_SUSPENDED, "TrainJob is suspended")
+        work.event("Normal", "Suspended", "Suspended TrainJob: deleted its Pods and Services")
+    delete_pods = tuple(key for key, pod in pods.items() if not pod.deleting)
+    new_status = dataclasses.replace(
+        work.status,
+        conditions=work.conditions,
+        replicas=work.replicas,
+        observed_generation=work.job.generation,
+    )
+    return Decision(
+        status=new_status,
+        delete_pods=delete_pods,
+        delete_services=tuple(sorted(services)),
+        events=tuple(work.events),
+    )
+
+
+def invalid_spec(
+    status: st.JobStatus, message: str, now: datetime.datetime, generation: int | None
+) -> st.JobStatus:
+    """The status of a TrainJob the operator cannot run: Failed, reason InvalidSpec."""
+    conditions = st.set_condition(status.conditions, st.FAILED, True, REASON_INVALID, message, now)
+    return dataclasses.replace(
+        status,
+        conditions=conditions,
+        completion_time=status.completion_time or now,
+        observed_generation=generation,
+    )

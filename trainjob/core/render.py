@@ -1,0 +1,192 @@
+"""Render the Pod and headless Service of each replica, as plain Kubernetes manifests.
+
+Used by the operator (create calls), by `trainjob render` (a reviewable dry run) and by tests.
+The user's PodTemplateSpec is deep-copied and only added to; whatever the user set wins.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from trainjob.core import constants, naming, spec, tfconfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """The TrainJob that owns the children (controller ownerReference)."""
+
+    name: str
+    uid: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderOptions:
+    namespace: str
+    cluster_domain: str = constants.DEFAULT_CLUSTER_DOMAIN
+    # Image for replicas that set none, when the TrainJob sets no spec.image either.
+    default_image: str | None = None
+    scheduler_name: str | None = None
+    pod_group_name: str | None = None
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def checkpoint_dir(job: spec.TrainJob) -> str | None:
+    return job.checkpoint.path if job.checkpoint else None
+
+
+def render_pod(
+    job: spec.TrainJob,
+    replica_type: str,
+    index: int,
+    attempt: int,
+    options: RenderOptions,
+    owner: Owner | None,
+) -> dict[str, Any]:
+    """The Pod of one replica. Pods never restart in place (restartPolicy Never): the policy
+    engine decides every restart, the same way in the operator and in local mode."""
+    replica = job.replica_specs[replica_type]
+    template = copy.deepcopy(dict(replica.template))
+    meta = dict(template.get("metadata") or {})
+    pod_spec: dict[str, Any] = dict(template.get("spec") or {})
+    name = naming.child_name(job.name, replica_type, index)
+    cluster = tfconfig.cluster_spec(
+        job, tfconfig.kubernetes_host(job, options.namespace, options.cluster_domain)
+    )
+    env = tfconfig.replica_env(
+        job, cluster, replica_type, index, options.namespace, checkpoint_dir(job)
+    )
+    containers = [dict(c) for c in pod_spec.get("containers") or []]
+    if not containers:
+        containers = [{"name": constants.DEFAULT_CONTAINER_NAME}]
+    tf_index = _tf_container_index(containers)
+    containers[tf_index] = _tf_container(
+        job, containers[tf_index], env, spec.tf_port(replica.template), options
+    )
+    pod_spec["containers"] = containers
+    pod_spec["restartPolicy"] = "Never"
+    if job.checkpoint is not None and job.checkpoint.claim_name is not None:
+        volumes = list(pod_spec.get("volumes") or [])
+        if not any(v.get("name") == constants.CHECKPOINT_VOLUME_NAME for v in volumes):
+            volumes.append(
+                {
+                    "name": constants.CHECKPOINT_VOLUME_NAME,
+                    "persistentVolumeClaim": {"claimName": job.checkpoint.claim_name},
+                }
+            )
+        pod_spec["volumes"] = volumes
+    if options.scheduler_name and "schedulerName" not in pod_spec:
+        pod_spec["schedulerName"] = options.scheduler_name
+    annotations = {
+        **dict(meta.get("annotations") or {}),
+        constants.ANNOTATION_ATTEMPT: str(attempt),
+    }
+    if options.pod_group_name:
+        annotations["scheduling.k8s.io/group-name"] = options.pod_group_name
+    labels = {
+        **dict(meta.get("labels") or {}),
+        **naming.child_labels(job.name, replica_type, index),
+    }
+    if options.pod_group_name:
+        labels["scheduling.x-k8s.io/pod-group"] = options.pod_group_name
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": options.namespace,
+        "labels": labels,
+        "annotations": annotations,
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [owner_reference(owner)]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _tf_container_index(containers: list[dict[str, Any]]) -> int:
+    for i, container in enumerate(containers):
+        if container.get("name") == constants.DEFAULT_CONTAINER_NAME:
+            return i
+    return 0
+
+
+def _tf_container(
+    job: spec.TrainJob,
+    container: dict[str, Any],
+    env: Mapping[str, str],
+    port: int,
+    options: RenderOptions,
+) -> dict[str, Any]:
+    result = dict(container)
+    image = result.get("image") or job.image or options.default_image
+    if image:
+        result["image"] = image
+    if job.runtime is not None and "command" not in result:
+        result["command"] = list(constants.DEFAULT_RUNTIME_COMMAND)
+    user_env = list(result.get("env") or [])
+    user_names = {e.get("name") for e in user_env}
+    # The user's own value wins: appending ours after theirs would silently override it.
+    result["env"] = user_env + [
+        {"name": key, "value": value} for key, value in env.items() if key not in user_names
+    ]
+    ports = list(result.get("ports") or [])
+    if not any(p.get("name") == constants.DEFAULT_PORT_NAME for p in ports):
+        ports.append({"name": constants.DEFAULT_PORT_NAME, "containerPort": port})
+    result["ports"] = ports
+    if job.checkpoint is not None and job.checkpoint.claim_name is not None:
+        mounts = list(result.get("volumeMounts") or [])
+        if not any(m.get("name") == constants.CHECKPOINT_VOLUME_NAME for m in mounts):
+            mount: dict[str, Any] = {
+                "name": constants.CHECKPOINT_VOLUME_NAME,
+                "mountPath": job.checkpoint.path,
+            }
+            if job.checkpoint.sub_path:
+                mount["subPath"] = job.checkpoint.sub_path
+            mounts.append(mount)
+        result["volumeMounts"] = mounts
+    return result
+
+
+def render_service(
+    job: spec.TrainJob, replica_type: str, index: int, options: RenderOptions, owner: Owner | None
+) -> dict[str, Any]:
+    """A headless Service per replica gives each task the stable DNS name TF_CONFIG lists."""
+    port = spec.tf_port(job.replica_specs[replica_type].template)
+    metadata: dict[str, Any] = {
+        "name": naming.child_name(job.name, replica_type, index),
+        "namespace": options.namespace,
+        "labels": naming.child_labels(job.name, replica_type, index),
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [owner_reference(owner)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "clusterIP": "None",
+            "selector": naming.replica_selector(job.name, replica_type, index),
+            "ports": [{"name": constants.DEFAULT_PORT_NAME, "port": port, "targetPort": port}],
+            # Peers must resolve each other while TF starts, before any readiness probe passes.
+            "publishNotReadyAddresses": True,
+        },
+    }
+
+
+def render_all(
+    job: spec.TrainJob, options: RenderOptions, owner: Owner | None
+) -> list[dict[str, Any]]:
+    """Every Service and Pod of a fresh job (attempt 0), Services first so DNS exists early."""
+    keys = job.replica_keys()
+    services = [render_service(job, rtype, index, options, owner) for rtype, index in keys]
+    pods = [render_pod(job, rtype, index, 0, options, owner) for rtype, index in keys]
+    return services + pods

@@ -1,0 +1,541 @@
+"""The TrainJob spec model: parse a manifest (a plain mapping) into frozen, typed data.
+
+Parsing applies the same defaults as the CRD schema and reports *every* problem with its field
+path, so `trainjob validate`, the local executor and the operator (InvalidSpec) give the same
+messages. The CRD's schema and CEL rules reject most of these at admission already; this module
+is the second line for objects that got past an older CRD, and the only line for local mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from trainjob.core import constants
+
+RESTART_POLICIES: Final = ("Never", "OnFailure", "Always", "ExitCode")
+CLEAN_POD_POLICIES: Final = ("All", "Running", "None")
+SUCCESS_POLICIES: Final = ("ChiefOrWorker0", "AllWorkers")
+STRATEGIES: Final = (
+    "Auto",
+    "MultiWorkerMirrored",
+    "ParameterServer",
+    "Mirrored",
+    "OneDevice",
+    "DTensor",
+)
+FRAMEWORKS: Final = ("Keras", "Estimator")
+GANG_SCHEDULERS: Final = ("volcano", "scheduler-plugins")
+
+DEFAULT_BACKOFF_LIMIT: Final = 6  # the same default as a Kubernetes batch/v1 Job
+DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 600
+# Longest child name is "<job>-evaluator-<index>"; with up to 4 index digits it must fit the
+# 63-character DNS label that both Pod hostnames and Service names require.
+MAX_JOB_NAME_LENGTH: Final = 48
+MAX_REPLICAS: Final = 9999
+
+_DNS_1035: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1123: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_ENTRYPOINT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a manifest, at a dotted field path such as `spec.replicaSpecs.ps`."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class SpecError(ValueError):
+    """A manifest that cannot run; carries every problem found, not only the first."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        self.problems: tuple[Problem, ...] = tuple(problems)
+        super().__init__("; ".join(str(p) for p in self.problems))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaSpec:
+    replicas: int
+    restart_policy: str
+    # The PodTemplateSpec exactly as the user wrote it; rendering copies it, never mutates it.
+    template: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeSpec:
+    entrypoint: str
+    strategy: str
+    framework: str
+    config: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSpec:
+    path: str
+    claim_name: str | None
+    sub_path: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulingPolicy:
+    min_available: int | None
+    queue: str | None
+    priority_class: str | None
+    schedule_timeout_seconds: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPolicy:
+    clean_pod_policy: str = "Running"
+    backoff_limit: int = DEFAULT_BACKOFF_LIMIT
+    active_deadline_seconds: int | None = None
+    ttl_seconds_after_finished: int | None = None
+    startup_deadline_seconds: int = DEFAULT_STARTUP_DEADLINE_SECONDS
+    suspend: bool = False
+    scheduling_policy: SchedulingPolicy | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainJob:
+    """A parsed, defaulted, valid TrainJob."""
+
+    name: str
+    namespace: str | None
+    uid: str | None
+    generation: int | None
+    image: str | None
+    runtime: RuntimeSpec | None
+    replica_specs: Mapping[str, ReplicaSpec]
+    checkpoint: CheckpointSpec | None
+    run_policy: RunPolicy
+    success_policy: str
+    labels: Mapping[str, str]
+
+    def replicas(self, replica_type: str) -> int:
+        spec = self.replica_specs.get(replica_type)
+        return spec.replicas if spec else 0
+
+    def replica_keys(self) -> list[tuple[str, int]]:
+        """Every (replica type, index) of the job, in TF_CONFIG order."""
+        return [
+            (rtype, index)
+            for rtype in constants.REPLICA_TYPES
+            for index in range(self.replicas(rtype))
+        ]
+
+    @property
+    def uses_parameter_servers(self) -> bool:
+        return self.replicas(constants.PS) > 0
+
+    @property
+    def total_replicas(self) -> int:
+        return sum(self.replicas(rtype) for rtype in constants.REPLICA_TYPES)
+
+
+class _Collector:
+    """Gathers problems while parsing so one pass reports all of them."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.problems.append(Problem(path, message))
+
+    def mapping(self, value: object, path: str) -> Mapping[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.add(path, f"must be an object, got {_type_name(value)}")
+            return {}
+        return value
+
+    def integer(
+        self, value: object, path: str, default: int | None, minimum: int, maximum: int | None
+    ) -> int | None:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.add(path, f"must be an integer, got {_type_name(value)}")
+            return default
+        if value < minimum:
+            self.add(path, f"must be >= {minimum}, got {value}")
+            return default
+        if maximum is not None and value > maximum:
+            self.add(path, f"must be <= {maximum}, got {value}")
+            return default
+        return value
+
+    def string(self, value: object, path: str) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            self.add(path, f"must be a non-empty string, got {_type_name(value)}")
+            return None
+        return value
+
+    def enum(self, value: object, path: str, allowed: Sequence[str], default: str) -> str:
+        if value is None:
+            return default
+        if value not in allowed:
+            self.add(path, f"must be one of {', '.join(allowed)}, got {value!r}")
+            return default
+        assert isinstance(value, str)
+        return value
+
+    def unknown_keys(self, obj: Mapping[str, Any], path: str, known: Sequence[str]) -> None:
+        for key in obj:
+            if key not in known:
+                self.add(f"{path}.{key}", f"unknown field (known: {', '.join(known)})")
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def parse(manifest: object) -> TrainJob:
+    """Parse a TrainJob manifest; raise SpecError listing every problem found."""
+    c = _Collector()
+    obj = c.mapping(manifest, "<document>")
+    if c.problems:
+        raise SpecError(c.problems)
+    if obj.get("apiVersion") != constants.API_VERSION:
+        c.add("apiVersion", f"must be {constants.API_VERSION}, got {obj.get('apiVersion')!r}")
+    if obj.get("kind") != constants.KIND:
+        c.add("kind", f"must be {constants.KIND}, got {obj.get('kind')!r}")
+    metadata = c.mapping(obj.get("metadata"), "metadata")
+    name = _parse_name(c, metadata.get("name"))
+    namespace = c.string(metadata.get("namespace"), "metadata.namespace")
+    labels = c.mapping(metadata.get("labels"), "metadata.labels")
+    spec = c.mapping(obj.get("spec"), "spec")
+    if "spec" not in obj:
+        c.add("spec", "is required")
+    c.unknown_keys(
+        spec,
+        "spec",
+        ("image", "runtime", "replicaSpecs", "checkpoint", "runPolicy", "successPolicy"),
+    )
+    image = c.string(spec.get("image"), "spec.image")
+    replica_specs = _parse_replica_specs(c, spec.get("replicaSpecs"))
+    runtime = _parse_runtime(c, spec.get("runtime"))
+    checkpoint = _parse_checkpoint(c, spec.get("checkpoint"))
+    run_policy = _parse_run_policy(c, spec.get("runPolicy"))
+    success_policy = c.enum(
+        spec.get("successPolicy"), "spec.successPolicy", SUCCESS_POLICIES, SUCCESS_POLICIES[0]
+    )
+    job = TrainJob(
+        name=name,
+        namespace=namespace,
+        uid=metadata.get("uid") if isinstance(metadata.get("uid"), str) else None,
+        generation=(
+            metadata.get("generation") if isinstance(metadata.get("generation"), int) else None
+        ),
+        image=image,
+        runtime=runtime,
+        replica_specs=replica_specs,
+        checkpoint=checkpoint,
+        run_policy=run_policy,
+        success_policy=success_policy,
+        labels={str(k): str(v) for k, v in labels.items()},
+    )
+    _check_topology(c, job)
+    _check_images(c, job)
+    if c.problems:
+        raise SpecError(c.problems)
+    return job
+
+
+def problems_of(manifest: object) -> list[Problem]:
+    """Every problem of a manifest; empty when it is valid."""
+    try:
+        parse(manifest)
+    except SpecError as error:
+        return list(error.problems)
+    return []
+
+
+def _parse_name(c: _Collector, value: object) -> str:
+    name = c.string(value, "metadata.name")
+    if name is None:
+        if value is None:
+            c.add("metadata.name", "is required")
+        return ""
+    if len(name) > MAX_JOB_NAME_LENGTH:
+        c.add(
+            "metadata.name",
+            f"must be at most {MAX_JOB_NAME_LENGTH} characters so that child names "
+            f"<name>-<type>-<index> fit a 63-character DNS label, got {len(name)}",
+        )
+    if not _DNS_1035.match(name):
+        c.add(
+            "metadata.name",
+            "must be a DNS-1035 label (lower-case letters, digits and '-', starting with a "
+            f"letter) because it names Services, got {name!r}",
+        )
+    return name
+
+
+def _parse_replica_specs(c: _Collector, value: object) -> dict[str, ReplicaSpec]:
+    path = "spec.replicaSpecs"
+    raw = c.mapping(value, path)
+    if value is None:
+        c.add(path, "is required")
+    result: dict[str, ReplicaSpec] = {}
+    for key, item in raw.items():
+        item_path = f"{path}.{key}"
+        if key not in constants.REPLICA_TYPES:
+            hint = (
+                f" (did you mean {key.lower()!r}?)"
+                if key.lower() in constants.REPLICA_TYPES
+                else ""
+            )
+            c.add(
+                item_path,
+                f"unknown replica type{hint}; must be one of {', '.join(constants.REPLICA_TYPES)}",
+            )
+            continue
+        item_map = c.mapping(item, item_path)
+        c.unknown_keys(item_map, item_path, ("replicas", "restartPolicy", "template"))
+        replicas = c.integer(item_map.get("replicas"), f"{item_path}.replicas", 1, 0, MAX_REPLICAS)
+        restart_policy = c.enum(
+            item_map.get("restartPolicy"),
+            f"{item_path}.restartPolicy",
+            RESTART_POLICIES,
+            RESTART_POLICIES[0],
+        )
+        template = c.mapping(item_map.get("template"), f"{item_path}.template")
+        _check_template(c, template, f"{item_path}.template")
+        result[key] = ReplicaSpec(
+            replicas=replicas if replicas is not None else 1,
+            restart_policy=restart_policy,
+            template=template,
+        )
+    return result
+
+
+def _check_template(c: _Collector, template: Mapping[str, Any], path: str) -> None:
+    pod_spec = c.mapping(template.get("spec"), f"{path}.spec")
+    containers = pod_spec.get("containers")
+    if containers is None:
+        return
+    if not isinstance(containers, list) or not containers:
+        c.add(f"{path}.spec.containers", "must be a non-empty array")
+        return
+    names: list[str] = []
+    for i, container in enumerate(containers):
+        cpath = f"{path}.spec.containers[{i}]"
+        cmap = c.mapping(container, cpath)
+        cname = cmap.get("name")
+        if not isinstance(cname, str) or not _DNS_1123.match(cname):
+            c.add(f"{cpath}.name", "is required and must be a DNS-1123 label")
+        else:
+            names.append(cname)
+    if len(names) > 1 and constants.DEFAULT_CONTAINER_NAME not in names:
+        c.add(
+            f"{path}.spec.containers",
+            f"with several containers, one must be named {constants.DEFAULT_CONTAINER_NAME!r} "
+            "(it gets TF_CONFIG and the TensorFlow port)",
+        )
+
+
+def _parse_runtime(c: _Collector, value: object) -> RuntimeSpec | None:
+    if value is None:
+        return None
+    path = "spec.runtime"
+    raw = c.mapping(value, path)
+    c.unknown_keys(raw, path, ("entrypoint", "strategy", "framework", "config"))
+    entrypoint = c.string(raw.get("entrypoint"), f"{path}.entrypoint")
+    if entrypoint is None and raw.get("entrypoint") is None:
+        c.add(f"{path}.entrypoint", "is required (module:function, e.g. my_pkg.train:build)")
+    elif entrypoint is not None and not _ENTRYPOINT.match(entrypoint):
+        c.add(
+            f"{path}.entrypoint",
+            f"must look like package.module:function, got {entrypoint!r}",
+        )
+    config = c.mapping(raw.get("config"), f"{path}.config")
+    return RuntimeSpec(
+        entrypoint=entrypoint or "",
+        strategy=c.enum(raw.get("strategy"), f"{path}.strategy", STRATEGIES, STRATEGIES[0]),
+        framework=c.enum(raw.get("framework"), f"{path}.framework", FRAMEWORKS, FRAMEWORKS[0]),
+        config=config,
+    )
+
+
+def _parse_checkpoint(c: _Collector, value: object) -> CheckpointSpec | None:
+    if value is None:
+        return None
+    path = "spec.checkpoint"
+    raw = c.mapping(value, path)
+    c.unknown_keys(raw, path, ("path", "claimName", "subPath"))
+    ckpt_path = c.string(raw.get("path"), f"{path}.path") or constants.DEFAULT_CHECKPOINT_PATH
+    claim_name = c.string(raw.get("claimName"), f"{path}.claimName")
+    sub_path = c.string(raw.get("subPath"), f"{path}.subPath")
+    if claim_name is not None and not ckpt_path.startswith("/"):
+        c.add(f"{path}.path", f"must be an absolute path when claimName is set, got {ckpt_path!r}")
+    if sub_path is not None and claim_name is None:
+        c.add(f"{path}.subPath", "needs claimName (it is a sub-path inside that volume)")
+    return CheckpointSpec(path=ckpt_path, claim_name=claim_name, sub_path=sub_path)
+
+
+def _parse_run_policy(c: _Collector, value: object) -> RunPolicy:
+    path = "spec.runPolicy"
+    raw = c.mapping(value, path)
+    c.unknown_keys(
+        raw,
+        path,
+        (
+            "cleanPodPolicy",
+            "backoffLimit",
+            "activeDeadlineSeconds",
+            "ttlSecondsAfterFinished",
+            "startupDeadlineSeconds",
+            "suspend",
+            "schedulingPolicy",
+        ),
+    )
+    suspend = raw.get("suspend", False)
+    if not isinstance(suspend, bool):
+        c.add(f"{path}.suspend", f"must be a boolean, got {_type_name(suspend)}")
+        suspend = False
+    backoff = c.integer(
+        raw.get("backoffLimit"), f"{path}.backoffLimit", DEFAULT_BACKOFF_LIMIT, 0, None
+    )
+    startup = c.integer(
+        raw.get("startupDeadlineSeconds"),
+        f"{path}.startupDeadlineSeconds",
+        DEFAULT_STARTUP_DEADLINE_SECONDS,
+        1,
+        None,
+    )
+    return RunPolicy(
+        clean_pod_policy=c.enum(
+            raw.get("cleanPodPolicy"),
+            f"{path}.cleanPodPolicy",
+            CLEAN_POD_POLICIES,
+            "Running",
+        ),
+        backoff_limit=backoff if backoff is not None else DEFAULT_BACKOFF_LIMIT,
+        active_deadline_seconds=c.integer(
+            raw.get("activeDeadlineSeconds"), f"{path}.activeDeadlineSeconds", None, 1, None
+        ),
+        ttl_seconds_after_finished=c.integer(
+            raw.get("ttlSecondsAfterFinished"), f"{path}.ttlSecondsAfterFinished", None, 0, None
+        ),
+        startup_deadline_seconds=(
+            startup if startup is not None else DEFAULT_STARTUP_DEADLINE_SECONDS
+        ),
+        suspend=suspend,
+        scheduling_policy=_parse_scheduling(c, raw.get("schedulingPolicy")),
+    )
+
+
+def _parse_scheduling(c: _Collector, value: object) -> SchedulingPolicy | None:
+    if value is None:
+        return None
+    path = "spec.runPolicy.schedulingPolicy"
+    raw = c.mapping(value, path)
+    c.unknown_keys(raw, path, ("minAvailable", "queue", "priorityClass", "scheduleTimeoutSeconds"))
+    return SchedulingPolicy(
+        min_available=c.integer(raw.get("minAvailable"), f"{path}.minAvailable", None, 1, None),
+        queue=c.string(raw.get("queue"), f"{path}.queue"),
+        priority_class=c.string(raw.get("priorityClass"), f"{path}.priorityClass"),
+        schedule_timeout_seconds=c.integer(
+            raw.get("scheduleTimeoutSeconds"), f"{path}.scheduleTimeoutSeconds", None, 1, None
+        ),
+    )
+
+
+def _check_topology(c: _Collector, job: TrainJob) -> None:
+    """Cross-field rules; each is also a CEL rule in the CRD (same message)."""
+    path = "spec.replicaSpecs"
+    chief, workers, ps = (
+        job.replicas(t) for t in (constants.CHIEF, constants.WORKER, constants.PS)
+    )
+    if not job.replica_specs:
+        return
+    if chief > 1:
+        c.add(f"{path}.chief.replicas", f"must be 0 or 1 (TensorFlow has one chief), got {chief}")
+    if job.replicas(constants.EVALUATOR) > 1:
+        c.add(f"{path}.evaluator.replicas", "must be 0 or 1 (TensorFlow has one evaluator)")
+    if chief + workers == 0:
+        c.add(path, "needs a chief or at least one worker (ps and evaluator alone never finish)")
+    if ps > 0 and chief + workers == 0:
+        c.add(f"{path}.ps", "needs a chief or workers to train")
+    if job.runtime is None:
+        return
+    strategy = job.runtime.strategy
+    if strategy == "ParameterServer" and (ps == 0 or chief == 0):
+        c.add(
+            "spec.runtime.strategy",
+            "ParameterServer needs replicaSpecs.ps and a chief (the coordinator)",
+        )
+    if strategy in ("MultiWorkerMirrored", "DTensor", "Mirrored", "OneDevice") and ps > 0:
+        c.add(
+            "spec.runtime.strategy", f"{strategy} does not use ps replicas; remove replicaSpecs.ps"
+        )
+    if strategy in ("Mirrored", "OneDevice") and chief + workers > 1:
+        c.add(
+            "spec.runtime.strategy",
+            f"{strategy} runs on one machine; use MultiWorkerMirrored for "
+            f"{chief + workers} replicas",
+        )
+    if job.runtime.framework == "Estimator" and strategy == "DTensor":
+        c.add("spec.runtime.framework", "Estimator cannot run with the DTensor strategy")
+
+
+def _check_images(c: _Collector, job: TrainJob) -> None:
+    """Every replica's TensorFlow container needs an image: its own or spec.image."""
+    if job.image is not None:
+        return
+    for rtype, replica in job.replica_specs.items():
+        if replica.replicas == 0:
+            continue
+        container = tf_container(replica.template)
+        if container is None or not isinstance(container.get("image"), str):
+            c.add(
+                f"spec.replicaSpecs.{rtype}.template",
+                "needs a container image (set spec.image or the tensorflow container's image)",
+            )
+
+
+def tf_container(template: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The container that runs TensorFlow: the one named `tensorflow`, else the only one."""
+    pod_spec = template.get("spec")
+    if not isinstance(pod_spec, Mapping):
+        return None
+    containers = pod_spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        return None
+    for container in containers:
+        if (
+            isinstance(container, Mapping)
+            and container.get("name") == constants.DEFAULT_CONTAINER_NAME
+        ):
+            return container
+    only = containers[0]
+    return only if len(containers) == 1 and isinstance(only, Mapping) else None
+
+
+def tf_port(template: Mapping[str, Any]) -> int:
+    """TensorFlow's port: `tfjob-port` of the TF container, else 2222 (Kubeflow's rule)."""
+    container = tf_container(template)
+    if container is None:
+        return constants.DEFAULT_PORT
+    for port in container.get("ports") or []:
+        if (
+            isinstance(port, Mapping)
+            and port.get("name") == constants.DEFAULT_PORT_NAME
+            and isinstance(port.get("containerPort"), int)
+        ):
+            return int(port["containerPort"])
+    return constants.DEFAULT_PORT
