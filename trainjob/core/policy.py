@@ -255,7 +255,10 @@ def reconcile(
     return Decision(
         status=new_status,
         create_pods=tuple(create_pods),
-        delete_pods=tuple(dict.fromkeys(work.delete_pods)),
+        # Only Pods that exist and are not already going away need a delete call.
+        delete_pods=tuple(
+            key for key in dict.fromkeys(work.delete_pods) if key in pods and not pods[key].deleting
+        ),
         create_services=tuple(create_services),
         delete_services=tuple(delete_services),
         events=tuple(work.events),

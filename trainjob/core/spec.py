@@ -340,10 +340,13 @@ def _check_template(c: _Collector, template: Mapping[str, Any], path: str) -> No
             c.add(f"{cpath}.name", "is required and must be a DNS-1123 label")
         else:
             names.append(cname)
+        for j, port in enumerate(cmap.get("ports") or []):
+            number = port.get("containerPort") if isinstance(port, Mapping) else None
+            c.integer(number, f"{cpath}.ports[{j}].containerPort", None, 1, 65535)
     if len(names) > 1 and constants.DEFAULT_CONTAINER_NAME not in names:
         c.add(
             f"{path}.spec.containers",
-            f"with several containers, one must be named {constants.DEFAULT_CONTAINER_NAME!r} "
+            f"with several containers, one must be named {constants.DEFAULT_CONTAINER_NAME} "
             "(it gets TF_CONFIG and the TensorFlow port)",
         )
 

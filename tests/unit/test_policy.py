@@ -1,0 +1,503 @@
+"""The lifecycle policy engine, as data: restart policy x exit code, restart scope, backoff,
+success policies, clean-up, deadline, TTL, startup deadline and suspend/resume, with injected
+time. A tiny in-memory "cluster" applies each decision the way an executor would."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+import pytest
+
+from trainjob.core import policy, spec
+from trainjob.core import status as st
+
+T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+Key = tuple[str, int]
+
+
+def at(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+def make_job(
+    replicas: dict[str, int],
+    restart_policy: str = "Never",
+    run_policy: dict[str, Any] | None = None,
+    success_policy: str | None = None,
+) -> spec.TrainJob:
+    manifest: dict[str, Any] = {
+        "apiVersion": "trainjob.dev/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "job", "namespace": "ns", "uid": "u1", "generation": 1},
+        "spec": {
+            "image": "img",
+            "replicaSpecs": {
+                rtype: {"replicas": count, "restartPolicy": restart_policy}
+                for rtype, count in replicas.items()
+            },
+            "runPolicy": run_policy or {},
+        },
+    }
+    if success_policy:
+        manifest["spec"]["successPolicy"] = success_policy
+    return spec.parse(manifest)
+
+
+@dataclasses.dataclass
+class World:
+    """Pods and Services as an executor would hold them; decisions are applied to it."""
+
+    job: spec.TrainJob
+    status: st.JobStatus = dataclasses.field(default_factory=st.JobStatus)
+    pods: dict[Key, policy.ObservedReplica] = dataclasses.field(default_factory=dict)
+    services: set[Key] = dataclasses.field(default_factory=set)
+    deleted_job: bool = False
+    last: policy.Decision | None = None
+
+    def reconcile(self, now: datetime.datetime) -> policy.Decision:
+        decision = policy.reconcile(self.job, self.status, self.pods, self.services, now)
+        for key in decision.delete_pods:
+            # Deletion is asynchronous on a real cluster: the Pod first shows deletionTimestamp.
+            self.pods[key] = dataclasses.replace(self.pods[key], deleting=True)
+        for rtype, index, attempt in decision.create_pods:
+            self.pods[(rtype, index)] = policy.ObservedReplica(phase="Pending", attempt=attempt)
+        self.services |= set(decision.create_services)
+        self.services -= set(decision.delete_services)
+        self.deleted_job = decision.delete_job
+        self.status = decision.status
+        self.last = decision
+        return decision
+
+    def finish_deletions(self) -> None:
+        self.pods = {k: p for k, p in self.pods.items() if not p.deleting}
+
+    def set_phase(
+        self,
+        key: Key,
+        phase: str,
+        exit_code: int | None = None,
+        reason: str | None = None,
+        finished_at: datetime.datetime | None = None,
+    ) -> None:
+        self.pods[key] = dataclasses.replace(
+            self.pods[key], phase=phase, exit_code=exit_code, reason=reason, finished_at=finished_at
+        )
+
+    def run_all(self, now: datetime.datetime) -> None:
+        for key in list(self.pods):
+            if not self.pods[key].deleting:
+                self.set_phase(key, "Running")
+        self.reconcile(now)
+
+    def settle(self, now: datetime.datetime) -> None:
+        """Deletions complete, recreated pods come up: what a kubelet does between events."""
+        self.finish_deletions()
+        self.reconcile(now)
+        self.run_all(now)
+
+    def state(self) -> str:
+        return st.state_of(self.status)
+
+    def condition(self, ctype: str) -> st.Condition:
+        condition = self.status.condition(ctype)
+        assert condition is not None, ctype
+        return condition
+
+
+def started(job: spec.TrainJob) -> World:
+    world = World(job)
+    world.reconcile(at(0))
+    world.run_all(at(1))
+    assert world.state() == "Running"
+    return world
+
+
+def test_fresh_job_creates_every_service_and_pod_and_is_created() -> None:
+    world = World(make_job({"chief": 1, "worker": 2, "ps": 1}))
+    decision = world.reconcile(at(0))
+    keys = [("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1)]
+    assert sorted(decision.create_services) == keys
+    assert sorted((t, i) for t, i, _ in decision.create_pods) == keys
+    assert all(attempt == 0 for *_, attempt in decision.create_pods)
+    assert world.state() == "Created"
+    assert world.status.start_time == at(0)
+    assert [e.reason for e in decision.events] == ["Created"]
+    # Reconciling again with everything present creates nothing (idempotent).
+    again = world.reconcile(at(1))
+    assert again.create_pods == () and again.create_services == ()
+
+
+def test_all_replicas_running_makes_the_job_running() -> None:
+    world = World(make_job({"worker": 2}))
+    world.reconcile(at(0))
+    world.set_phase(("worker", 0), "Running")
+    world.reconcile(at(1))
+    assert world.state() == "Created"  # one replica is still pending
+    world.run_all(at(2))
+    assert world.state() == "Running"
+    assert st.to_dict(world.job, world.status)["ready"] == "2/2"
+
+
+# restart policy, exit code, reason -> restart (True) or fail the job (False)
+MATRIX = [
+    ("Never", 1, None, False),
+    ("Never", 137, "OOMKilled", False),
+    ("Never", None, "Evicted", False),
+    ("OnFailure", 1, None, True),
+    ("OnFailure", 137, None, True),
+    ("OnFailure", None, "Evicted", True),
+    ("Always", 1, None, True),
+    ("Always", 143, None, True),
+    ("ExitCode", 1, None, False),
+    ("ExitCode", 2, None, False),
+    ("ExitCode", 127, None, False),
+    ("ExitCode", 128, None, True),
+    ("ExitCode", 130, None, True),
+    ("ExitCode", 137, "OOMKilled", True),
+    ("ExitCode", 143, None, True),
+    ("ExitCode", 255, None, True),
+    ("ExitCode", None, "Evicted", True),
+]
+
+
+@pytest.mark.parametrize(("restart_policy", "exit_code", "reason", "restarts"), MATRIX)
+def test_restart_policy_by_exit_code(
+    restart_policy: str, exit_code: int | None, reason: str | None, restarts: bool
+) -> None:
+    world = started(make_job({"worker": 2}, restart_policy))
+    world.set_phase(("worker", 1), "Failed", exit_code, reason, at(5))
+    decision = world.reconcile(at(6))
+    record = world.status.record(("worker", 1))
+    assert record.exit_code == exit_code  # the last exit code is in status (kubeflow #1749)
+    if restarts:
+        assert world.state() == "Restarting"
+        assert world.status.restart_count == 1
+        assert set(decision.delete_pods) == {("worker", 0), ("worker", 1)}
+        world.settle(at(7))
+        assert world.state() == "Running"
+        assert world.pods[("worker", 1)].attempt == 1
+    else:
+        assert world.state() == "Failed"
+        assert world.condition("Failed").reason == "ReplicaFailed"
+        assert f"restartPolicy {restart_policy}" in world.condition("Failed").message
+        assert world.status.restart_count == 0
+        assert world.status.completion_time == at(6)
+
+
+def test_always_restarts_a_replica_that_exits_zero_unless_it_decides_success() -> None:
+    world = started(make_job({"chief": 1, "worker": 1, "ps": 1}, "Always"))
+    world.set_phase(("ps", 0), "Succeeded", 0)
+    world.reconcile(at(5))
+    assert world.state() == "Restarting"
+    world.settle(at(6))
+    world.set_phase(("chief", 0), "Succeeded", 0)
+    world.reconcile(at(7))
+    assert world.state() == "Succeeded"
+
+
+def test_every_restart_counts_toward_backoff_limit() -> None:
+    world = started(make_job({"worker": 1, "ps": 1, "chief": 1}, "OnFailure",
+                             {"backoffLimit": 2}))
+    for attempt in range(2):
+        world.set_phase(("worker", 0), "Failed", 1, None, at(10 + attempt))
+        world.reconcile(at(10 + attempt))
+        assert world.status.restart_count == attempt + 1
+        world.settle(at(10 + attempt))
+    world.set_phase(("worker", 0), "Failed", 1, None, at(20))
+    world.reconcile(at(20))
+    assert world.state() == "Failed"
+    assert world.condition("Failed").reason == "BackoffLimitExceeded"
+    assert world.status.restart_count == 2
+
+
+def test_backoff_limit_zero_fails_on_first_retryable_failure() -> None:
+    world = started(make_job({"worker": 2}, "ExitCode", {"backoffLimit": 0}))
+    world.set_phase(("worker", 0), "Failed", 137, None, at(3))
+    world.reconcile(at(3))
+    assert world.condition("Failed").reason == "BackoffLimitExceeded"
+
+
+def test_all_reduce_job_restarts_the_whole_group_once() -> None:
+    world = started(make_job({"chief": 1, "worker": 2, "evaluator": 1}, "ExitCode"))
+    world.set_phase(("worker", 1), "Failed", 137, "Error", at(5))
+    decision = world.reconcile(at(5))
+    assert set(decision.delete_pods) == {("chief", 0), ("worker", 0), ("worker", 1)}
+    assert world.status.restart_count == 1
+    assert [e.reason for e in decision.events] == ["Restarting"]
+    # A survivor fails *because* the collective broke, before its deletion lands: stale, so
+    # neither counted nor judged under ExitCode (its exit 1 would otherwise fail the job).
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)], phase="Failed", exit_code=1, deleting=False
+    )
+    world.reconcile(at(6))
+    assert world.state() == "Restarting"
+    assert world.status.restart_count == 1
+    world.settle(at(8))
+    assert world.state() == "Running"
+    assert world.condition("Restarting").status is False
+    assert world.pods[("evaluator", 0)].attempt == 0  # the evaluator was left alone
+
+
+def test_root_cause_is_the_earliest_failure_of_a_group() -> None:
+    world = started(make_job({"worker": 3}, "ExitCode"))
+    # Worker 2 was OOM-killed first; workers 0 and 1 then failed with exit 1 within seconds.
+    world.set_phase(("worker", 2), "Failed", 137, "OOMKilled", at(10))
+    world.set_phase(("worker", 0), "Failed", 1, None, at(12))
+    world.set_phase(("worker", 1), "Failed", 1, None, at(13))
+    world.reconcile(at(14))
+    assert world.state() == "Restarting"
+    assert world.status.restart_count == 1
+    assert "worker 2 exited with code 137" in world.condition("Restarting").message
+
+
+def test_a_user_error_first_fails_the_all_reduce_job() -> None:
+    world = started(make_job({"worker": 2}, "ExitCode"))
+    world.set_phase(("worker", 0), "Failed", 1, None, at(10))
+    world.set_phase(("worker", 1), "Failed", 137, None, at(11))
+    world.reconcile(at(12))
+    assert world.state() == "Failed"
+    assert "worker 0 exited with code 1" in world.condition("Failed").message
+
+
+def test_parameter_server_job_restarts_a_lost_worker_alone() -> None:
+    world = started(make_job({"chief": 1, "worker": 2, "ps": 2}, "ExitCode"))
+    world.set_phase(("worker", 1), "Failed", 137, None, at(5))
+    decision = world.reconcile(at(5))
+    assert decision.delete_pods == (("worker", 1),)
+    world.settle(at(6))
+    assert world.state() == "Running"
+    assert {k: p.attempt for k, p in world.pods.items()} == {
+        ("chief", 0): 0,
+        ("ps", 0): 0,
+        ("ps", 1): 0,
+        ("worker", 0): 0,
+        ("worker", 1): 1,
+    }
+
+
+def test_parameter_server_job_restarts_chief_and_ps_when_a_ps_is_lost() -> None:
+    world = started(make_job({"chief": 1, "worker": 2, "ps": 2}, "ExitCode"))
+    world.set_phase(("ps", 1), "Failed", 137, None, at(5))
+    decision = world.reconcile(at(5))
+    assert set(decision.delete_pods) == {("chief", 0), ("ps", 0), ("ps", 1)}
+    assert world.status.restart_count == 1
+
+
+def test_chief_success_succeeds_and_stops_running_ps_and_workers() -> None:
+    world = started(make_job({"chief": 1, "worker": 2, "ps": 1}))
+    world.set_phase(("worker", 0), "Succeeded", 0)
+    world.set_phase(("chief", 0), "Succeeded", 0)
+    decision = world.reconcile(at(30))
+    assert world.state() == "Succeeded"
+    assert world.status.completion_time == at(30)
+    # cleanPodPolicy Running (default): still-running replicas are stopped, finished ones kept.
+    assert set(decision.delete_pods) == {("ps", 0), ("worker", 1)}
+    assert set(decision.delete_services) == {("ps", 0), ("worker", 1)}
+    # The stopped pods exit 143: never judged as failures after the job finished.
+    world.pods[("ps", 0)] = dataclasses.replace(world.pods[("ps", 0)], phase="Failed",
+                                                 exit_code=143, deleting=False)
+    world.reconcile(at(31))
+    assert world.state() == "Succeeded"
+    assert world.status.record(("ps", 0)).state == "Stopped"
+
+
+@pytest.mark.parametrize(
+    ("clean_pod_policy", "deleted"),
+    [
+        ("None", set()),
+        ("Running", {("ps", 0)}),
+        ("All", {("ps", 0), ("chief", 0), ("worker", 0)}),
+    ],
+)
+def test_clean_pod_policy(clean_pod_policy: str, deleted: set[Key]) -> None:
+    world = started(
+        make_job({"chief": 1, "worker": 1, "ps": 1}, run_policy={"cleanPodPolicy": clean_pod_policy})
+    )
+    world.set_phase(("worker", 0), "Succeeded", 0)
+    world.set_phase(("chief", 0), "Succeeded", 0)
+    decision = world.reconcile(at(30))
+    assert set(decision.delete_pods) == deleted
+    if clean_pod_policy == "All":
+        assert set(decision.delete_services) == {("ps", 0), ("chief", 0), ("worker", 0)}
+
+
+def test_worker0_decides_success_without_a_chief() -> None:
+    world = started(make_job({"worker": 3}))
+    world.set_phase(("worker", 0), "Succeeded", 0)
+    world.reconcile(at(9))
+    assert world.state() == "Succeeded"
+
+
+def test_all_workers_policy_waits_for_every_worker_and_never_recreates_a_succeeded_one() -> None:
+    world = started(make_job({"worker": 2}, success_policy="AllWorkers"))
+    world.set_phase(("worker", 0), "Succeeded", 0)
+    world.reconcile(at(9))
+    assert world.state() == "Running"
+    # Worker 0's pod is garbage-collected: completion is recorded, so it is not recreated.
+    del world.pods[("worker", 0)]
+    decision = world.reconcile(at(10))
+    assert decision.create_pods == ()
+    assert world.status.record(("worker", 0)).state == "Succeeded"
+    world.set_phase(("worker", 1), "Succeeded", 0)
+    world.reconcile(at(11))
+    assert world.state() == "Succeeded"
+
+
+def test_a_succeeded_replica_is_never_recreated_in_a_group_restart() -> None:
+    world = started(make_job({"chief": 1, "worker": 2}, "OnFailure", success_policy="AllWorkers"))
+    world.set_phase(("worker", 0), "Succeeded", 0)
+    world.reconcile(at(5))
+    world.set_phase(("worker", 1), "Failed", 137, None, at(6))
+    decision = world.reconcile(at(6))
+    assert set(decision.delete_pods) == {("chief", 0), ("worker", 1)}
+    world.finish_deletions()
+    decision = world.reconcile(at(7))
+    assert sorted((t, i) for t, i, _ in decision.create_pods) == [("chief", 0), ("worker", 1)]
+
+
+def test_active_deadline_fires_from_a_timer_without_any_event() -> None:
+    world = started(make_job({"worker": 2}, run_policy={"activeDeadlineSeconds": 60}))
+    decision = world.reconcile(at(30))
+    assert decision.requeue_after == pytest.approx(30)
+    decision = world.reconcile(at(60))
+    assert world.state() == "Failed"
+    assert world.condition("Failed").reason == "DeadlineExceeded"
+    assert set(decision.delete_pods) == {("worker", 0), ("worker", 1)}
+
+
+def test_ttl_deletes_the_finished_job_after_its_seconds() -> None:
+    world = started(make_job({"worker": 1, "ps": 1, "chief": 1},
+                             run_policy={"ttlSecondsAfterFinished": 100}))
+    world.set_phase(("chief", 0), "Succeeded", 0)
+    decision = world.reconcile(at(50))
+    assert decision.requeue_after == pytest.approx(100)
+    assert not decision.delete_job
+    decision = world.reconcile(at(120))
+    assert decision.requeue_after == pytest.approx(30)
+    assert world.reconcile(at(150)).delete_job
+
+
+def test_startup_deadline_fails_a_job_whose_replicas_never_run() -> None:
+    world = World(make_job({"worker": 2}, run_policy={"startupDeadlineSeconds": 120}))
+    world.reconcile(at(0))
+    world.set_phase(("worker", 0), "Running")
+    decision = world.reconcile(at(60))
+    assert decision.requeue_after == pytest.approx(60)
+    world.reconcile(at(121))
+    assert world.state() == "Failed"
+    assert world.condition("Failed").reason == "StartupDeadlineExceeded"
+    assert "worker 1" in world.condition("Failed").message
+
+
+def test_startup_deadline_restarts_its_clock_on_each_restart() -> None:
+    world = started(make_job({"worker": 2}, "OnFailure", {"startupDeadlineSeconds": 100}))
+    world.set_phase(("worker", 0), "Failed", 1, None, at(500))
+    world.reconcile(at(500))
+    world.finish_deletions()
+    world.reconcile(at(550))
+    assert world.state() == "Restarting"  # 550 > 100 after start, but only 50 after restart
+
+
+def test_suspend_deletes_pods_and_services_and_resume_recreates_them() -> None:
+    world = started(make_job({"chief": 1, "worker": 1}, run_policy={"suspend": False}))
+    world.job = dataclasses.replace(
+        world.job, run_policy=dataclasses.replace(world.job.run_policy, suspend=True)
+    )
+    decision = world.reconcile(at(10))
+    assert set(decision.delete_pods) == {("chief", 0), ("worker", 0)}
+    assert set(decision.delete_services) == {("chief", 0), ("worker", 0)}
+    assert world.state() == "Suspended"
+    # The suspended pods exit 143 on their way out: not failures.
+    world.pods[("worker", 0)] = dataclasses.replace(world.pods[("worker", 0)], phase="Failed",
+                                                    exit_code=143)
+    world.reconcile(at(11))
+    assert world.state() == "Suspended"
+    world.finish_deletions()
+    assert world.reconcile(at(12)).create_pods == ()
+    world.job = dataclasses.replace(
+        world.job, run_policy=dataclasses.replace(world.job.run_policy, suspend=False)
+    )
+    decision = world.reconcile(at(100))
+    assert world.condition("Suspended").status is False
+    assert world.status.start_time == at(100)  # resume resets startTime (what Kueue expects)
+    assert sorted(decision.create_pods) == [("chief", 0, 1), ("worker", 0, 1)]
+    assert sorted(decision.create_services) == [("chief", 0), ("worker", 0)]
+    assert world.status.restart_count == 0  # suspension is not a failure
+    world.run_all(at(101))
+    assert world.state() == "Running"
+
+
+def test_suspend_stops_deadline_clock_and_resume_restarts_it() -> None:
+    world = started(make_job({"worker": 1}, run_policy={"activeDeadlineSeconds": 50}))
+    world.job = dataclasses.replace(
+        world.job, run_policy=dataclasses.replace(world.job.run_policy, suspend=True)
+    )
+    assert world.reconcile(at(10)).requeue_after is None
+    world.finish_deletions()
+    world.job = dataclasses.replace(
+        world.job, run_policy=dataclasses.replace(world.job.run_policy, suspend=False)
+    )
+    world.reconcile(at(1000))
+    world.run_all(at(1001))
+    assert world.state() == "Running"
+
+
+def test_a_terminating_pod_is_not_a_failure_until_it_is_gone() -> None:
+    world = started(make_job({"worker": 2}, "Never"))
+    world.pods[("worker", 1)] = dataclasses.replace(world.pods[("worker", 1)], deleting=True)
+    world.reconcile(at(5))
+    assert world.state() == "Running"
+    # Deleted by someone else (kubectl delete pod): recreated under any policy, and counted.
+    world.finish_deletions()
+    world.reconcile(at(6))
+    assert world.state() == "Restarting"
+    assert world.status.restart_count == 1
+    assert "worker 1 was deleted" in world.condition("Restarting").message
+
+
+def test_pods_of_a_newer_attempt_are_adopted_after_a_lost_status_write() -> None:
+    job = make_job({"worker": 2})
+    pods = {
+        ("worker", 0): policy.ObservedReplica(phase="Running", attempt=2),
+        ("worker", 1): policy.ObservedReplica(phase="Running", attempt=2),
+    }
+    decision = policy.reconcile(job, st.JobStatus(), pods, {("worker", 0), ("worker", 1)}, at(0))
+    assert decision.create_pods == () and decision.delete_pods == ()
+    assert decision.status.record(("worker", 1)).attempt == 2
+
+
+def test_stale_pods_are_deleted_and_never_counted() -> None:
+    job = make_job({"worker": 1}, "ExitCode")
+    status = st.JobStatus(replicas={("worker", 0): st.ReplicaRecord(attempt=3)}, restart_count=3)
+    pods = {("worker", 0): policy.ObservedReplica(phase="Failed", attempt=2, exit_code=1)}
+    decision = policy.reconcile(job, status, pods, set(), at(0))
+    assert decision.delete_pods == (("worker", 0),)
+    assert decision.status.restart_count == 3
+    assert st.state_of(decision.status) == "Created"
+
+
+def test_status_round_trips_through_its_api_form() -> None:
+    world = started(make_job({"chief": 1, "worker": 2}, "ExitCode"))
+    world.set_phase(("worker", 1), "Failed", 137, "OOMKilled", at(5))
+    world.reconcile(at(5))
+    as_dict = st.to_dict(world.job, world.status)
+    assert as_dict["replicaStatuses"]["worker"]["indexes"][1] == {
+        "index": 1,
+        "attempt": 1,
+        "state": "",
+        "exitCode": 137,
+        "reason": "OOMKilled",
+    }
+    assert as_dict["state"] == "Restarting"
+    assert as_dict["restartCount"] == 1
+    assert st.from_dict(as_dict) == world.status
+
+
+def test_invalid_spec_status_is_failed_with_reason_invalid_spec() -> None:
+    status = policy.invalid_spec(st.JobStatus(), "spec.image: required", at(0), 3)
+    assert st.state_of(status) == "Failed"
+    failed = status.condition("Failed")
+    assert failed is not None and failed.reason == "InvalidSpec"
+    assert status.observed_generation == 3
