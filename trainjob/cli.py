@@ -147,8 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "train", help="run one replica's training (inside a pod or process)", add_help=False
     )
-    commands.add_parser("data", help="prepare datasets offline (trainjob data prepare mnist)",
-                        add_help=False)
+    commands.add_parser(
+        "data", help="prepare datasets offline (trainjob data prepare mnist)", add_help=False
+    )
     commands.add_parser("run", help="run a TrainJob locally as processes", add_help=False)
     return parser
 

@@ -198,8 +198,7 @@ def test_always_restarts_a_replica_that_exits_zero_unless_it_decides_success() -
 
 
 def test_every_restart_counts_toward_backoff_limit() -> None:
-    world = started(make_job({"worker": 1, "ps": 1, "chief": 1}, "OnFailure",
-                             {"backoffLimit": 2}))
+    world = started(make_job({"worker": 1, "ps": 1, "chief": 1}, "OnFailure", {"backoffLimit": 2}))
     for attempt in range(2):
         world.set_phase(("worker", 0), "Failed", 1, None, at(10 + attempt))
         world.reconcile(at(10 + attempt))
@@ -296,8 +295,9 @@ def test_chief_success_succeeds_and_stops_running_ps_and_workers() -> None:
     assert set(decision.delete_pods) == {("ps", 0), ("worker", 1)}
     assert set(decision.delete_services) == {("ps", 0), ("worker", 1)}
     # The stopped pods exit 143: never judged as failures after the job finished.
-    world.pods[("ps", 0)] = dataclasses.replace(world.pods[("ps", 0)], phase="Failed",
-                                                 exit_code=143, deleting=False)
+    world.pods[("ps", 0)] = dataclasses.replace(
+        world.pods[("ps", 0)], phase="Failed", exit_code=143, deleting=False
+    )
     world.reconcile(at(31))
     assert world.state() == "Succeeded"
     assert world.status.record(("ps", 0)).state == "Stopped"
@@ -313,7 +313,9 @@ def test_chief_success_succeeds_and_stops_running_ps_and_workers() -> None:
 )
 def test_clean_pod_policy(clean_pod_policy: str, deleted: set[Key]) -> None:
     world = started(
-        make_job({"chief": 1, "worker": 1, "ps": 1}, run_policy={"cleanPodPolicy": clean_pod_policy})
+        make_job(
+            {"chief": 1, "worker": 1, "ps": 1}, run_policy={"cleanPodPolicy": clean_pod_policy}
+        )
     )
     world.set_phase(("worker", 0), "Succeeded", 0)
     world.set_phase(("chief", 0), "Succeeded", 0)
@@ -368,8 +370,9 @@ def test_active_deadline_fires_from_a_timer_without_any_event() -> None:
 
 
 def test_ttl_deletes_the_finished_job_after_its_seconds() -> None:
-    world = started(make_job({"worker": 1, "ps": 1, "chief": 1},
-                             run_policy={"ttlSecondsAfterFinished": 100}))
+    world = started(
+        make_job({"worker": 1, "ps": 1, "chief": 1}, run_policy={"ttlSecondsAfterFinished": 100})
+    )
     world.set_phase(("chief", 0), "Succeeded", 0)
     decision = world.reconcile(at(50))
     assert decision.requeue_after == pytest.approx(100)
@@ -410,8 +413,9 @@ def test_suspend_deletes_pods_and_services_and_resume_recreates_them() -> None:
     assert set(decision.delete_services) == {("chief", 0), ("worker", 0)}
     assert world.state() == "Suspended"
     # The suspended pods exit 143 on their way out: not failures.
-    world.pods[("worker", 0)] = dataclasses.replace(world.pods[("worker", 0)], phase="Failed",
-                                                    exit_code=143)
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)], phase="Failed", exit_code=143
+    )
     world.reconcile(at(11))
     assert world.state() == "Suspended"
     world.finish_deletions()

@@ -87,7 +87,9 @@ KUBEFLOW_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("workers", "ps", "evaluators", "ns", "domain", "expected"), KUBEFLOW_CASES)
+@pytest.mark.parametrize(
+    ("workers", "ps", "evaluators", "ns", "domain", "expected"), KUBEFLOW_CASES
+)
 def test_tf_config_is_byte_identical_to_kubeflow(
     workers: int, ps: int, evaluators: int, ns: str, domain: str, expected: str
 ) -> None:
@@ -132,8 +134,11 @@ def test_custom_port_comes_from_tfjob_port_on_tensorflow_container() -> None:
 
 
 def test_port_of_a_differently_named_port_is_ignored() -> None:
-    template = {"spec": {"containers": [{"name": "tensorflow", "ports": [{"name": "http",
-                                                                          "containerPort": 80}]}]}}
+    template = {
+        "spec": {
+            "containers": [{"name": "tensorflow", "ports": [{"name": "http", "containerPort": 80}]}]
+        }
+    }
     assert spec.tf_port(template) == 2222
 
 

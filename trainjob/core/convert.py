@@ -91,15 +91,12 @@ def _replica_specs(source_spec: Mapping[str, Any], notes: list[str]) -> dict[str
             raise ConvertError(f"spec.tfReplicaSpecs.{key}: {rtype} given twice (Master is Chief)")
         if str(key).lower() == "master":
             notes.append(f"spec.tfReplicaSpecs.{key}: Master is the old name of chief")
-        item: dict[str, Any] = {}
-        replica = replica or {}
-        if "replicas" in replica:
-            item["replicas"] = replica["replicas"]
-        if "restartPolicy" in replica:
-            item["restartPolicy"] = replica["restartPolicy"]
-        if "template" in replica:
-            item["template"] = copy.deepcopy(replica["template"])
-        result[rtype] = item
+        source_replica: Mapping[str, Any] = replica or {}
+        result[rtype] = {
+            key: copy.deepcopy(source_replica[key])
+            for key in ("replicas", "restartPolicy", "template")
+            if key in source_replica
+        }
     return {rtype: result[rtype] for rtype in constants.REPLICA_TYPES if rtype in result}
 
 
@@ -107,7 +104,7 @@ def _run_policy(source_spec: Mapping[str, Any], notes: list[str]) -> dict[str, A
     # Old TFJobs kept these fields on spec itself; runPolicy wins when both are set.
     merged = {key: source_spec[key] for key in _RUN_POLICY_FIELDS if key in source_spec}
     merged.update(dict(source_spec.get("runPolicy") or {}))
-    result = {key: merged[key] for key in _RUN_POLICY_FIELDS if key in merged}
+    result: dict[str, Any] = {key: merged[key] for key in _RUN_POLICY_FIELDS if key in merged}
     if "backoffLimit" not in result:
         notes.append(
             "runPolicy.backoffLimit: unset means unlimited restarts in Kubeflow; "

@@ -1,0 +1,1 @@
+"""The TrainJob operator (kopf): reconciles TrainJobs into Pods, Services and status."""

@@ -1,0 +1,155 @@
+"""Rendering of Pods and headless Services: env, ports, labels, ownerReferences, checkpoint
+volume; the user's template is kept and only added to."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import yaml
+
+from trainjob.core import render, spec
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+
+def load_example(name: str) -> spec.TrainJob:
+    return spec.parse(yaml.safe_load((ROOT / "examples" / name).read_text()))
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+
+
+OPTIONS = render.RenderOptions(namespace="team-a", cluster_domain="cluster.local")
+OWNER = render.Owner("mnist-parameter-server", "0b5a-uid")
+
+
+def test_pod_carries_tf_config_runtime_env_labels_and_owner() -> None:
+    job = load_example("mnist-parameter-server.yaml")
+    pod = render.render_pod(job, "worker", 1, 2, OPTIONS, OWNER)
+    assert pod["metadata"]["name"] == "mnist-parameter-server-worker-1"
+    assert pod["metadata"]["namespace"] == "team-a"
+    labels = pod["metadata"]["labels"]
+    assert labels["trainjob.dev/job-name"] == "mnist-parameter-server"
+    assert labels["trainjob.dev/replica-type"] == "worker"
+    assert labels["trainjob.dev/replica-index"] == "1"
+    assert labels["app.kubernetes.io/managed-by"] == "trainjob-operator"
+    assert pod["metadata"]["annotations"]["trainjob.dev/attempt"] == "2"
+    assert pod["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "trainjob.dev/v1alpha1",
+            "kind": "TrainJob",
+            "name": "mnist-parameter-server",
+            "uid": "0b5a-uid",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    env = env_of(pod)
+    config = json.loads(env["TF_CONFIG"])
+    assert config["task"] == {"type": "worker", "index": 1}
+    assert config["cluster"]["ps"] == ["mnist-parameter-server-ps-0.team-a.svc.cluster.local:2222"]
+    assert env["TRAINJOB_ENTRYPOINT"] == "trainjob.samples.mnist:build"
+    assert env["TRAINJOB_STRATEGY"] == "ParameterServer"
+    assert json.loads(env["TRAINJOB_CONFIG"])["epochs"] == 2
+    assert env["TRAINJOB_CHECKPOINT_DIR"] == "/checkpoints"
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "trainjob", "train"]
+    assert container["image"] == "trainjob/trainjob:0.1.0"
+    assert container["ports"] == [{"name": "tfjob-port", "containerPort": 2222}]
+    assert container["volumeMounts"] == [
+        {
+            "name": "trainjob-checkpoint",
+            "mountPath": "/checkpoints",
+            "subPath": "mnist-parameter-server",
+        }
+    ]
+    assert pod["spec"]["volumes"] == [
+        {
+            "name": "trainjob-checkpoint",
+            "persistentVolumeClaim": {"claimName": "trainjob-checkpoints"},
+        }
+    ]
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_user_template_is_kept_and_user_env_wins() -> None:
+    job = spec.parse(
+        {
+            "apiVersion": "trainjob.dev/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": {"name": "own"},
+            "spec": {
+                "replicaSpecs": {
+                    "worker": {
+                        "replicas": 2,
+                        "template": {
+                            "metadata": {"labels": {"team": "a"}, "annotations": {"x": "y"}},
+                            "spec": {
+                                "nodeSelector": {"gpu": "a100"},
+                                "containers": [
+                                    {"name": "sidecar", "image": "busybox"},
+                                    {
+                                        "name": "tensorflow",
+                                        "image": "mine:1",
+                                        "command": ["python", "train.py"],
+                                        "env": [{"name": "TRAINJOB_NAME", "value": "mine"}],
+                                        "ports": [{"name": "tfjob-port", "containerPort": 3000}],
+                                    },
+                                ],
+                            },
+                        },
+                    }
+                }
+            },
+        }
+    )
+    pod = render.render_pod(job, "worker", 0, 0, OPTIONS, None)
+    assert "ownerReferences" not in pod["metadata"]
+    assert pod["metadata"]["labels"]["team"] == "a"
+    assert pod["metadata"]["annotations"]["x"] == "y"
+    assert pod["spec"]["nodeSelector"] == {"gpu": "a100"}
+    sidecar, tf = pod["spec"]["containers"]
+    assert sidecar == {"name": "sidecar", "image": "busybox"}
+    assert tf["command"] == ["python", "train.py"]
+    names = [e["name"] for e in tf["env"]]
+    assert names.count("TRAINJOB_NAME") == 1 and tf["env"][0]["value"] == "mine"
+    assert "TRAINJOB_ENTRYPOINT" not in names  # no spec.runtime: nothing for the runtime
+    assert json.loads(next(e["value"] for e in tf["env"] if e["name"] == "TF_CONFIG"))["cluster"][
+        "worker"
+    ][0].endswith(":3000")
+    assert tf["ports"] == [{"name": "tfjob-port", "containerPort": 3000}]
+
+
+def test_service_is_headless_selects_one_replica_and_publishes_not_ready() -> None:
+    job = load_example("mnist-multiworker.yaml")
+    service = render.render_service(job, "worker", 1, OPTIONS, OWNER)
+    assert service["metadata"]["name"] == "mnist-multiworker-worker-1"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {
+        "trainjob.dev/job-name": "mnist-multiworker",
+        "trainjob.dev/replica-type": "worker",
+        "trainjob.dev/replica-index": "1",
+    }
+    assert service["spec"]["ports"] == [{"name": "tfjob-port", "port": 2222, "targetPort": 2222}]
+
+
+def test_render_all_lists_services_then_pods_for_every_replica() -> None:
+    job = load_example("mnist-parameter-server.yaml")
+    manifests = render.render_all(job, OPTIONS, OWNER)
+    kinds = [m["kind"] for m in manifests]
+    assert kinds == ["Service"] * 4 + ["Pod"] * 4
+
+
+def test_dtensor_job_gets_dtensor_env() -> None:
+    job = load_example("mnist-dtensor.yaml")
+    env = env_of(render.render_pod(job, "worker", 1, 0, OPTIONS, None))
+    assert env["DTENSOR_CLIENT_ID"] == "1"
+    assert env["DTENSOR_NUM_CLIENTS"] == "2"
+    assert env["DTENSOR_JOBS"] == (
+        "mnist-dtensor-worker-0.team-a.svc.cluster.local:2222,"
+        "mnist-dtensor-worker-1.team-a.svc.cluster.local:2222"
+    )
