@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-TIERS = ("unit", "integration", "training", "e2e")
+TIERS = ("unit", "integration", "training", "local", "e2e")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

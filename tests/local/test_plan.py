@@ -1,0 +1,187 @@
+"""Planning local processes (pure): ports, commands, environment, dry-run text."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from trainjob.core import constants, spec
+from trainjob.local import plan
+from trainjob.local.cli import run_main
+
+from .conftest import command_replica, job_manifest, write_job
+
+pytestmark = pytest.mark.unit
+
+
+def _runtime_job(**extra: object) -> spec.TrainJob:
+    return spec.parse(
+        job_manifest(
+            "mnist",
+            {"chief": {"replicas": 1}, "worker": {"replicas": 2}, "ps": {"replicas": 1}},
+            image="img",
+            runtime={"entrypoint": "trainjob.samples.mnist:build", "strategy": "ParameterServer"},
+            checkpoint={"claimName": "pvc", "path": "/checkpoints"},
+            **extra,
+        )
+    )
+
+
+PORTS = {("chief", 0): 4000, ("ps", 0): 4001, ("worker", 0): 4002, ("worker", 1): 4003}
+
+
+def _plan(job: spec.TrainJob, **kwargs: object) -> plan.RunPlan:
+    options: dict[str, object] = {
+        "ports": PORTS,
+        "run_dir": "/runs/mnist",
+        "python": "/venv/bin/python",
+        "data_dir": "/data",
+    }
+    options.update(kwargs)
+    return plan.make_plan(job, **options)  # type: ignore[arg-type]
+
+
+def test_tf_config_uses_loopback_and_the_chosen_ports() -> None:
+    run = _plan(_runtime_job())
+    worker1 = run.process(("worker", 1))
+    assert worker1.port == 4003
+    assert json.loads(worker1.env[constants.ENV_TF_CONFIG]) == {
+        "cluster": {
+            "chief": ["127.0.0.1:4000"],
+            "ps": ["127.0.0.1:4001"],
+            "worker": ["127.0.0.1:4002", "127.0.0.1:4003"],
+        },
+        "task": {"type": "worker", "index": 1},
+        "environment": "cloud",
+    }
+    # Byte-compatible with the operator's rendering: compact, keys sorted.
+    assert worker1.env[constants.ENV_TF_CONFIG].startswith('{"cluster":{"chief":')
+
+
+def test_checkpoint_dir_is_under_the_run_dir_whatever_the_claim() -> None:
+    run = _plan(_runtime_job())
+    for process in run.processes:
+        assert process.env[constants.ENV_CHECKPOINT_DIR] == "/runs/mnist/checkpoints"
+        assert process.env[constants.ENV_PROGRESS_FILE] == "/runs/mnist/progress.jsonl"
+        assert process.env["TRAINJOB_DATA_DIR"] == "/data"
+        assert process.log_path == f"/runs/mnist/logs/{process.label}.log"
+        assert process.argv == ("/venv/bin/python", "-m", "trainjob", "train")
+    assert any("pvc" in note for note in run.notes)
+    assert run.prepare_mnist
+
+
+def test_missing_port_is_a_plan_error() -> None:
+    with pytest.raises(plan.PlanError):
+        _plan(_runtime_job(), ports={("chief", 0): 1})
+
+
+def test_custom_command_runs_the_template_command_and_args() -> None:
+    manifest = job_manifest("custom", {"worker": command_replica("print(1)", replicas=2)})
+    container = manifest["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    container["args"] = ["--epochs=1"]
+    container["env"] = [
+        {"name": "A", "value": "1"},
+        {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    job = spec.parse(manifest)
+    run = plan.make_plan(
+        job,
+        ports={("worker", 0): 1, ("worker", 1): 2},
+        run_dir="/r",
+        python="/venv/bin/python",
+        data_dir="/data",
+    )
+    worker = run.process(("worker", 0))
+    assert worker.argv == ("/venv/bin/python", "-c", "print(1)", "--epochs=1")
+    assert worker.env["A"] == "1"
+    assert "B" not in worker.env
+    assert any("valueFrom" in note for note in run.notes)
+    # No runtime: no TRAINJOB_ENTRYPOINT and no data dir, but TF_CONFIG and the checkpoint dir.
+    assert constants.ENV_ENTRYPOINT not in worker.env
+    assert "TRAINJOB_DATA_DIR" not in worker.env
+    assert constants.ENV_TF_CONFIG in worker.env
+    assert not run.prepare_mnist
+
+
+def test_a_template_without_command_and_no_runtime_cannot_run_locally() -> None:
+    job = spec.parse(
+        job_manifest(
+            "x",
+            {"worker": {"template": {"spec": {"containers": [{"name": "tensorflow"}]}}}},
+            image="img",
+        )
+    )
+    with pytest.raises(plan.PlanError, match="command"):
+        plan.make_plan(job, ports={("worker", 0): 1}, run_dir="/r", python="p", data_dir=None)
+
+
+def test_one_replica_job_gets_no_tf_config_like_kubeflow() -> None:
+    job = spec.parse(job_manifest("one", {"worker": command_replica("pass")}))
+    run = plan.make_plan(job, ports={("worker", 0): 1}, run_dir="/r", python="p", data_dir=None)
+    assert constants.ENV_TF_CONFIG not in run.process(("worker", 0)).env
+
+
+def test_process_env_drops_inherited_identity_and_keeps_user_overrides() -> None:
+    run = _plan(_runtime_job())
+    process = run.process(("chief", 0))
+    environ = {
+        "TF_CONFIG": "stale",
+        "TRAINJOB_REPLICA_TYPE": "ps",
+        "DTENSOR_CLIENT_ID": "9",
+        "HOME": "/home/u",
+        "TF_CPP_MIN_LOG_LEVEL": "0",
+    }
+    env = plan.process_env(process, environ)
+    assert env["HOME"] == "/home/u"
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    assert env[constants.ENV_REPLICA_TYPE] == "chief"
+    assert json.loads(env["TF_CONFIG"])["task"] == {"type": "chief", "index": 0}
+    assert "DTENSOR_CLIENT_ID" not in env
+
+
+def test_grace_period_comes_from_the_pod_template() -> None:
+    job = spec.parse(job_manifest("g", {"worker": command_replica("pass", grace=3)}))
+    run = plan.make_plan(job, ports={("worker", 0): 1}, run_dir="/r", python="p", data_dir=None)
+    assert run.process(("worker", 0)).grace_seconds == 3.0
+
+
+def test_format_plan_lists_processes_ports_and_env() -> None:
+    text = plan.format_plan(_plan(_runtime_job()))
+    assert "dry run: nothing started" in text
+    assert "chief-0  (mnist-chief-0)  port 4000" in text
+    assert 'TF_CONFIG={"cluster":{"chief":["127.0.0.1:4000"]' in text
+    assert "TRAINJOB_CHECKPOINT_DIR=/runs/mnist/checkpoints" in text
+    assert "command: /venv/bin/python -m trainjob train" in text
+
+
+def test_dry_run_from_stdin_starts_nothing(
+    tmp_path: os.PathLike[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+    import pathlib
+
+    path = write_job(
+        pathlib.Path(tmp_path) / "job.yaml",
+        job_manifest("dry", {"worker": command_replica("raise SystemExit(1)", replicas=2)}),
+    )
+    out = io.StringIO()
+    code = run_main(
+        ["-f", "-", "--dry-run", "--run-dir", str(pathlib.Path(tmp_path) / "run")],
+        stdin=io.StringIO(path.read_text()),
+        out=out,
+    )
+    assert code == 0
+    assert "worker-1  (dry-worker-1)" in out.getvalue()
+    assert not (pathlib.Path(tmp_path) / "run").exists()
+
+
+def test_invalid_job_exits_with_every_problem(tmp_path: os.PathLike[str]) -> None:
+    import io
+    import pathlib
+
+    path = write_job(pathlib.Path(tmp_path) / "bad.yaml", job_manifest("Bad", {}))
+    with pytest.raises(SystemExit) as info:
+        run_main(["-f", str(path)], out=io.StringIO())
+    assert "metadata.name" in str(info.value)

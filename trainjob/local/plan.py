@@ -1,0 +1,285 @@
+"""Plan a local run (pure): which process each replica is, with which environment and ports.
+
+Local mode executes a TrainJob exactly as the operator would, with two substitutions: hosts are
+``127.0.0.1:<free port>`` (ports chosen once per run by the executor and reused on every restart)
+and the checkpoint volume is a directory under the run directory.
+
+How a replica becomes a process:
+
+- ``spec.runtime`` set (and the ``tensorflow`` container has no ``command``): the trainjob
+  runtime, ``<python> -m trainjob train``, as in the runtime image.
+- otherwise the ``tensorflow`` container's ``command`` followed by its ``args`` (Kubernetes
+  semantics). There is no image locally, so a ``command`` is required; a first word ``python``
+  or ``python3`` is replaced by the Python running ``trainjob`` (the virtualenv's), so scripts
+  see the same packages. The process runs in the directory ``trainjob run`` was started from.
+- the container's literal ``env`` entries (``name``/``value``) are passed; ``valueFrom`` entries
+  cannot be resolved without a cluster and are reported as notes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os.path
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from trainjob.core import constants, naming, spec, tfconfig
+
+ReplicaKey = tuple[str, int]
+
+LOCAL_NAMESPACE: Final = "local"
+LOGS_DIR: Final = "logs"
+CHECKPOINTS_DIR: Final = "checkpoints"
+PROGRESS_FILE: Final = "progress.jsonl"
+STATUS_FILE: Final = "status.json"
+DEFAULT_RUNS_DIR: Final = "trainjob-runs"
+DEFAULT_GRACE_SECONDS: Final = 30.0
+# Inherited variables that would confuse a replica about who it is.
+_DROPPED_PREFIXES: Final = ("TRAINJOB_", "DTENSOR_")
+_DROPPED: Final = frozenset({constants.ENV_TF_CONFIG})
+# Quiet, CPU-friendly TensorFlow defaults; a user's own setting (environment or template) wins.
+DEFAULT_TF_ENV: Final[Mapping[str, str]] = {
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "TF_ENABLE_ONEDNN_OPTS": "0",
+    "PYTHONUNBUFFERED": "1",
+}
+_PYTHON_NAMES: Final = frozenset({"python", "python3"})
+# Entry points whose dataset is the offline MNIST that `trainjob data prepare mnist` writes.
+SAMPLE_PREFIX: Final = "trainjob.samples."
+
+
+class PlanError(ValueError):
+    """A valid TrainJob that still cannot run locally (e.g. no command and no runtime)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessPlan:
+    key: ReplicaKey
+    name: str  # <job>-<type>-<index>, the Pod name on a cluster
+    argv: tuple[str, ...]
+    # Only what the plan sets; the executor starts from the inherited environment minus
+    # `dropped_env_names` and adds these.
+    env: Mapping[str, str]
+    port: int
+    log_path: str
+    grace_seconds: float
+
+    @property
+    def label(self) -> str:
+        """`worker-0`: the runtime's replica name, used as the terminal prefix."""
+        return f"{self.key[0]}-{self.key[1]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    job: spec.TrainJob
+    run_dir: str
+    checkpoint_dir: str
+    log_dir: str
+    progress_file: str
+    status_file: str
+    data_dir: str | None
+    prepare_mnist: bool  # whether the bundled samples' offline MNIST must exist in data_dir
+    processes: tuple[ProcessPlan, ...]
+    notes: tuple[str, ...] = ()
+
+    def process(self, key: ReplicaKey) -> ProcessPlan:
+        for process in self.processes:
+            if process.key == key:
+                return process
+        raise KeyError(key)
+
+
+def default_run_dir(cwd: str, job_name: str) -> str:
+    return os.path.join(cwd, DEFAULT_RUNS_DIR, job_name)
+
+
+def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The caller's environment minus what would contradict a replica's identity."""
+    return {
+        key: value
+        for key, value in environ.items()
+        if key not in _DROPPED and not key.startswith(_DROPPED_PREFIXES)
+    }
+
+
+def uses_runtime(job: spec.TrainJob, replica_type: str) -> bool:
+    container = spec.tf_container(job.replica_specs[replica_type].template)
+    has_command = container is not None and bool(container.get("command"))
+    return job.runtime is not None and not has_command
+
+
+def replica_argv(job: spec.TrainJob, replica_type: str, python: str) -> tuple[str, ...]:
+    """The command line of one replica type (see the module docstring)."""
+    if uses_runtime(job, replica_type):
+        return (python, "-m", "trainjob", "train")
+    container = spec.tf_container(job.replica_specs[replica_type].template) or {}
+    command = [str(part) for part in container.get("command") or []]
+    args = [str(part) for part in container.get("args") or []]
+    if not command:
+        raise PlanError(
+            f"spec.replicaSpecs.{replica_type}: locally there is no image entrypoint to run; "
+            "set spec.runtime or the tensorflow container's command"
+        )
+    if command[0] in _PYTHON_NAMES:
+        command[0] = python
+    return (*command, *args)
+
+
+def container_env(job: spec.TrainJob, replica_type: str) -> tuple[dict[str, str], list[str]]:
+    """Literal env entries of the tensorflow container, and notes about those skipped."""
+    container = spec.tf_container(job.replica_specs[replica_type].template) or {}
+    env: dict[str, str] = {}
+    notes: list[str] = []
+    for entry in container.get("env") or []:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            continue
+        if "value" in entry:
+            env[entry["name"]] = str(entry["value"])
+        else:
+            notes.append(
+                f"{replica_type}: env {entry['name']} uses valueFrom, which needs a cluster; "
+                "not set locally"
+            )
+    return env, notes
+
+
+def grace_seconds(job: spec.TrainJob, replica_type: str, default: float) -> float:
+    pod_spec: Any = job.replica_specs[replica_type].template.get("spec") or {}
+    value = pod_spec.get("terminationGracePeriodSeconds") if isinstance(pod_spec, Mapping) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return default
+
+
+def needs_mnist(job: spec.TrainJob) -> bool:
+    """The bundled samples read tfds `mnist`; local mode prepares it offline for them."""
+    if job.runtime is None or not job.runtime.entrypoint.startswith(SAMPLE_PREFIX):
+        return False
+    return "data_dir" not in job.runtime.config
+
+
+def make_plan(
+    job: spec.TrainJob,
+    *,
+    ports: Mapping[ReplicaKey, int],
+    run_dir: str,
+    python: str,
+    data_dir: str | None,
+    python_path: str | None = None,
+    default_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+) -> RunPlan:
+    """Everything needed to start the job's processes; no process is started here.
+
+    `ports` has one free port per replica (the executor finds them); `python_path` is prepended
+    to PYTHONPATH so `-m trainjob` works without installing the package.
+    """
+    missing = [key for key in job.replica_keys() if key not in ports]
+    if missing:
+        raise PlanError(f"no port for {missing}")
+    cluster = tfconfig.cluster_spec(job, tfconfig.local_host(ports))
+    run_dir = os.path.abspath(run_dir)
+    checkpoint_dir = os.path.join(run_dir, CHECKPOINTS_DIR)
+    log_dir = os.path.join(run_dir, LOGS_DIR)
+    progress_file = os.path.join(run_dir, PROGRESS_FILE)
+    notes: list[str] = []
+    if job.checkpoint is not None and job.checkpoint.claim_name:
+        notes.append(
+            f"checkpoint claim {job.checkpoint.claim_name} is replaced by {checkpoint_dir}"
+        )
+    processes: list[ProcessPlan] = []
+    for rtype, index in job.replica_keys():
+        env: dict[str, str] = dict(DEFAULT_TF_ENV)
+        template_env, env_notes = container_env(job, rtype)
+        if index == 0:
+            notes.extend(env_notes)
+        env.update(template_env)
+        env.update(
+            tfconfig.replica_env(job, cluster, rtype, index, LOCAL_NAMESPACE, checkpoint_dir)
+        )
+        env[constants.ENV_PROGRESS_FILE] = progress_file
+        if data_dir is not None and job.runtime is not None:
+            env["TRAINJOB_DATA_DIR"] = data_dir
+        if python_path:
+            env["PYTHONPATH"] = python_path
+        processes.append(
+            ProcessPlan(
+                key=(rtype, index),
+                name=naming.child_name(job.name, rtype, index),
+                argv=replica_argv(job, rtype, python),
+                env=env,
+                port=ports[(rtype, index)],
+                log_path=os.path.join(log_dir, f"{rtype}-{index}.log"),
+                grace_seconds=grace_seconds(job, rtype, default_grace_seconds),
+            )
+        )
+    return RunPlan(
+        job=job,
+        run_dir=run_dir,
+        checkpoint_dir=checkpoint_dir,
+        log_dir=log_dir,
+        progress_file=progress_file,
+        status_file=os.path.join(run_dir, STATUS_FILE),
+        data_dir=data_dir,
+        prepare_mnist=data_dir is not None and needs_mnist(job),
+        processes=tuple(processes),
+        notes=tuple(notes),
+    )
+
+
+def process_env(
+    process: ProcessPlan, environ: Mapping[str, str], *, keep_python_path: bool = True
+) -> dict[str, str]:
+    """The full environment of one process: inherited, minus identity variables, plus the plan.
+
+    Variables the user exported (e.g. TF_CPP_MIN_LOG_LEVEL) win over local-mode defaults, never
+    over TF_CONFIG or TRAINJOB_* (those are dropped from the inherited environment)."""
+    inherited = inherited_env(environ)
+    env = dict(process.env)
+    for key, value in inherited.items():
+        if key in DEFAULT_TF_ENV:
+            env[key] = value
+    merged = {**inherited, **env}
+    if keep_python_path and "PYTHONPATH" in process.env and environ.get("PYTHONPATH"):
+        merged["PYTHONPATH"] = os.pathsep.join((process.env["PYTHONPATH"], environ["PYTHONPATH"]))
+    return merged
+
+
+def format_plan(plan: RunPlan) -> str:
+    """What `trainjob run --dry-run` prints: processes, ports, environment (TF_CONFIG included)."""
+    job = plan.job
+    lines = [
+        f"TrainJob {job.name}: {len(plan.processes)} process(es) on 127.0.0.1 (dry run: "
+        "nothing started)",
+        f"  run directory:  {plan.run_dir}",
+        f"  checkpoints:    {plan.checkpoint_dir}  (TRAINJOB_CHECKPOINT_DIR)",
+        f"  logs:           {plan.log_dir}/<type>-<index>.log",
+        f"  progress:       {plan.progress_file}",
+    ]
+    if plan.data_dir is not None and job.runtime is not None:
+        prepared = " (offline MNIST prepared there on first run)" if plan.prepare_mnist else ""
+        lines.append(f"  data dir:       {plan.data_dir}{prepared}")
+    policy = job.run_policy
+    lines.append(
+        f"  policy:         successPolicy={job.success_policy} backoffLimit={policy.backoff_limit}"
+        f" cleanPodPolicy={policy.clean_pod_policy}"
+        f" activeDeadlineSeconds={policy.active_deadline_seconds}"
+        f" startupDeadlineSeconds={policy.startup_deadline_seconds}"
+    )
+    lines.extend(f"  note: {note}" for note in plan.notes)
+    for process in plan.processes:
+        restart = job.replica_specs[process.key[0]].restart_policy
+        lines.append("")
+        lines.append(
+            f"{process.label}  ({process.name})  port {process.port}  restartPolicy {restart}"
+        )
+        lines.append(f"  command: {shlex.join(process.argv)}")
+        lines.append(f"  log:     {process.log_path}")
+        for key in sorted(process.env):
+            lines.append(f"  {key}={process.env[key]}")
+    return "\n".join(lines) + "\n"
+
+
+def all_keys(plan: RunPlan) -> Sequence[ReplicaKey]:
+    return [process.key for process in plan.processes]
