@@ -1,0 +1,205 @@
+"""Operator settings from command-line flags and environment variables.
+
+Pure: the environment is passed in as a mapping (``__main__`` passes ``os.environ``), so the
+parsing is tested as data. A flag wins over its environment variable, which wins over the
+default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from trainjob.core import constants
+
+GANG_NONE: Final = "none"
+GANG_VOLCANO: Final = "volcano"
+GANG_SCHEDULER_PLUGINS: Final = "scheduler-plugins"
+GANG_SCHEDULERS: Final = (GANG_NONE, GANG_VOLCANO, GANG_SCHEDULER_PLUGINS)
+
+# The schedulerName each gang scheduler answers to by default (its Helm chart's default).
+DEFAULT_SCHEDULER_NAMES: Final = {
+    GANG_VOLCANO: "volcano",
+    GANG_SCHEDULER_PLUGINS: "scheduler-plugins-scheduler",
+}
+
+DEFAULT_METRICS_PORT: Final = 8080
+DEFAULT_PEERING_NAME: Final = "trainjob-operator"
+DEFAULT_RESYNC_SECONDS: Final = 600.0
+DEFAULT_API_WORKERS: Final = 16
+
+ENV_NAMESPACES: Final = "TRAINJOB_OPERATOR_NAMESPACES"
+ENV_CLUSTER_DOMAIN: Final = "TRAINJOB_CLUSTER_DOMAIN"
+ENV_DEFAULT_IMAGE: Final = "TRAINJOB_DEFAULT_IMAGE"
+ENV_METRICS_PORT: Final = "TRAINJOB_METRICS_PORT"
+ENV_LIVENESS: Final = "TRAINJOB_LIVENESS_ENDPOINT"
+ENV_GANG_SCHEDULER: Final = "TRAINJOB_GANG_SCHEDULER"
+ENV_SCHEDULER_NAME: Final = "TRAINJOB_SCHEDULER_NAME"
+ENV_PEERING: Final = "TRAINJOB_PEERING"
+ENV_PRIORITY: Final = "TRAINJOB_PRIORITY"
+ENV_STANDALONE: Final = "TRAINJOB_STANDALONE"
+ENV_RESYNC: Final = "TRAINJOB_RESYNC_SECONDS"
+ENV_API_WORKERS: Final = "TRAINJOB_API_WORKERS"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    # Empty: cluster-wide (every namespace). Otherwise only these namespaces (kopf globs allowed).
+    namespaces: tuple[str, ...] = ()
+    cluster_domain: str = constants.DEFAULT_CLUSTER_DOMAIN
+    default_image: str | None = None
+    # 0 disables the /metrics server.
+    metrics_port: int = DEFAULT_METRICS_PORT
+    # e.g. http://0.0.0.0:8081/healthz ; None disables it.
+    liveness_endpoint: str | None = None
+    gang_scheduler: str = GANG_NONE
+    scheduler_name: str | None = None
+    # HA: kopf peering object (mandatory when named). None: kopf auto-detects peering
+    # (uses it if the kopf.dev CRDs are installed, otherwise runs standalone with a warning).
+    peering_name: str | None = None
+    # None: a random priority is drawn at start, so replicas never tie (a tie freezes them all).
+    priority: int | None = None
+    standalone: bool = False
+    # A safety net only: every change already wakes the job's reconcile.
+    resync_seconds: float = DEFAULT_RESYNC_SECONDS
+    api_workers: int = DEFAULT_API_WORKERS
+    verbose: bool = False
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+    @property
+    def effective_scheduler_name(self) -> str | None:
+        if self.gang_scheduler == GANG_NONE:
+            return None
+        return self.scheduler_name or DEFAULT_SCHEDULER_NAMES[self.gang_scheduler]
+
+
+class ConfigError(ValueError):
+    """A flag or environment variable has an unusable value."""
+
+
+def _split(value: str | None) -> tuple[str, ...]:
+    if not value:
+        return ()
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def _int(value: str | None, name: str, default: int | None) -> int | None:
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: expected an integer, got {value!r}") from exc
+
+
+def _float(value: str | None, name: str, default: float) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: expected a number, got {value!r}") from exc
+
+
+def _bool(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m trainjob_operator",
+        description="The TrainJob operator: reconciles TrainJobs into Pods, Services and status.",
+    )
+    p.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
+        help=f"watch only this namespace (repeatable; default: all namespaces; env {ENV_NAMESPACES}"
+        ", comma-separated)",
+    )
+    p.add_argument("--cluster-domain", help=f"e.g. cluster.local (env {ENV_CLUSTER_DOMAIN})")
+    p.add_argument(
+        "--default-image", help=f"image for jobs that set none (env {ENV_DEFAULT_IMAGE})"
+    )
+    p.add_argument(
+        "--metrics-port", help=f"Prometheus /metrics port, 0 = off (env {ENV_METRICS_PORT})"
+    )
+    p.add_argument(
+        "--liveness",
+        dest="liveness_endpoint",
+        help=f"e.g. http://0.0.0.0:8081/healthz (env {ENV_LIVENESS})",
+    )
+    p.add_argument(
+        "--gang-scheduler",
+        choices=GANG_SCHEDULERS,
+        help=f"create PodGroups for jobs with schedulingPolicy (env {ENV_GANG_SCHEDULER})",
+    )
+    p.add_argument(
+        "--scheduler-name", help=f"override the gang scheduler's name ({ENV_SCHEDULER_NAME})"
+    )
+    p.add_argument(
+        "--peering",
+        dest="peering_name",
+        help=f"kopf peering object, e.g. {DEFAULT_PEERING_NAME} (env {ENV_PEERING})",
+    )
+    p.add_argument("--priority", help=f"kopf peering priority (env {ENV_PRIORITY}; default random)")
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        default=None,
+        help=f"no peering: a single replica (env {ENV_STANDALONE})",
+    )
+    p.add_argument("--resync-seconds", help=f"safety-net resync period (env {ENV_RESYNC})")
+    p.add_argument("--api-workers", help=f"threads for API calls (env {ENV_API_WORKERS})")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
+    """Settings from command-line flags, falling back to environment variables."""
+    args = parser().parse_args(list(argv))
+
+    def pick(flag: object, var: str) -> str | None:
+        if flag is not None:
+            return str(flag)
+        return env.get(var)
+
+    namespaces = tuple(args.namespaces or ()) or _split(env.get(ENV_NAMESPACES))
+    gang = pick(args.gang_scheduler, ENV_GANG_SCHEDULER) or GANG_NONE
+    if gang not in GANG_SCHEDULERS:
+        raise ConfigError(
+            f"gang scheduler: expected one of {', '.join(GANG_SCHEDULERS)}, got {gang!r}"
+        )
+    metrics_port = _int(pick(args.metrics_port, ENV_METRICS_PORT), "metrics port", None)
+    api_workers = _int(pick(args.api_workers, ENV_API_WORKERS), "api workers", None)
+    standalone = args.standalone if args.standalone is not None else _bool(env.get(ENV_STANDALONE))
+    return Settings(
+        namespaces=namespaces,
+        cluster_domain=pick(args.cluster_domain, ENV_CLUSTER_DOMAIN)
+        or constants.DEFAULT_CLUSTER_DOMAIN,
+        default_image=pick(args.default_image, ENV_DEFAULT_IMAGE) or None,
+        metrics_port=DEFAULT_METRICS_PORT if metrics_port is None else metrics_port,
+        liveness_endpoint=pick(args.liveness_endpoint, ENV_LIVENESS) or None,
+        gang_scheduler=gang,
+        scheduler_name=pick(args.scheduler_name, ENV_SCHEDULER_NAME) or None,
+        peering_name=pick(args.peering_name, ENV_PEERING) or None,
+        priority=_int(pick(args.priority, ENV_PRIORITY), "priority", None),
+        standalone=standalone,
+        resync_seconds=_float(
+            pick(args.resync_seconds, ENV_RESYNC), "resync", DEFAULT_RESYNC_SECONDS
+        ),
+        api_workers=DEFAULT_API_WORKERS if api_workers is None else max(1, api_workers),
+        verbose=bool(args.verbose),
+    )
+
+
+def from_env(env: Mapping[str, str]) -> Settings:
+    """Settings when run as `kopf run -m trainjob_operator.handlers` (kopf owns the flags)."""
+    return from_args((), env)

@@ -1,0 +1,230 @@
+"""kopf handlers: thin wiring from Kubernetes events to the per-job reconcile loop.
+
+- Each TrainJob gets one kopf daemon (`trainjob_daemon`) running its reconcile loop, so
+  reconciles of one job are serialized by construction while jobs proceed in parallel.
+- The loop sleeps on an asyncio.Event, woken by TrainJob events and by events of the job's
+  Pods and Services (found by the label trainjob.dev/job-name); it also wakes after
+  `requeue_after` seconds when the engine asks for it (activeDeadlineSeconds, startup
+  deadline, TTL), so deadlines fire with no further event. No polling; a long resync period
+  (default 10 min) is only a safety net.
+- Pods and Services are read from kopf in-memory indexes (no list call per reconcile); kopf
+  fills the indexes before any handler or daemon starts, so a restarted operator sees every
+  existing child before deciding anything and adopts instead of duplicating.
+- Finalizer: kopf puts one on each TrainJob because daemons need it (to stop the daemon
+  before the object disappears); it is ours, `trainjob.dev/finalizer`, and is removed as
+  soon as the daemon stops. Children need no finalizer: they carry a controller
+  ownerReference and the garbage collector deletes them.
+- Nothing is ever returned from a handler, so nothing lands in status; kopf's own progress
+  and diff-base annotations (none are written by event handlers and daemons) use our prefix.
+- TransientError API trouble: the loop logs, counts it in metrics and retries with exponential
+  backoff (0.5 s doubling to 60 s), never taking the operator or other jobs down. An invalid
+  spec is terminal for that job only: Failed / InvalidSpec, with the problems in the message.
+
+Run with `python -m trainjob_operator` or `kopf run -m trainjob_operator.handlers` (then
+settings come from TRAINJOB_* environment variables; see config.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import time
+from typing import Any, Final
+
+import kopf
+
+from trainjob.core import constants
+from trainjob_operator import config, kube, metrics, reconciler
+
+RUNTIME_KEY: Final = "trainjob_runtime"
+SETTINGS_KEY: Final = "trainjob_settings"
+BACKOFF_FIRST: Final = 0.5
+BACKOFF_MAX: Final = 60.0
+# Wake slightly after a deadline so that the engine sees it as passed.
+REQUEUE_SLACK: Final = 0.05
+
+CHILD_LABELS: Final = {constants.LABEL_JOB_NAME: kopf.PRESENT}
+
+logger = logging.getLogger("trainjob_operator")
+
+
+def _runtime(memo: kopf.Memo) -> reconciler.Runtime:
+    runtime = memo.get(RUNTIME_KEY)
+    if not isinstance(runtime, reconciler.Runtime):
+        raise kopf.TemporaryError("operator is not started yet", delay=1)
+    return runtime
+
+
+@kopf.on.startup()
+async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    cfg = memo.get(SETTINGS_KEY)
+    if not isinstance(cfg, config.Settings):
+        cfg = config.from_env(os.environ)
+    settings.persistence.finalizer = constants.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=constants.GROUP)
+    # kopf's own k8s Events only for problems; ours tell the job's story.
+    settings.posting.level = logging.WARNING
+    # Stop a deleted job's daemon promptly so its finalizer goes away.
+    settings.background.instant_exit_timeout = 1.0
+    api = kube.Kube(kube.load_api_client(), cfg.api_workers)
+    meters = metrics.Metrics()
+    if cfg.metrics_port:
+        meters.serve(cfg.metrics_port)
+        logger.info("Serving Prometheus metrics on :%d/metrics", cfg.metrics_port)
+    memo[RUNTIME_KEY] = reconciler.Runtime(settings=cfg, kube=api, metrics=meters)
+
+
+@kopf.on.cleanup()
+async def trainjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    runtime = memo.get(RUNTIME_KEY)
+    if isinstance(runtime, reconciler.Runtime):
+        runtime.kube.close()
+
+
+@kopf.on.probe(id="jobs")
+def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
+    """Liveness detail: how many TrainJobs have a running reconcile loop."""
+    runtime = memo.get(RUNTIME_KEY)
+    return len(runtime.wakers) if isinstance(runtime, reconciler.Runtime) else 0
+
+
+# -- indexes: the children of every job, in memory ----------------------------------------
+
+
+@kopf.index("", "v1", "pods", labels=CHILD_LABELS, id="trainjob_pods")
+def trainjob_pods(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[reconciler.JobKey, reconciler.ChildPod]:
+    child = reconciler.index_pod(body)
+    if child is None:
+        return {}
+    return {(namespace or "", labels[constants.LABEL_JOB_NAME]): child}
+
+
+@kopf.index("", "v1", "services", labels=CHILD_LABELS, id="trainjob_services")
+def trainjob_services(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[reconciler.JobKey, reconciler.ChildService]:
+    child = reconciler.index_service(body)
+    if child is None:
+        return {}
+    return {(namespace or "", labels[constants.LABEL_JOB_NAME]): child}
+
+
+# -- wake-ups -------------------------------------------------------------------------------
+
+
+@kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL)
+def trainjob_event(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """Created, updated (spec, suspend/resume), resumed at operator start: look again."""
+    _runtime(memo).wake((namespace or "", name))
+
+
+@kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
+def trainjob_pod_event(
+    namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+) -> None:
+    _runtime(memo).wake((namespace or "", labels[constants.LABEL_JOB_NAME]))
+
+
+@kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
+def trainjob_service_event(
+    namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+) -> None:
+    _runtime(memo).wake((namespace or "", labels[constants.LABEL_JOB_NAME]))
+
+
+# -- the per-job reconcile loop -------------------------------------------------------------
+
+
+async def _sleep(
+    stopped: kopf.DaemonStopped, waker: asyncio.Event | None, timeout: float | None
+) -> None:
+    """Until the waker fires, the daemon is stopped, or `timeout` seconds pass."""
+
+    async def until_stopped() -> None:
+        await stopped.wait()
+
+    waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(until_stopped())]
+    if waker is not None:
+        waits.append(asyncio.ensure_future(waker.wait()))
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+
+
+@kopf.daemon(
+    constants.GROUP,
+    constants.VERSION,
+    constants.PLURAL,
+    id="reconcile",
+    cancellation_timeout=10.0,
+)
+async def trainjob_daemon(
+    namespace: str | None,
+    name: str,
+    uid: str,
+    stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
+    **kwargs: Any,
+) -> None:
+    # kopf passes each index as a keyword argument named after its function.
+    pods: kopf.Index[reconciler.JobKey, reconciler.ChildPod] = kwargs["trainjob_pods"]
+    services: kopf.Index[reconciler.JobKey, reconciler.ChildService] = kwargs["trainjob_services"]
+    runtime = _runtime(memo)
+    namespace = namespace or ""
+    key = (namespace, name)
+    waker = runtime.waker(key)
+    failures = 0
+    try:
+        while not stopped:
+            waker.clear()
+            started = time.monotonic()
+            try:
+                outcome = await reconciler.reconcile_job(
+                    runtime,
+                    namespace,
+                    name,
+                    list(pods.get(key, [])),
+                    list(services.get(key, [])),
+                    datetime.datetime.now(datetime.timezone.utc),
+                )
+            except (kube.TransientError, kube.RejectedError) as exc:
+                failures += 1
+                delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1))
+                runtime.metrics.reconcile_errors.labels(namespace).inc()
+                logger.warning(
+                    "Reconcile of TrainJob %s/%s failed (%s); retrying in %.1fs",
+                    namespace,
+                    name,
+                    exc,
+                    delay,
+                )
+                await _sleep(stopped, None, delay)
+                continue
+            except Exception:  # a bug must not stop this job's loop, nor any other job
+                failures += 1
+                delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1))
+                runtime.metrics.reconcile_errors.labels(namespace).inc()
+                logger.exception(
+                    "Reconcile of TrainJob %s/%s crashed; retrying in %.1fs", namespace, name, delay
+                )
+                await _sleep(stopped, None, delay)
+                continue
+            finally:
+                runtime.metrics.reconcile_seconds.observe(time.monotonic() - started)
+            failures = 0
+            if outcome.done:
+                return
+            timeout = runtime.settings.resync_seconds
+            if outcome.requeue_after is not None:
+                timeout = min(timeout, max(outcome.requeue_after, 0.0) + REQUEUE_SLACK)
+            await _sleep(stopped, waker, timeout)
+    finally:
+        runtime.forget(key)
+        runtime.metrics.forget(uid)

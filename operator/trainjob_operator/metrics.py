@@ -1,0 +1,101 @@
+"""Prometheus metrics of the operator, served on /metrics (prometheus-client).
+
+Counters move on status *transitions* (old status -> written status), after the status write
+succeeded, so a retried reconcile never counts twice and a restarted operator does not count
+jobs that were already Created/Succeeded/Failed before it started.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Final
+
+import prometheus_client
+
+from trainjob.core import status as st
+
+NAMESPACE: Final = "trainjob"
+
+
+class Metrics:
+    def __init__(self, registry: prometheus_client.CollectorRegistry | None = None) -> None:
+        self.registry = registry or prometheus_client.CollectorRegistry()
+        labels = ["namespace"]
+        self.created = prometheus_client.Counter(
+            "jobs_created",
+            "TrainJobs created (first reconcile)",
+            labels,
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self.succeeded = prometheus_client.Counter(
+            "jobs_succeeded",
+            "TrainJobs that succeeded",
+            labels,
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self.failed = prometheus_client.Counter(
+            "jobs_failed",
+            "TrainJobs that failed",
+            [*labels, "reason"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self.restarted = prometheus_client.Counter(
+            "jobs_restarted",
+            "Restarts decided (each counts toward backoffLimit)",
+            labels,
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self.jobs = prometheus_client.Gauge(
+            "jobs",
+            "TrainJobs served by this operator, by state",
+            [*labels, "state"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self.reconcile_seconds = prometheus_client.Histogram(
+            "reconcile_duration_seconds",
+            "Time of one reconcile (read, decide, apply, status)",
+            namespace=NAMESPACE,
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.reconcile_errors = prometheus_client.Counter(
+            "reconcile_errors",
+            "Reconciles that failed (retried with backoff)",
+            labels,
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self._states: dict[str, tuple[str, str]] = {}  # uid -> (namespace, state)
+
+    def serve(self, port: int) -> None:
+        prometheus_client.start_http_server(port, registry=self.registry)
+
+    def transition(self, namespace: str, old: st.JobStatus, new: st.JobStatus) -> None:
+        if new.is_true(st.CREATED) and not old.is_true(st.CREATED):
+            self.created.labels(namespace).inc()
+        if new.is_true(st.SUCCEEDED) and not old.is_true(st.SUCCEEDED):
+            self.succeeded.labels(namespace).inc()
+        if new.is_true(st.FAILED) and not old.is_true(st.FAILED):
+            condition = new.condition(st.FAILED)
+            self.failed.labels(namespace, condition.reason if condition else "").inc()
+        if new.restart_count > old.restart_count:
+            self.restarted.labels(namespace).inc(new.restart_count - old.restart_count)
+
+    def set_state(self, uid: str, namespace: str, state: str) -> None:
+        self._states[uid] = (namespace, state)
+        self._refresh()
+
+    def forget(self, uid: str) -> None:
+        if self._states.pop(uid, None) is not None:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        counts = collections.Counter(self._states.values())
+        self.jobs.clear()
+        for (namespace, state), count in counts.items():
+            self.jobs.labels(namespace, state).set(count)

@@ -1,0 +1,257 @@
+"""One reconcile of one TrainJob: read → parse → decide (policy engine) → apply → status.
+
+Every decision is the core's (`policy.reconcile`); this module only turns a Decision into API
+calls through `kube`, in an order that is safe to interrupt at any point (the operator may be
+killed between any two calls and the next reconcile converges):
+delete stale children → create Services → create the PodGroup → create Pods → write status →
+post Events. Creation is idempotent (deterministic names, 409 is success); the status records
+which attempt each replica is on, and a Pod of a newer attempt than recorded is adopted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from trainjob.core import naming, observe, policy, render, spec
+from trainjob.core import status as st
+from trainjob_operator import config, gang, kube, metrics
+
+JobKey = tuple[str, str]  # (namespace, name)
+ReplicaKey = tuple[str, int]
+
+logger = logging.getLogger("trainjob_operator.reconciler")
+
+# The keys of `status` this operator writes (`progress` belongs to progress reporting).
+STATUS_KEYS: Final = (
+    "state",
+    "ready",
+    "restartCount",
+    "conditions",
+    "replicaStatuses",
+    "startTime",
+    "attemptStartTime",
+    "completionTime",
+    "observedGeneration",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildPod:
+    """A Pod of some TrainJob, as kept in the in-memory index."""
+
+    key: ReplicaKey
+    observed: policy.ObservedReplica
+    uid: str
+    owner_uid: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildService:
+    key: ReplicaKey
+    uid: str
+    owner_uid: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    # Seconds until a deadline / TTL needs another look; None: only events wake the job.
+    requeue_after: float | None
+    # The TrainJob is gone (or going): stop its reconcile loop.
+    done: bool = False
+
+
+@dataclasses.dataclass
+class Runtime:
+    """Operator-wide state shared by every handler (kept in kopf's memo)."""
+
+    settings: config.Settings
+    kube: kube.Kube
+    metrics: metrics.Metrics
+    wakers: dict[JobKey, asyncio.Event] = dataclasses.field(default_factory=dict)
+
+    def waker(self, key: JobKey) -> asyncio.Event:
+        return self.wakers.setdefault(key, asyncio.Event())
+
+    def wake(self, key: JobKey) -> None:
+        event = self.wakers.get(key)
+        if event is not None:
+            event.set()
+
+    def forget(self, key: JobKey) -> None:
+        self.wakers.pop(key, None)
+
+
+def controller_uid(metadata: Mapping[str, Any]) -> str | None:
+    for ref in metadata.get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            uid = ref.get("uid")
+            return str(uid) if uid else None
+    return None
+
+
+def index_pod(body: Mapping[str, Any]) -> ChildPod | None:
+    found = observe.observe_pod(body)
+    if found is None:
+        return None
+    metadata = body.get("metadata") or {}
+    key, observed = found
+    return ChildPod(key, observed, str(metadata.get("uid") or ""), controller_uid(metadata))
+
+
+def index_service(body: Mapping[str, Any]) -> ChildService | None:
+    metadata = body.get("metadata") or {}
+    key = observe.replica_key(metadata.get("labels") or {})
+    if key is None:
+        return None
+    return ChildService(key, str(metadata.get("uid") or ""), controller_uid(metadata))
+
+
+def _conditions(status: st.JobStatus) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": c.type,
+            "status": "True" if c.status else "False",
+            "reason": c.reason,
+            "message": c.message,
+            "lastTransitionTime": st.format_time(c.last_transition_time),
+        }
+        for c in status.conditions
+    ]
+
+
+def _invalid_status_dict(status: st.JobStatus) -> dict[str, Any]:
+    """Status of a TrainJob whose spec cannot be parsed (no TrainJob to render replicas)."""
+    result: dict[str, Any] = {
+        "state": st.state_of(status),
+        "restartCount": status.restart_count,
+        "conditions": _conditions(status),
+    }
+    if status.completion_time is not None:
+        result["completionTime"] = st.format_time(status.completion_time)
+    if status.observed_generation is not None:
+        result["observedGeneration"] = status.observed_generation
+    return result
+
+
+def status_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch turning `current` into `wanted` for our keys; None when nothing changes.
+    Keys we own but no longer write are nulled; keys we do not own are left alone."""
+    patch: dict[str, Any] = {}
+    for key in STATUS_KEYS:
+        if key in wanted:
+            if current.get(key) != wanted[key]:
+                patch[key] = wanted[key]
+        elif key in current:
+            patch[key] = None
+    return patch or None
+
+
+async def reconcile_job(
+    rt: Runtime,
+    namespace: str,
+    name: str,
+    pods: Iterable[ChildPod],
+    services: Iterable[ChildService],
+    now: datetime.datetime,
+) -> Outcome:
+    raw = await rt.kube.get_trainjob(namespace, name)
+    if raw is None:
+        return Outcome(None, done=True)
+    metadata = raw.get("metadata") or {}
+    if metadata.get("deletionTimestamp"):
+        return Outcome(None, done=True)
+    uid = str(metadata.get("uid") or "")
+    raw_status = raw.get("status") if isinstance(raw.get("status"), Mapping) else {}
+    assert isinstance(raw_status, Mapping)
+    old = st.from_dict(raw_status)
+
+    try:
+        job = spec.parse(raw)
+    except spec.SpecError as exc:
+        message = "; ".join(str(problem) for problem in exc.problems)
+        await _mark_invalid(rt, raw, raw_status, old, None, message, now)
+        return Outcome(None)
+
+    mine_pods = [p for p in pods if p.owner_uid in (uid, None)]
+    mine_services = [s for s in services if s.owner_uid in (uid, None)]
+    observed = {p.key: p.observed for p in mine_pods}
+    pod_uids = {p.key: p.uid for p in mine_pods}
+    service_uids = {s.key: s.uid for s in mine_services}
+
+    decision = policy.reconcile(job, old, observed, set(service_uids), now)
+    owner = render.Owner(name=name, uid=uid)
+    options = gang.render_options(job, rt.settings, namespace)
+
+    for rtype, index in decision.delete_pods:
+        await rt.kube.delete_pod(
+            namespace, naming.child_name(name, rtype, index), pod_uids.get((rtype, index))
+        )
+    for rtype, index in decision.delete_services:
+        await rt.kube.delete_service(
+            namespace, naming.child_name(name, rtype, index), service_uids.get((rtype, index))
+        )
+
+    events = list(decision.events)
+    new_status = decision.status
+    try:
+        for rtype, index in decision.create_services:
+            await rt.kube.create(render.render_service(job, rtype, index, options, owner))
+        if decision.create_pods and gang.wanted(job, rt.settings):
+            await rt.kube.create_pod_group(
+                gang.render_pod_group(job, rt.settings, namespace, owner)
+            )
+        for rtype, index, attempt in decision.create_pods:
+            await rt.kube.create(render.render_pod(job, rtype, index, attempt, options, owner))
+    except kube.RejectedError as exc:
+        # The API server refused what the spec renders to (e.g. an invalid Pod template that
+        # the CRD schema cannot check): the job can never run as written.
+        await _mark_invalid(rt, raw, raw_status, old, job, str(exc), now)
+        return Outcome(None)
+
+    wanted = st.to_dict(job, new_status)
+    patch = status_patch(raw_status, wanted)
+    if patch is not None:
+        await rt.kube.patch_status(namespace, name, patch)
+    rt.metrics.transition(namespace, old, new_status)
+    rt.metrics.set_state(uid, namespace, st.state_of(new_status))
+    for event in events:
+        await rt.kube.post_event(raw, event.type, event.reason, event.message, now)
+
+    if decision.delete_job:
+        await rt.kube.delete_trainjob(namespace, name, uid)
+        rt.metrics.forget(uid)
+        return Outcome(None, done=True)
+    return Outcome(decision.requeue_after)
+
+
+async def _mark_invalid(
+    rt: Runtime,
+    raw: Mapping[str, Any],
+    raw_status: Mapping[str, Any],
+    old: st.JobStatus,
+    job: spec.TrainJob | None,
+    message: str,
+    now: datetime.datetime,
+) -> None:
+    metadata = raw.get("metadata") or {}
+    namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
+    uid = str(metadata.get("uid") or "")
+    if old.finished:
+        return  # a finished job stays as it ended; a later spec problem changes nothing
+    generation = metadata.get("generation")
+    new = policy.invalid_spec(
+        old, message, now, generation if isinstance(generation, int) else None
+    )
+    wanted = st.to_dict(job, new) if job is not None else _invalid_status_dict(new)
+    patch = status_patch(raw_status, wanted)
+    if patch is not None:
+        await rt.kube.patch_status(namespace, name, patch)
+    logger.warning("Marked TrainJob %s/%s Failed (InvalidSpec): %s", namespace, name, message)
+    rt.metrics.transition(namespace, old, new)
+    rt.metrics.set_state(uid, namespace, st.state_of(new))
+    await rt.kube.post_event(dict(raw), "Warning", policy.REASON_INVALID, message, now)

@@ -1,0 +1,1 @@
+"""Integration tier: the real kube-apiserver from tests/controlplane."""

@@ -1,0 +1,123 @@
+"""Fixtures of the integration tier: a real control plane (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler; kwok on demand), started once per session.
+
+The binaries come from ``bash tests/controlplane/install.sh``; when they are missing the
+session fails (it never skips) with a message naming that command.
+
+Environment:
+  TRAINJOB_TOOLS_DIR   where install.sh cached the binaries (default ~/.cache/trainjob-tools)
+  TRAINJOB_CP_WORKDIR  keep the control plane's state and logs there (e.g. a CI artifact dir)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from tests.controlplane.cluster import (
+    REPO_ROOT,
+    Component,
+    ControlPlane,
+    ControlPlaneError,
+    Tools,
+    ToolsMissingError,
+    wait_for,
+)
+
+CRD_DIR = REPO_ROOT / "crds"
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """The session's control plane, with crds/ applied and Established."""
+    try:
+        tools = Tools.locate().require()
+    except ToolsMissingError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    workdir_env = os.environ.get("TRAINJOB_CP_WORKDIR")
+    workdir = Path(workdir_env) / f"cp-{uuid.uuid4().hex[:8]}" if workdir_env else None
+    plane = ControlPlane(tools=tools, workdir=workdir, crds=sorted(CRD_DIR.glob("*.yaml")))
+    try:
+        plane.start()
+    except ControlPlaneError as exc:
+        pytest.fail(f"the test control plane did not start: {exc}", pytrace=False)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(control_plane: ControlPlane) -> Path:
+    """Admin kubeconfig of the session's control plane (kubectl, kopf, kubernetes client)."""
+    return control_plane.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def kwok(control_plane: ControlPlane) -> Component:
+    """kwok running against the control plane, with the fake nodes Ready."""
+    try:
+        return control_plane.start_kwok()
+    except ControlPlaneError as exc:
+        pytest.fail(f"kwok did not start: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def api_client(kubeconfig: Path) -> Iterator[k8s.ApiClient]:
+    """A kubernetes-client ApiClient authenticated as the admin."""
+    api = k8s_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="session")
+def core_v1(api_client: k8s.ApiClient) -> k8s.CoreV1Api:
+    return k8s.CoreV1Api(api_client)
+
+
+@pytest.fixture(scope="session")
+def custom_objects(api_client: k8s.ApiClient) -> k8s.CustomObjectsApi:
+    return k8s.CustomObjectsApi(api_client)
+
+
+def _namespace_name(test_name: str) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].rstrip("-")
+    return f"{base or 't'}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def namespace(core_v1: k8s.CoreV1Api, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test (its default service account exists); deleted afterwards."""
+    name = _namespace_name(request.node.name)
+    core_v1.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+
+    def has_default_service_account() -> bool:
+        try:
+            core_v1.read_namespaced_service_account("default", name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    wait_for(
+        has_default_service_account,
+        timeout=60,
+        what=f"the serviceaccount controller to create {name}/default",
+        interval=0.05,
+    )
+    try:
+        yield name
+    finally:
+        # Not waited on: the namespace controller finishes it in the background.
+        core_v1.delete_namespace(name)

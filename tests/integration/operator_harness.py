@@ -1,0 +1,318 @@
+"""Helpers for the operator tests: run `python -m trainjob_operator` as a subprocess against
+the test control plane, create TrainJobs, and play the kubelet by patching Pod status.
+
+There is no kubelet: test Pods name a scheduler that does not exist, so neither
+kube-scheduler nor kwok touches them, and deleting one removes it at once (an unbound Pod
+has no graceful termination). Every wait polls real state with a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from tests.controlplane.cluster import REPO_ROOT, free_port
+
+GROUP: Final = "trainjob.dev"
+VERSION: Final = "v1alpha1"
+PLURAL: Final = "trainjobs"
+JOB_LABEL: Final = "trainjob.dev/job-name"
+NO_SCHEDULER: Final = "trainjob-test-no-scheduler"
+PYTHON: Final = sys.executable
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+
+
+class WaitTimeoutError(AssertionError):
+    pass
+
+
+def wait_until(
+    probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.1
+) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while True:
+        last = probe()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise WaitTimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Operator:
+    """The operator as a subprocess (what a Deployment runs), logging to a file."""
+
+    def __init__(self, kubeconfig: Path, log: Path, *args: str, standalone: bool = True) -> None:
+        self.standalone = standalone
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.args = args
+        self.metrics_port = free_port()
+        self.liveness_port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Operator:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "operator")]),
+            "PYTHONUNBUFFERED": "1",
+        }
+        argv = [
+            PYTHON,
+            "-m",
+            "trainjob_operator",
+            *(["--standalone"] if self.standalone else []),
+            f"--metrics-port={self.metrics_port}",
+            f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
+            *self.args,
+        ]
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        return self
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as when a node dies under the operator."""
+        if self.process is not None and self.running():
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is None or not self.running():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def running_operator(kubeconfig: Path, log: Path, *args: str) -> Iterator[Operator]:
+    operator = Operator(kubeconfig, log, *args).start()
+    try:
+        yield operator
+    finally:
+        operator.stop()
+
+
+# -- TrainJobs --------------------------------------------------------------------------------
+
+
+def container(**extra: Any) -> Obj:
+    return {"name": "tensorflow", "image": "example.com/trainjob:test", **extra}
+
+
+def template(**extra: Any) -> Obj:
+    return {"spec": {"schedulerName": NO_SCHEDULER, "containers": [container()], **extra}}
+
+
+def trainjob(
+    name: str,
+    *,
+    chief: int = 1,
+    workers: int = 2,
+    ps: int = 0,
+    restart_policy: str = "Never",
+    run_policy: Obj | None = None,
+    template_spec: Obj | None = None,
+) -> Obj:
+    tpl = template()
+    if template_spec is not None:
+        tpl = {"spec": {**tpl["spec"], **template_spec}}
+    replica_specs: Obj = {}
+    for rtype, count in (("chief", chief), ("worker", workers), ("ps", ps)):
+        if count:
+            replica_specs[rtype] = {
+                "replicas": count,
+                "restartPolicy": restart_policy,
+                "template": copy.deepcopy(tpl),
+            }
+    body: Obj = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainJob",
+        "metadata": {"name": name},
+        "spec": {"replicaSpecs": replica_specs},
+    }
+    if run_policy:
+        body["spec"]["runPolicy"] = run_policy
+    return body
+
+
+class Cluster:
+    """Thin test-side client for one namespace."""
+
+    def __init__(self, api: k8s.ApiClient, namespace: str) -> None:
+        self.core = k8s.CoreV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+        self.namespace = namespace
+
+    def create_job(self, body: Obj) -> Obj:
+        result: Obj = self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, body
+        )
+        return result
+
+    def job(self, name: str) -> Obj | None:
+        try:
+            result: Obj = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    def patch_job(self, name: str, patch: Obj) -> None:
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name, patch
+        )
+
+    def delete_job(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def condition(self, name: str, ctype: str) -> Obj | None:
+        job = self.job(name) or {}
+        for cond in (job.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == ctype and cond.get("status") == "True":
+                result: Obj = cond
+                return result
+        return None
+
+    def wait_condition(self, name: str, ctype: str, timeout: float = 30) -> Obj:
+        try:
+            return wait_until(
+                lambda: self.condition(name, ctype),
+                timeout=timeout,
+                what=f"TrainJob {name} condition {ctype}",
+            )
+        except WaitTimeoutError as exc:
+            job = self.job(name) or {}
+            raise WaitTimeoutError(f"{exc}; status: {job.get('status')}") from None
+
+    def pods(self, job: str | None = None) -> dict[str, k8s.V1Pod]:
+        selector = f"{JOB_LABEL}={job}" if job else JOB_LABEL
+        items = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        return {p.metadata.name: p for p in items}
+
+    def services(self, job: str | None = None) -> dict[str, k8s.V1Service]:
+        selector = f"{JOB_LABEL}={job}" if job else JOB_LABEL
+        items = self.core.list_namespaced_service(self.namespace, label_selector=selector).items
+        return {s.metadata.name: s for s in items}
+
+    def pod(self, name: str) -> k8s.V1Pod | None:
+        try:
+            return self.core.read_namespaced_pod(name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def wait_pods(self, job: str, names: set[str], timeout: float = 30) -> dict[str, k8s.V1Pod]:
+        def probe() -> dict[str, k8s.V1Pod] | None:
+            pods = self.pods(job)
+            return pods if set(pods) == names else None
+
+        return wait_until(probe, timeout=timeout, what=f"pods {sorted(names)} of {job}")
+
+    def events(self, name: str) -> list[k8s.CoreV1Event]:
+        items: list[k8s.CoreV1Event] = self.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={name}"
+        ).items
+        return items
+
+    # -- playing the kubelet ----------------------------------------------------------------
+
+    def set_running(self, pod: str) -> None:
+        now = _now()
+        self.core.patch_namespaced_pod_status(
+            pod,
+            self.namespace,
+            {
+                "status": {
+                    "phase": "Running",
+                    "startTime": now,
+                    "containerStatuses": [
+                        {
+                            "name": "tensorflow",
+                            "image": "example.com/trainjob:test",
+                            "imageID": "",
+                            "ready": True,
+                            "restartCount": 0,
+                            "state": {"running": {"startedAt": now}},
+                        }
+                    ],
+                }
+            },
+        )
+
+    def set_exited(self, pod: str, exit_code: int, reason: str | None = None) -> None:
+        now = _now()
+        terminated: Obj = {"exitCode": exit_code, "startedAt": now, "finishedAt": now}
+        terminated["reason"] = reason or ("Completed" if exit_code == 0 else "Error")
+        self.core.patch_namespaced_pod_status(
+            pod,
+            self.namespace,
+            {
+                "status": {
+                    "phase": "Succeeded" if exit_code == 0 else "Failed",
+                    "containerStatuses": [
+                        {
+                            "name": "tensorflow",
+                            "image": "example.com/trainjob:test",
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"terminated": terminated},
+                        }
+                    ],
+                }
+            },
+        )
+
+    def run_all(self, job: str, names: set[str]) -> None:
+        for name in sorted(self.wait_pods(job, names)):
+            self.set_running(name)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def attempt(pod: k8s.V1Pod) -> int:
+    return int((pod.metadata.annotations or {}).get("trainjob.dev/attempt", "0"))
+
+
+def env_of(pod: k8s.V1Pod) -> dict[str, str]:
+    tf = next(c for c in pod.spec.containers if c.name == "tensorflow")
+    return {e.name: e.value for e in tf.env or []}

@@ -1,0 +1,120 @@
+"""Gang scheduling: with --gang-scheduler set and a schedulingPolicy on the TrainJob, the
+operator creates the PodGroup (Volcano or scheduler-plugins) before the Pods, and the Pods
+name the scheduler and the group. The PodGroup CRDs are minimal stand-ins (no scheduler runs:
+the Pods simply stay Pending)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from tests.integration.operator_harness import (
+    Cluster,
+    Operator,
+    container,
+    trainjob,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+GANGS = {
+    "volcano": ("scheduling.volcano.sh", "v1beta1", "volcano"),
+    "scheduler-plugins": ("scheduling.x-k8s.io", "v1alpha1", "scheduler-plugins-scheduler"),
+}
+
+
+def _podgroup_crd(group: str, version: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"podgroups.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": "PodGroup", "plural": "podgroups", "singular": "podgroup"},
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def podgroup_crds(api_client: k8s.ApiClient) -> None:
+    ext = k8s.ApiextensionsV1Api(api_client)
+    for group, version, _ in GANGS.values():
+        try:
+            ext.create_custom_resource_definition(_podgroup_crd(group, version))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+        def established(name: str = f"podgroups.{group}") -> bool:
+            crd = ext.read_custom_resource_definition(name)
+            return any(
+                c.type == "Established" and c.status == "True"
+                for c in (crd.status.conditions or [])
+            )
+
+        wait_until(established, timeout=30, what=f"PodGroup CRD of {group}")
+
+
+@pytest.mark.parametrize("gang", sorted(GANGS))
+def test_gang_podgroup_and_pod_references(
+    gang: str,
+    podgroup_crds: None,
+    kubeconfig: Path,
+    api_client: k8s.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    group, version, scheduler = GANGS[gang]
+    cluster = Cluster(api_client, namespace)
+    body = trainjob("gang", chief=1, workers=2)
+    for replica in body["spec"]["replicaSpecs"].values():
+        replica["template"] = {"spec": {"containers": [container()]}}  # no schedulerName
+    body["spec"]["runPolicy"] = {
+        "schedulingPolicy": {"minAvailable": 3, "queue": "research", "scheduleTimeoutSeconds": 60}
+    }
+    operator = Operator(
+        kubeconfig,
+        tmp_path / "operator.log",
+        f"--namespace={namespace}",
+        f"--gang-scheduler={gang}",
+    ).start()
+    try:
+        created = cluster.create_job(body)
+        pods = cluster.wait_pods("gang", {"gang-chief-0", "gang-worker-0", "gang-worker-1"})
+        podgroup = cluster.custom.get_namespaced_custom_object(
+            group, version, namespace, "podgroups", "gang"
+        )
+    finally:
+        operator.stop()
+    assert podgroup["spec"]["minMember"] == 3
+    (ref,) = podgroup["metadata"]["ownerReferences"]
+    assert ref["uid"] == created["metadata"]["uid"]
+    if gang == "volcano":
+        assert podgroup["spec"]["queue"] == "research"
+    else:
+        assert podgroup["spec"]["scheduleTimeoutSeconds"] == 60
+    for pod in pods.values():
+        assert pod.spec.scheduler_name == scheduler
+        if gang == "volcano":
+            assert pod.metadata.annotations["scheduling.k8s.io/group-name"] == "gang"
+        else:
+            assert pod.metadata.labels["scheduling.x-k8s.io/pod-group"] == "gang"
