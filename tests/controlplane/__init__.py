@@ -1,0 +1,1 @@
+"""The real Kubernetes control plane used by tests/integration (see cluster.py)."""

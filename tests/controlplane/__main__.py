@@ -1,0 +1,64 @@
+"""``python -m tests.controlplane up``: run the test control plane until Ctrl-C.
+
+Prints the KUBECONFIG path (and an ``export`` line), then waits. Options:
+  --kwok          also start kwok with the fake nodes and TrainJob pod stages
+  --crds          apply crds/ (waits until Established) before the controllers start
+  --workdir DIR   keep state and logs in DIR instead of a temp dir (kept after exit)
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from tests.controlplane.cluster import REPO_ROOT, ControlPlane, ControlPlaneError, ToolsMissingError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.controlplane")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the control plane and run until Ctrl-C")
+    up.add_argument("--kwok", action="store_true", help="start kwok and its fake nodes")
+    up.add_argument("--crds", action="store_true", help="apply crds/ before the controllers")
+    up.add_argument("--workdir", type=Path, default=None, help="state/log dir (kept)")
+    args = parser.parse_args(argv)
+
+    crds = sorted((REPO_ROOT / "crds").glob("*.yaml")) if args.crds else []
+    plane = ControlPlane(workdir=args.workdir, crds=crds)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        plane.start()
+        if args.kwok:
+            plane.start_kwok()
+    except (ToolsMissingError, ControlPlaneError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(f"kube-apiserver {plane.version()} at {plane.apiserver_url}")
+        print(f"logs in {plane.root / 'logs'}")
+        print(f"kubectl: {plane.kubectl_path}")
+        print(f"export KUBECONFIG={plane.kubeconfig}")
+        print("Ctrl-C to stop", flush=True)
+        while not stop.wait(1.0):
+            dead = [c.name for c in plane.components if not c.running()]
+            if dead:
+                print(f"error: component(s) exited: {', '.join(dead)}", file=sys.stderr)
+                return 1
+        return 0
+    finally:
+        plane.stop()
+        print("stopped", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
