@@ -1,0 +1,70 @@
+"""ParameterServer: chief (coordinator) + 2 workers + 1 ps train to the end; the servers stop."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import training_harness as harness
+
+pytestmark = [pytest.mark.training, pytest.mark.timeout(300)]
+
+EPOCHS = 2
+STEPS = 20
+
+
+def test_chief_completes_and_servers_stop_on_sigterm(tmp_path: Path, mnist_data_dir: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    progress = tmp_path / "progress.jsonl"
+    cluster = harness.cluster_spec({"chief": 1, "ps": 1, "worker": 2})
+    config = {
+        "epochs": EPOCHS,
+        "steps_per_epoch": STEPS,
+        "batch_size": 64,
+        "model": "mlp",
+        "data_dir": str(mnist_data_dir),
+        "progress_every_steps": 10,
+    }
+    replicas = {
+        f"{role}-{i}": harness.start(
+            f"{role}-{i}",
+            harness.replica_env(
+                cluster,
+                role,
+                i,
+                entrypoint="trainjob.samples.mnist:build",
+                config=config,
+                checkpoint_dir=ckpt,
+                progress_file=progress,
+                strategy="ParameterServer",
+            ),
+            tmp_path,
+        )
+        for role, count in (("ps", 1), ("worker", 2), ("chief", 1))
+        for i in range(count)
+    }
+    servers = [replicas[n] for n in ("ps-0", "worker-0", "worker-1")]
+    try:
+        codes = harness.wait_exit([replicas["chief-0"]], 180)
+        assert codes == {"chief-0": 0}, harness.dump_logs(list(replicas.values()))
+        # Servers never exit by themselves: still running after the chief is done.
+        assert all(s.sample() is None for s in servers), harness.dump_logs(servers)
+        for server in servers:
+            server.signal(signal.SIGTERM)
+        stopped = harness.wait_exit(servers, 15)
+    finally:
+        harness.stop_all(list(replicas.values()))
+    print("ps:", harness.report(list(replicas.values())))
+    # 143 = 128 + SIGTERM: retryable, and what Kubernetes reports for a TERM'd container.
+    assert set(stopped.values()) == {143}
+    events = harness.read_events(progress)
+    epochs = harness.events_of(events, "chief-0", "epoch")
+    assert [e["epoch"] for e in epochs] == list(range(EPOCHS))
+    assert epochs[-1]["step"] == EPOCHS * STEPS
+    assert all(e["examples_per_sec"] > 0 for e in epochs)
+    (end,) = harness.events_of(events, "chief-0", "end")
+    assert end["status"] == "succeeded" and end["export"] == str(ckpt / "export")
+    assert (ckpt / "export" / "saved_model.pb").is_file()
+    for name in ("ps-0", "worker-0", "worker-1"):
+        assert harness.events_of(events, name, "start"), f"{name} never started serving"

@@ -1,0 +1,185 @@
+"""Exit codes and progress lines of real ``trainjob train`` processes, one per failure kind
+(single replica, no TF_CONFIG), plus the offline tfds data and pure settings decisions."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import training_harness as harness
+
+from trainjob.core import constants
+from trainjob.runtime import exitcodes, progress, settings
+from trainjob.runtime.exitcodes import FailureKind
+
+pytestmark = [pytest.mark.training, pytest.mark.timeout(180)]
+
+FAST = {"epochs": 1, "steps_per_epoch": 5, "model": "mlp", "batch_size": 32}
+
+
+def _run(
+    tmp: Path, env_extra: dict[str, str], timeout: float = 120
+) -> tuple[int, list[dict[str, object]], str]:
+    env = harness.replica_env(
+        {},
+        "worker",
+        0,
+        entrypoint="trainjob.samples.mnist:build",
+        config=FAST,
+        checkpoint_dir=tmp / "ckpt",
+        progress_file=tmp / "progress.jsonl",
+    )
+    env.update(env_extra)
+    result = subprocess.run(
+        # Exactly what rendered pods run: `python -m trainjob train`.
+        [sys.executable, *constants.DEFAULT_RUNTIME_COMMAND[1:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    lines = [progress.parse_line(line) for line in result.stdout.splitlines()]
+    return result.returncode, [e for e in lines if e], result.stdout + result.stderr
+
+
+def _code(kind: FailureKind) -> int:
+    return exitcodes.exit_code(kind)
+
+
+def test_invalid_config_exits_2(tmp_path: Path) -> None:
+    code, _, out = _run(tmp_path, {constants.ENV_CONFIG: "[1, 2]"})
+    assert code == _code(FailureKind.INVALID_CONFIG), out
+    assert "must be a JSON object" in out
+
+
+def test_bad_entrypoint_exits_3(tmp_path: Path) -> None:
+    code, events, out = _run(tmp_path, {constants.ENV_ENTRYPOINT: "no_such_pkg.train:build"})
+    assert code == _code(FailureKind.INVALID_ENTRYPOINT), out
+    assert events[-1]["event"] == "end" and events[-1]["status"] == "InvalidEntrypoint"
+
+
+def test_exception_in_user_code_exits_1(tmp_path: Path, mnist_data_dir: Path) -> None:
+    # A model that cannot take the data: Keras raises inside fit (a user bug, permanent).
+    config = dict(FAST, data_dir=str(mnist_data_dir), batch_size=0)
+    code, _, out = _run(tmp_path, {constants.ENV_CONFIG: json.dumps(config)})
+    assert code == _code(FailureKind.USER_CODE_ERROR), out
+
+
+def test_estimator_on_current_tf_exits_4(tmp_path: Path) -> None:
+    code, _, out = _run(
+        tmp_path,
+        {
+            constants.ENV_FRAMEWORK: "Estimator",
+            constants.ENV_ENTRYPOINT: "trainjob.samples.mnist_estimator:build",
+        },
+    )
+    assert code == _code(FailureKind.UNSUPPORTED), out
+    assert "trainjob-legacy" in out
+
+
+def test_single_replica_trains_exports_and_reports(tmp_path: Path, mnist_data_dir: Path) -> None:
+    config = dict(FAST, data_dir=str(mnist_data_dir), epochs=2, progress_every_steps=5)
+    code, events, out = _run(tmp_path, {constants.ENV_CONFIG: json.dumps(config)})
+    assert code == 0, out
+    kinds = [e["event"] for e in events]
+    assert kinds == ["start", "step", "epoch", "checkpoint", "step", "epoch", "checkpoint", "end"]
+    assert events[-1]["export"] == str(tmp_path / "ckpt" / "export")
+    assert events[-1]["step"] == 10 and isinstance(events[-1]["loss"], float)
+    # The progress file (local mode) carries the same events as stdout.
+    assert harness.read_events(tmp_path / "progress.jsonl") == events
+
+
+def test_sigterm_mid_training_saves_backup_and_exits_143(
+    tmp_path: Path, mnist_data_dir: Path
+) -> None:
+    config = dict(
+        FAST,
+        data_dir=str(mnist_data_dir),
+        epochs=50,
+        steps_per_epoch=20,
+        progress_every_steps=5,
+        step_delay_ms=20,
+    )
+    prog = tmp_path / "progress.jsonl"
+    env = harness.replica_env(
+        {},
+        "worker",
+        0,
+        entrypoint="trainjob.samples.mnist:build",
+        config=config,
+        checkpoint_dir=tmp_path / "ckpt",
+        progress_file=prog,
+    )
+    replica = harness.start("worker-0", env, tmp_path)
+    try:
+        harness.wait_until(
+            lambda: [
+                e for e in harness.read_events(prog) if e["event"] == "step" and e["epoch"] >= 1
+            ],
+            120,
+            "a step of epoch 1",
+            [replica],
+        )
+        replica.signal(signal.SIGTERM)
+        codes = harness.wait_exit([replica], 30)
+    finally:
+        harness.stop_all([replica])
+    assert codes["worker-0"] == 143, replica.log
+    events = harness.read_events(prog)
+    assert [e for e in events if e["event"] == "checkpoint" and e.get("reason") == "preempted"]
+    assert events[-1]["event"] == "end" and events[-1]["status"] == "Preempted"
+    assert list((tmp_path / "ckpt" / "backup").glob("**/checkpoint"))
+
+
+def test_prepared_mnist_loads_offline_and_shards_per_worker(mnist_data_dir: Path) -> None:
+    script = (
+        "import json, sys, tensorflow as tf, tensorflow_datasets as tfds\n"
+        "from trainjob.runtime import data\n"
+        "d = sys.argv[1]\n"
+        "full = tfds.load('mnist', split='train', data_dir=d, as_supervised=True)\n"
+        "ctx = [tf.distribute.InputContext(2, i, 1) for i in range(2)]\n"
+        "shards = [data.load_sharded('mnist', data_dir=d, input_context=c) for c in ctx]\n"
+        "n = [sum(1 for _ in s) for s in shards]\n"
+        "labels = sorted(int(y) for s in shards for _, y in s)\n"
+        "test = sum(1 for _ in tfds.load('mnist', split='test', data_dir=d))\n"
+        "print('RESULT', json.dumps([sum(1 for _ in full), n, len(set(labels)), test]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(mnist_data_dir)],
+        env=harness.base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")]
+    total, shard_sizes, classes, test = json.loads(line.split(" ", 1)[1])
+    # 5,000 real digits: 4,280 train / 720 test (MNIST's 6:1), all 10 classes, disjoint shards.
+    assert (total, test, classes) == (4280, 720, 10)
+    assert shard_sizes == [2140, 2140]
+
+
+@pytest.mark.parametrize(
+    ("cluster", "gpus", "expected"),
+    [
+        ({}, 0, settings.DEFAULT),
+        ({}, 1, settings.ONE_DEVICE),
+        ({}, 4, settings.MIRRORED),
+        ({"worker": ("a:1", "b:1")}, 0, settings.MULTI_WORKER_MIRRORED),
+        ({"chief": ("a:1",), "worker": ("b:1",), "ps": ("c:1",)}, 0, settings.PARAMETER_SERVER),
+    ],
+)
+def test_auto_strategy(cluster: dict[str, tuple[str, ...]], gpus: int, expected: str) -> None:
+    assert (
+        settings.resolve_strategy(settings.AUTO, cluster, num_gpus=gpus, has_tpu=False) == expected
+    )
+    assert (
+        settings.resolve_strategy(settings.AUTO, cluster, num_gpus=gpus, has_tpu=True)
+        == settings.TPU
+    )

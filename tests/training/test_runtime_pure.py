@@ -1,0 +1,159 @@
+"""Pure decisions of the runtime: env parsing, chief/role/strategy rules, the progress schema."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainjob.core import constants
+from trainjob.runtime import contract, progress, settings
+from trainjob.runtime.exitcodes import ConfigError
+
+pytestmark = pytest.mark.training
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {constants.ENV_ENTRYPOINT: "pkg.mod:build"}
+    env.update(extra)
+    return env
+
+
+def _tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> str:
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+def test_single_replica_without_tf_config_is_a_lone_chief_worker() -> None:
+    parsed = settings.from_env(_env())
+    assert (parsed.task_type, parsed.task_index, parsed.is_chief) == ("worker", 0, True)
+    assert parsed.strategy == settings.AUTO and parsed.framework == settings.KERAS
+    assert parsed.num_workers == 1
+
+
+def test_names_are_case_insensitive_and_data_dir_comes_from_config() -> None:
+    parsed = settings.from_env(
+        _env(
+            **{
+                constants.ENV_STRATEGY: "multiworkermirrored",
+                constants.ENV_FRAMEWORK: "estimator",
+                constants.ENV_CONFIG: '{"data_dir": "/d"}',
+                settings.ENV_DATA_DIR: "/ignored",
+            }
+        )
+    )
+    assert parsed.strategy == settings.MULTI_WORKER_MIRRORED
+    assert parsed.framework == settings.ESTIMATOR and parsed.data_dir == "/d"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({constants.ENV_ENTRYPOINT: ""}, "TRAINJOB_ENTRYPOINT is not set"),
+        ({constants.ENV_ENTRYPOINT: "pkg.mod"}, "pkg.module:function"),
+        ({constants.ENV_STRATEGY: "Horovod"}, "is not one of"),
+        ({constants.ENV_CONFIG: "{"}, "not valid JSON"),
+        ({constants.ENV_TF_CONFIG: _tf_config({"worker": ["a:1"]}, "worker", 1)}, "out of range"),
+        ({constants.ENV_TF_CONFIG: _tf_config({"master": ["a:1"]}, "master", 0)}, "unknown role"),
+        (
+            {
+                constants.ENV_TF_CONFIG: _tf_config({"worker": ["a:1", "b:1"]}, "worker", 1),
+                constants.ENV_REPLICA_INDEX: "0",
+            },
+            "contradicts",
+        ),
+        (
+            {
+                constants.ENV_STRATEGY: "ParameterServer",
+                constants.ENV_TF_CONFIG: _tf_config(
+                    {"worker": ["a:1"], "ps": ["b:1"]}, "worker", 0
+                ),
+            },
+            "needs a chief",
+        ),
+        (
+            {
+                constants.ENV_STRATEGY: "Mirrored",
+                constants.ENV_TF_CONFIG: _tf_config({"worker": ["a:1", "b:1"]}, "worker", 0),
+            },
+            "use MultiWorkerMirrored",
+        ),
+        ({constants.ENV_STRATEGY: "DTensor"}, "DTENSOR_CLIENT_ID"),
+        (
+            {
+                constants.ENV_STRATEGY: "DTensor",
+                constants.ENV_DTENSOR_CLIENT_ID: "2",
+                constants.ENV_DTENSOR_NUM_CLIENTS: "2",
+                constants.ENV_DTENSOR_JOB_NAME: "worker",
+                constants.ENV_DTENSOR_JOBS: "a:1,b:1",
+            },
+            "DTENSOR_JOBS lists",
+        ),
+    ],
+)
+def test_invalid_env_is_a_config_error(extra: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        settings.from_env(_env(**extra))
+
+
+@pytest.mark.parametrize(
+    ("cluster", "task", "index", "chief"),
+    [
+        ({"chief": ("a",), "worker": ("b", "c")}, "chief", 0, True),
+        ({"chief": ("a",), "worker": ("b", "c")}, "worker", 0, False),
+        ({"worker": ("b", "c")}, "worker", 0, True),
+        ({"worker": ("b", "c")}, "worker", 1, False),
+        ({"worker": ("b",), "evaluator": ("e",)}, "evaluator", 0, False),
+    ],
+)
+def test_chief_rule(
+    cluster: dict[str, tuple[str, ...]], task: str, index: int, chief: bool
+) -> None:
+    assert settings.is_chief(cluster, task, index) is chief
+
+
+@pytest.mark.parametrize(
+    ("strategy", "task", "role"),
+    [
+        (settings.PARAMETER_SERVER, "chief", settings.ROLE_TRAIN),
+        (settings.PARAMETER_SERVER, "worker", settings.ROLE_SERVE),
+        (settings.PARAMETER_SERVER, "ps", settings.ROLE_SERVE),
+        (settings.MULTI_WORKER_MIRRORED, "worker", settings.ROLE_TRAIN),
+        (settings.MULTI_WORKER_MIRRORED, "evaluator", settings.ROLE_EVALUATE),
+    ],
+)
+def test_task_role(strategy: str, task: str, role: str) -> None:
+    assert settings.task_role(strategy, task) == role
+
+
+def test_progress_line_round_trip_and_schema() -> None:
+    record = progress.make_event(
+        "epoch",
+        replica="worker-0",
+        chief=True,
+        now=12.5,
+        epoch=1,
+        step=40,
+        logs={"loss": 0.25, "accuracy": 0.9, "val_loss": float("nan")},
+        examples_per_sec=1000.0,
+    )
+    line = progress.format_line(record)
+    assert line.startswith(constants.PROGRESS_LINE_PREFIX)
+    assert progress.parse_line(line) == record
+    assert record["loss"] == 0.25 and record["metrics"] == {"accuracy": 0.9, "val_loss": None}
+    assert progress.parse_line("INFO some log line") is None
+    with pytest.raises(ValueError, match="unknown progress event"):
+        progress.make_event("done", replica="w", chief=False, now=0.0)
+    with pytest.raises(ValueError, match="clash"):
+        progress.make_event("end", replica="w", chief=False, now=0.0, loss=1.0)
+
+
+def test_train_spec_validation() -> None:
+    spec = contract.TrainSpec(model_fn=lambda: None, dataset_fn=lambda ctx: None)
+    contract.validate_train_spec(spec, strategy="MultiWorkerMirrored", framework="Keras")
+    with pytest.raises(ConfigError, match="steps_per_epoch is required"):
+        contract.validate_train_spec(spec, strategy="ParameterServer", framework="Keras")
+    with pytest.raises(ConfigError, match="expects"):
+        contract.validate_train_spec(spec, strategy="Default", framework="Estimator")
+    bad = contract.TrainSpec(model_fn=lambda: None, dataset_fn=lambda ctx: None, save_freq=0)
+    with pytest.raises(ConfigError, match="save_freq"):
+        contract.validate_train_spec(bad, strategy="Default", framework="Keras")

@@ -1,0 +1,210 @@
+"""Start real trainjob replicas on loopback and watch them (for the training tests).
+
+Every wait polls real state (process exit, progress lines) against a deadline; nothing sleeps
+blindly. Peak RSS of each replica is sampled from /proc while it runs so tests can report it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from trainjob.core import constants
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+POLL_S = 0.05
+T = TypeVar("T")
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free TCP ports: every TF task binds its port on all interfaces."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def cluster_spec(roles: Mapping[str, int]) -> dict[str, list[str]]:
+    ports = iter(free_ports(sum(roles.values())))
+    return {role: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for role, n in roles.items() if n}
+
+
+def base_env(python_path: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINJOB_", "DTENSOR_"))}
+    env.pop("TF_CONFIG", None)
+    env.update(
+        PYTHONPATH=str(REPO_ROOT) if python_path is None else python_path,
+        TF_CPP_MIN_LOG_LEVEL="2",
+        TF_ENABLE_ONEDNN_OPTS="0",
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def replica_env(
+    cluster: Mapping[str, list[str]],
+    task_type: str,
+    index: int,
+    *,
+    entrypoint: str,
+    config: Mapping[str, Any],
+    checkpoint_dir: Path,
+    progress_file: Path,
+    strategy: str = "Auto",
+    framework: str = "Keras",
+) -> dict[str, str]:
+    env = base_env()
+    if cluster:
+        env[constants.ENV_TF_CONFIG] = json.dumps(
+            {
+                "cluster": cluster,
+                "task": {"type": task_type, "index": index},
+                "environment": "cloud",
+            }
+        )
+    env.update(
+        {
+            constants.ENV_JOB_NAME: "test",
+            constants.ENV_NAMESPACE: "default",
+            constants.ENV_REPLICA_TYPE: task_type,
+            constants.ENV_REPLICA_INDEX: str(index),
+            constants.ENV_ENTRYPOINT: entrypoint,
+            constants.ENV_STRATEGY: strategy,
+            constants.ENV_FRAMEWORK: framework,
+            constants.ENV_CONFIG: json.dumps(dict(config)),
+            constants.ENV_CHECKPOINT_DIR: str(checkpoint_dir),
+            constants.ENV_PROGRESS_FILE: str(progress_file),
+        }
+    )
+    return env
+
+
+@dataclass
+class Replica:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    started: float = field(default_factory=time.monotonic)
+    peak_rss_mb: float = 0.0
+    ended: float | None = None
+
+    def sample(self) -> int | None:
+        """Poll the process: record peak RSS, return its exit code when it has ended."""
+        try:
+            status = Path(f"/proc/{self.process.pid}/status").read_text()
+            for line in status.splitlines():
+                if line.startswith("VmHWM:"):
+                    self.peak_rss_mb = max(self.peak_rss_mb, int(line.split()[1]) / 1024)
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            pass
+        code = self.process.poll()
+        if code is not None and self.ended is None:
+            self.ended = time.monotonic()
+        return code
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+def start(
+    name: str, env: Mapping[str, str], log_dir: Path, command: Sequence[str] | None = None
+) -> Replica:
+    log_path = log_dir / f"{name}.log"
+    cmd = list(command or [sys.executable, "-m", "trainjob.runtime", "train"])
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            cmd,
+            env=dict(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(log_dir),
+            start_new_session=True,
+        )
+    return Replica(name, process, log_path)
+
+
+def wait_until(
+    predicate: Callable[[], T | None], timeout: float, what: str, replicas: Sequence[Replica] = ()
+) -> T:
+    """Poll ``predicate`` until it returns a truthy value; fail with the replicas' logs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for replica in replicas:
+            replica.sample()
+        value = predicate()
+        if value:
+            return value
+        time.sleep(POLL_S)
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what}\n" + dump_logs(replicas)
+    )
+
+
+def wait_exit(replicas: Sequence[Replica], timeout: float) -> dict[str, int]:
+    def done() -> dict[str, int] | None:
+        codes = {r.name: r.sample() for r in replicas}
+        return None if any(c is None for c in codes.values()) else codes  # type: ignore[return-value]
+
+    return wait_until(done, timeout, f"{[r.name for r in replicas]} to exit", replicas)
+
+
+def dump_logs(replicas: Sequence[Replica], tail: int = 4000) -> str:
+    return "\n".join(
+        f"--- {r.name} (exit {r.process.poll()}) ---\n{r.log[-tail:]}" for r in replicas
+    )
+
+
+def stop_all(replicas: Sequence[Replica]) -> None:
+    for replica in replicas:
+        if replica.process.poll() is None:
+            replica.kill()
+
+
+def read_events(progress_file: Path) -> list[dict[str, Any]]:
+    if not progress_file.exists():
+        return []
+    events = []
+    for line in progress_file.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being appended right now
+    return events
+
+
+def events_of(events: Sequence[Mapping[str, Any]], replica: str, kind: str) -> list[Any]:
+    return [e for e in events if e["replica"] == replica and e["event"] == kind]
+
+
+def report(replicas: Sequence[Replica]) -> str:
+    """One line per replica: wall time and peak RSS (printed by tests; see with -s or -rA)."""
+    return "; ".join(
+        f"{r.name}: {((r.ended or time.monotonic()) - r.started):.1f}s, "
+        f"peak RSS {r.peak_rss_mb:.0f} MiB"
+        for r in replicas
+    )

@@ -1,0 +1,108 @@
+"""Exit codes of the trainjob runtime per failure kind (pure: no TensorFlow).
+
+TF's error classes are matched by name, so stand-ins with the same names are enough here; the
+training tier checks the same codes on real processes.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from trainjob.runtime import exitcodes
+from trainjob.runtime.exitcodes import FailureKind
+
+
+def _tf_error(name: str, message: str = "") -> Exception:
+    """An exception whose class is named like tf.errors.<name> (subclass of OpError in TF)."""
+    op_error = type("OpError", (Exception,), {})
+    return type(name, (op_error,), {})(message)
+
+
+PERMANENT = [
+    (FailureKind.USER_CODE_ERROR, ValueError("bad shape in the user's model"), 1),
+    (FailureKind.USER_CODE_ERROR, _tf_error("InvalidArgumentError", "logits and labels"), 1),
+    (FailureKind.USER_CODE_ERROR, _tf_error("NotFoundError", "no such file: data"), 1),
+    (FailureKind.INVALID_CONFIG, exitcodes.ConfigError("TRAINJOB_CONFIG is not JSON"), 2),
+    (FailureKind.INVALID_ENTRYPOINT, exitcodes.EntrypointError("cannot import 'x'"), 3),
+    (FailureKind.UNSUPPORTED, exitcodes.UnsupportedError("Estimator on TF 2.21"), 4),
+    (FailureKind.RESOURCE_EXHAUSTED, _tf_error("ResourceExhaustedError", "OOM"), 5),
+    (FailureKind.RESOURCE_EXHAUSTED, MemoryError(), 5),
+]
+TRANSIENT = [
+    (FailureKind.PEER_UNAVAILABLE, _tf_error("UnavailableError", "Connection reset by peer"), 190),
+    (FailureKind.PEER_UNAVAILABLE, _tf_error("AbortedError", "task restarted"), 190),
+    (FailureKind.PEER_UNAVAILABLE, _tf_error("CancelledError", "cancelled"), 190),
+    (
+        FailureKind.PEER_UNAVAILABLE,
+        _tf_error("InternalError", "Collective ops is aborted by: failed to connect"),
+        190,
+    ),
+    (
+        FailureKind.PEER_UNAVAILABLE,
+        _tf_error("UnknownError", "Coordination service: task has been disconnected"),
+        190,
+    ),
+    # A heartbeat timeout names a timeout: the timeout code (both are retryable).
+    (FailureKind.COLLECTIVE_TIMEOUT, _tf_error("InternalError", "heartbeat timeout"), 191),
+    (FailureKind.COLLECTIVE_TIMEOUT, _tf_error("DeadlineExceededError", "collective"), 191),
+    (FailureKind.COLLECTIVE_TIMEOUT, RuntimeError("Collective timed out after 30 s"), 191),
+    (FailureKind.PREEMPTED, exitcodes.Preempted("SIGTERM"), 143),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "exc", "code"),
+    PERMANENT,
+    ids=[f"{k.value}-{type(e).__name__}" for k, e, _ in PERMANENT],
+)
+def test_permanent_failures_exit_1_to_127(kind: FailureKind, exc: Exception, code: int) -> None:
+    got = exitcodes.classify_exception(exc, default=FailureKind.USER_CODE_ERROR)
+    assert got == kind
+    assert exitcodes.exit_code(got) == code
+    assert 1 <= code <= 127 and not exitcodes.is_retryable(code)
+
+
+@pytest.mark.parametrize(
+    ("kind", "exc", "code"),
+    TRANSIENT,
+    ids=[f"{k.value}-{type(e).__name__}" for k, e, _ in TRANSIENT],
+)
+def test_transient_failures_exit_128_or_more(kind: FailureKind, exc: Exception, code: int) -> None:
+    got = exitcodes.classify_exception(exc, default=FailureKind.USER_CODE_ERROR)
+    assert got == kind
+    assert exitcodes.exit_code(got) == code
+    assert exitcodes.is_retryable(code)
+
+
+def test_transient_error_wrapped_by_user_code_is_still_transient() -> None:
+    try:
+        try:
+            raise _tf_error("UnavailableError", "peer gone")
+        except Exception as inner:
+            raise RuntimeError("my training loop failed") from inner
+    except RuntimeError as outer:
+        assert (
+            exitcodes.classify_exception(outer, default=FailureKind.USER_CODE_ERROR)
+            == FailureKind.PEER_UNAVAILABLE
+        )
+
+
+def test_phase_default_applies_to_unknown_exceptions() -> None:
+    exc = KeyError("x")
+    assert (
+        exitcodes.classify_exception(exc, default=FailureKind.INVALID_ENTRYPOINT)
+        == FailureKind.INVALID_ENTRYPOINT
+    )
+
+
+def test_every_kind_has_a_distinct_code_and_success_is_zero() -> None:
+    codes = [exitcodes.exit_code(kind) for kind in FailureKind]
+    assert len(set(codes)) == len(codes)
+    assert exitcodes.exit_code(FailureKind.SUCCEEDED) == 0
+
+
+def test_sigterm_is_preemption_with_the_kubernetes_code() -> None:
+    kind = exitcodes.classify_signal(signal.SIGTERM)
+    assert exitcodes.exit_code(kind) == 128 + signal.SIGTERM

@@ -1,0 +1,177 @@
+"""``trainjob train`` and ``trainjob data``: the process edge of the runtime.
+
+``train_main`` reads the env the executors set, imports TensorFlow (only here, lazily), runs the
+replica's role and turns whatever happened into an exit code (see
+:mod:`trainjob.runtime.exitcodes`). ``python -m trainjob.runtime train|data ...`` reaches the same
+functions without the ``trainjob`` CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import logging
+import os
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from trainjob.core import constants
+from trainjob.runtime import exitcodes, progress
+from trainjob.runtime import settings as settings_mod
+from trainjob.runtime.exitcodes import EntrypointError, FailureKind
+from trainjob.runtime.preemption import StopWatcher
+from trainjob.runtime.settings import RuntimeSettings
+
+log = logging.getLogger("trainjob.runtime")
+
+
+def prepare_process_env(env: MutableMapping[str, str], settings: RuntimeSettings) -> None:
+    """Env that must be in place before TensorFlow is imported (setdefault: users may override)."""
+    if settings.framework == settings_mod.KERAS:
+        # Keras 3 fit fails under multi-worker strategies; tf-keras is what `tf.keras` must be.
+        env.setdefault("TF_USE_LEGACY_KERAS", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if settings.cluster.get(constants.PS):
+        # Lets the coordinator see a lost worker/ps as an error instead of retrying forever.
+        env.setdefault("GRPC_FAIL_FAST", "use_caller")
+
+
+def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
+    module_name, _, attr_path = entrypoint.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise EntrypointError(f"cannot import {module_name!r} from {entrypoint!r}: {exc}") from exc
+    for attr in attr_path.split("."):
+        if not hasattr(target, attr):
+            raise EntrypointError(f"{module_name!r} has no attribute {attr_path!r}")
+        target = getattr(target, attr)
+    if not callable(target):
+        raise EntrypointError(f"{entrypoint!r} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def _run(
+    settings: RuntimeSettings, emitter: progress.Emitter, watcher: StopWatcher
+) -> dict[str, Any]:
+    import tensorflow as tf  # lazily: the CLI and the core never pay for it
+
+    checkpoint_dir = settings.checkpoint_dir or tempfile.mkdtemp(prefix="trainjob-")
+    role = settings_mod.task_role(
+        settings_mod.PARAMETER_SERVER if settings.cluster.get(constants.PS) else settings.strategy,
+        settings.task_type,
+    )
+    if settings.framework == settings_mod.ESTIMATOR:
+        from trainjob.runtime import estimator_runner
+
+        return estimator_runner.run(
+            tf, settings, load_entrypoint(settings.entrypoint), emitter, checkpoint_dir
+        )
+    if settings.strategy == settings_mod.DTENSOR:
+        from trainjob.runtime import dtensor_runner
+
+        return dtensor_runner.run(
+            tf, settings, load_entrypoint(settings.entrypoint), emitter, checkpoint_dir
+        )
+    from trainjob.runtime import keras_runner
+
+    if role == settings_mod.ROLE_SERVE:
+        keras_runner.serve(tf, settings, emitter)
+        return {}
+    if role == settings_mod.ROLE_EVALUATE:
+        raise exitcodes.UnsupportedError(
+            "evaluator tasks run only with framework Estimator; for Keras, give TrainSpec a "
+            "validation_fn instead of an evaluator replica"
+        )
+    return keras_runner.run(
+        tf, settings, load_entrypoint(settings.entrypoint), emitter, checkpoint_dir, watcher
+    )
+
+
+def train_main(argv: list[str]) -> int:
+    """``trainjob train``: run this replica; return its exit code."""
+    parser = argparse.ArgumentParser(
+        prog="trainjob train",
+        description="Run one TrainJob replica from TF_CONFIG and TRAINJOB_* env vars.",
+    )
+    parser.add_argument("--entrypoint", help=f"overrides {constants.ENV_ENTRYPOINT}")
+    parser.add_argument("--strategy", help=f"overrides {constants.ENV_STRATEGY}")
+    parser.add_argument("--framework", help=f"overrides {constants.ENV_FRAMEWORK}")
+    parser.add_argument("--config", help=f"overrides {constants.ENV_CONFIG} (JSON object)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    env = dict(os.environ)
+    for key, value in (
+        (constants.ENV_ENTRYPOINT, args.entrypoint),
+        (constants.ENV_STRATEGY, args.strategy),
+        (constants.ENV_FRAMEWORK, args.framework),
+        (constants.ENV_CONFIG, args.config),
+    ):
+        if value is not None:
+            env[key] = value
+    try:
+        settings = settings_mod.from_env(env)
+    except exitcodes.ConfigError as exc:
+        log.error("Rejected the runtime configuration: %s", exc)
+        return exitcodes.exit_code(FailureKind.INVALID_CONFIG)
+
+    prepare_process_env(os.environ, settings)
+    emitter = progress.Emitter(
+        replica=settings.replica, chief=settings.is_chief, progress_file=settings.progress_file
+    )
+
+    def _on_stop(code: int) -> None:
+        emitter.emit("end", status=FailureKind.PREEMPTED.value, exit_code=code)
+
+    watcher = StopWatcher(
+        on_exit=_on_stop,
+        grace_seconds=float(settings.config.get("preemption_grace_seconds", 20)),
+    )
+    # Before TensorFlow is imported: its threads must inherit the blocked SIGTERM.
+    watcher.start()
+    try:
+        end = _run(settings, emitter, watcher)
+    except BaseException as exc:
+        kind = exitcodes.classify_exception(exc, default=FailureKind.USER_CODE_ERROR)
+        code = exitcodes.exit_code(kind)
+        log.error(
+            "Replica %s failed (%s, exit %d): %s",
+            settings.replica,
+            kind.value,
+            code,
+            "".join(traceback.format_exception(exc)),
+        )
+        with contextlib.suppress(OSError):  # stdout may be gone; the exit code still counts
+            emitter.emit("end", status=kind.value, exit_code=code)
+        return code
+    emitter.emit("end", status="succeeded", exit_code=0, **end)
+    return 0
+
+
+def data_main(argv: list[str]) -> int:
+    """``trainjob data prepare mnist --data-dir D``: write offline datasets for tfds."""
+    parser = argparse.ArgumentParser(prog="trainjob data", description="Offline datasets.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    prepare = sub.add_parser("prepare", help="write a dataset in tfds format under --data-dir")
+    prepare.add_argument("dataset", choices=["mnist"])
+    prepare.add_argument(
+        "--data-dir",
+        required=True,
+        help="tfds data_dir; afterwards tfds.load(name, data_dir=...) works",
+    )
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from trainjob.runtime import data
+
+    try:
+        path = data.prepare_mnist(args.data_dir)
+    except FileNotFoundError as exc:
+        print(f"trainjob data: {exc}", file=sys.stderr)
+        return exitcodes.exit_code(FailureKind.INVALID_CONFIG)
+    print(path)
+    return 0

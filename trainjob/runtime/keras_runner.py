@@ -1,0 +1,272 @@
+"""Run a Keras :class:`~trainjob.runtime.contract.TrainSpec` under its strategy (tf-keras).
+
+Multi-worker ``Model.fit`` needs tf-keras (``TF_USE_LEGACY_KERAS=1``, set by the entry before
+TensorFlow is imported): Keras 3's fit fails under MultiWorkerMirrored and ParameterServer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import time
+from typing import Any
+
+from trainjob.runtime import contract, layout, progress
+from trainjob.runtime import settings as settings_mod
+from trainjob.runtime import strategy as strategy_mod
+from trainjob.runtime.exitcodes import Preempted
+from trainjob.runtime.preemption import StopRequest, StopWatcher
+from trainjob.runtime.settings import RuntimeSettings
+
+log = logging.getLogger(__name__)
+
+
+def make_context(
+    settings: RuntimeSettings, strategy_name: str, replicas: int, checkpoint_dir: str
+) -> contract.TrainContext:
+    return contract.TrainContext(
+        config=settings.config,
+        strategy=strategy_name,
+        framework=settings.framework,
+        task_type=settings.task_type,
+        task_index=settings.task_index,
+        is_chief=settings.is_chief,
+        num_workers=settings.num_workers,
+        num_replicas_in_sync=replicas,
+        checkpoint_dir=checkpoint_dir,
+        data_dir=settings.data_dir,
+    )
+
+
+def _progress_callback(
+    tf: Any,
+    emitter: progress.Emitter,
+    stop: StopRequest,
+    *,
+    examples_per_step: int,
+    every_steps: int,
+    save_freq: str | int,
+    backup_dir: str,
+    single_writer: bool,
+) -> Any:
+    """The runtime's callback: progress events and the SIGTERM stop at a step boundary."""
+
+    def _value(value: Any) -> Any:
+        fetch = getattr(value, "fetch", None)  # RemoteValue under ParameterServer
+        return fetch() if callable(fetch) else value
+
+    def _logs(logs: Any) -> dict[str, Any]:
+        # Under ParameterServer batch logs are one RemoteValue holding the dict.
+        fetched = _value(logs) if logs is not None else {}
+        return {k: _value(v) for k, v in fetched.items()} if isinstance(fetched, dict) else {}
+
+    class TrainJobProgress(tf.keras.callbacks.Callback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            # Raw (tensor) logs: converting them every step would sync the device each step.
+            self._supports_tf_logs = True
+            self._started = False
+            self._epoch = 0
+            self._epoch_start = 0.0
+            self._epoch_step0 = 0
+            self._batches = 0
+
+        def _global_step(self) -> int:
+            return int(self.model.optimizer.iterations.numpy())
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._epoch = epoch
+            self._epoch_step0 = self._global_step()
+            self._epoch_start = time.perf_counter()
+            if not self._started:
+                # BackupAndRestore has restored by now: this is where training really resumes.
+                self._started = True
+                emitter.emit(
+                    "start",
+                    epoch=epoch,
+                    step=self._epoch_step0,
+                    initial_epoch=epoch,
+                    initial_step=self._epoch_step0,
+                    tf_version=tf.__version__,
+                )
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if stop.requested:
+                self._save_before_stop(batch)
+                raise Preempted(f"signal {stop.signum} received during epoch {self._epoch}")
+            if every_steps <= 0:
+                return
+            self._batches += 1
+            if self._batches % every_steps == 0:
+                emitter.emit("step", epoch=self._epoch, step=self._global_step(), logs=_logs(logs))
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            step = self._global_step()
+            elapsed = max(time.perf_counter() - self._epoch_start, 1e-9)
+            rate = (step - self._epoch_step0) * examples_per_step / elapsed
+            emitter.emit("epoch", epoch=epoch, step=step, logs=_logs(logs), examples_per_sec=rate)
+            if save_freq == "epoch":
+                # BackupAndRestore (earlier in the callback list) has just written this epoch.
+                emitter.emit("checkpoint", epoch=epoch, step=step, checkpoint=backup_dir)
+
+        def _save_before_stop(self, batch: int) -> None:
+            # Only where one process holds the whole state: under MultiWorkerMirrored a save
+            # would wait for peers that are stopping too (the periodic backup covers that case).
+            state = getattr(self.model, "_training_state", None)
+            if not single_writer or state is None:
+                return
+            try:
+                if save_freq == "epoch":
+                    # Saved as "previous epoch complete": the interrupted epoch is redone, with
+                    # the weights it had reached.
+                    state.back_up(epoch=self._epoch - 1)
+                else:
+                    state.back_up(epoch=self._epoch, batch=batch)
+                emitter.emit(
+                    "checkpoint",
+                    epoch=self._epoch,
+                    step=self._global_step(),
+                    checkpoint=backup_dir,
+                    reason="preempted",
+                )
+            except Exception:
+                log.exception("Failed to save a backup before stopping")
+
+    # Keras only calls batch hooks of callbacks that override them; this one always does (for
+    # the stop signal), at the cost of one Python call per step.
+    return TrainJobProgress()
+
+
+def _backup_callback(tf: Any, backup_dir: str, save_freq: str | int) -> Any:
+    """BackupAndRestore without per-step work when it only backs up at epoch ends.
+
+    Keras calls every callback's batch hooks as soon as one callback has them (the runtime's
+    progress callback does), and BackupAndRestore then assigns a variable every step, which
+    costs about 1% of a small model's step time for nothing in ``"epoch"`` mode.
+    """
+
+    class EpochBackupAndRestore(tf.keras.callbacks.BackupAndRestore):  # type: ignore[misc]
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            if save_freq != "epoch":
+                super().on_train_batch_begin(batch, logs)
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if save_freq != "epoch":
+                super().on_train_batch_end(batch, logs)
+
+    return EpochBackupAndRestore(backup_dir, save_freq=save_freq)
+
+
+def run(
+    tf: Any,
+    settings: RuntimeSettings,
+    build: Any,
+    emitter: progress.Emitter,
+    checkpoint_dir: str,
+    watcher: StopWatcher,
+) -> dict[str, Any]:
+    """Train; return the fields of the ``end`` event."""
+    num_gpus, has_tpu = strategy_mod.detect_devices(tf)
+    name = settings_mod.resolve_strategy(
+        settings.strategy, settings.cluster, num_gpus=num_gpus, has_tpu=has_tpu
+    )
+    strategy = strategy_mod.build(tf, name, settings.config)
+    is_ps = name == settings_mod.PARAMETER_SERVER
+    ctx = make_context(
+        settings, name, 1 if is_ps else strategy.num_replicas_in_sync, checkpoint_dir
+    )
+    spec = build(ctx)
+    contract.validate_train_spec(spec, strategy=name, framework=settings.framework)
+    assert isinstance(spec, contract.TrainSpec)
+
+    with strategy.scope():
+        model = spec.model_fn()
+    if is_ps:
+        data = tf.keras.utils.experimental.DatasetCreator(spec.dataset_fn)
+    else:
+        data = strategy.distribute_datasets_from_function(spec.dataset_fn)
+
+    backup = layout.backup_dir(checkpoint_dir)
+    every = int(settings.config.get("progress_every_steps", 100))
+    callbacks: list[Any] = [_backup_callback(tf, backup, spec.save_freq)]
+    stop = StopRequest()
+    callbacks.append(
+        _progress_callback(
+            tf,
+            emitter,
+            stop,
+            examples_per_step=ctx.global_batch_size,
+            every_steps=every,
+            save_freq=spec.save_freq,
+            backup_dir=backup,
+            single_writer=is_ps or settings.num_workers == 1,
+        )
+    )
+    # TF >= 2.21 no longer depends on the tensorboard package; log only where it is installed.
+    if (
+        settings.is_chief
+        and settings.config.get("tensorboard", True)
+        and importlib.util.find_spec("tensorboard")
+    ):
+        callbacks.append(
+            tf.keras.callbacks.TensorBoard(
+                layout.tensorboard_dir(checkpoint_dir), update_freq="epoch", profile_batch=0
+            )
+        )
+    callbacks.extend(spec.callbacks)
+    validation = spec.validation_fn() if spec.validation_fn and not is_ps else None
+
+    with watcher.cooperative(stop):
+        history = model.fit(
+            data,
+            epochs=spec.epochs,
+            steps_per_epoch=spec.steps_per_epoch,
+            validation_data=validation,
+            validation_steps=spec.validation_steps,
+            callbacks=callbacks,
+            verbose=0,
+        )
+    final = {k: v[-1] for k, v in history.history.items() if v}
+    step = int(model.optimizer.iterations.numpy())
+    exported = export(model, checkpoint_dir, settings, spec.export_format)
+    return {"step": step, "logs": final, "export": exported}
+
+
+def export(
+    model: Any, checkpoint_dir: str, settings: RuntimeSettings, export_format: str
+) -> str | None:
+    """Chief writes the final model; others save to scratch (for collectives) and delete it."""
+    if export_format == "none":
+        return None
+    path = layout.export_path(
+        checkpoint_dir,
+        is_chief=settings.is_chief,
+        replica=settings.replica,
+        export_format=export_format,
+    )
+    if settings.is_chief and os.path.exists(path):
+        # A restarted chief that had exported already: replace, never leave a half-mixed dir.
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    os.makedirs(os.path.dirname(path) if export_format == "keras" else path, exist_ok=True)
+    model.save(path)
+    if settings.is_chief:
+        return path
+    shutil.rmtree(layout.scratch_dir(checkpoint_dir, settings.replica), ignore_errors=True)
+    return None
+
+
+def serve(tf: Any, settings: RuntimeSettings, emitter: progress.Emitter) -> None:
+    """A ps or worker task of a ParameterServer job: serve the coordinator until stopped."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=settings.task_type,
+        task_index=settings.task_index,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
+    emitter.emit("start", tf_version=tf.__version__)
+    # Blocks in C++ until the process is stopped (the executor's job once the chief is done).
+    server.join()

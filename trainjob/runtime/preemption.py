@@ -1,0 +1,97 @@
+"""SIGTERM (preemption, or the executor stopping a replica) → exit 143, saving what can be saved.
+
+TensorFlow's coordination service installs its own C++ SIGTERM handler (a preemption notifier)
+that swallows the signal, so a plain Python handler or the default disposition is not enough:
+measured on TF 2.15, an Estimator worker ignored SIGTERM for good. Instead the runtime blocks
+SIGTERM in the main thread *before* TensorFlow starts any thread (threads inherit the mask), and
+one watcher thread receives it with ``sigwait``. Then:
+
+* while a Keras ``fit`` is running (:meth:`StopWatcher.cooperative`), the watcher only records
+  the request; the runtime's callback saves a backup if it can and raises
+  :class:`~trainjob.runtime.exitcodes.Preempted` at the next step boundary (exit 143). If that
+  does not happen within the grace period (a step stuck in a collective), the watcher exits 143;
+* otherwise (startup, ps/worker servers blocked in C++, Estimator) it exits 143 at once.
+
+Processes that user code starts inherit the blocked mask: a child that must react to SIGTERM
+itself should unblock it (``signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final
+
+from trainjob.runtime import exitcodes
+
+STOP_SIGNALS: Final = (signal.SIGTERM,)
+DEFAULT_GRACE_SECONDS: Final = 20.0
+
+
+@dataclass
+class StopRequest:
+    signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+
+def on_signal_action(cooperative: bool) -> str:
+    """What the watcher does with a stop signal (pure): ``flag`` then wait, or ``exit`` now."""
+    return "flag" if cooperative else "exit"
+
+
+class StopWatcher:
+    def __init__(
+        self,
+        on_exit: Callable[[int], None] | None = None,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    ) -> None:
+        self._on_exit = on_exit
+        self._grace = grace_seconds
+        self._request: StopRequest | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Block the stop signals in this (main) thread and receive them in a watcher thread."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        threading.Thread(target=self._watch, name="trainjob-stop-watcher", daemon=True).start()
+
+    @contextmanager
+    def cooperative(self, request: StopRequest) -> Iterator[StopRequest]:
+        """While inside, a stop signal only sets ``request`` (the training loop acts on it)."""
+        with self._lock:
+            self._request = request
+        try:
+            yield request
+        finally:
+            with self._lock:
+                self._request = None
+
+    def _watch(self) -> None:
+        signum = signal.sigwait(STOP_SIGNALS)
+        with self._lock:
+            request = self._request
+        if on_signal_action(request is not None) == "flag" and request is not None:
+            request.signum = signum
+            # Give the loop until the grace period ends to stop at a step boundary.
+            threading.Event().wait(self._grace)
+        self._exit(signum)
+
+    def _exit(self, signum: int) -> None:
+        code = exitcodes.exit_code(exitcodes.classify_signal(signum))
+        if self._on_exit is not None:
+            # Exiting anyway: a failing last progress line must not keep the process alive.
+            with contextlib.suppress(Exception):
+                self._on_exit(code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # os._exit: the main thread may be blocked in C++ (a server's join, a collective).
+        os._exit(code)
