@@ -80,7 +80,7 @@ def _run(
     from trainjob.runtime import keras_runner
 
     if role == settings_mod.ROLE_SERVE:
-        keras_runner.serve(tf, settings, emitter)
+        keras_runner.serve(tf, settings, emitter, watcher)
         return {}
     if role == settings_mod.ROLE_EVALUATE:
         raise exitcodes.UnsupportedError(

@@ -118,12 +118,16 @@ def _progress_callback(
             if not single_writer or state is None:
                 return
             try:
+                # back_up() saves the counters as they are in tf-keras' training state (its
+                # arguments are ignored), so set them first, as BackupAndRestore itself does.
                 if save_freq == "epoch":
-                    # Saved as "previous epoch complete": the interrupted epoch is redone, with
-                    # the weights it had reached.
-                    state.back_up(epoch=self._epoch - 1)
+                    # "Previous epoch complete": the interrupted epoch is redone, starting from
+                    # the weights it had reached (-1, tf-keras' "unused", restarts at epoch 0).
+                    state._ckpt_saved_epoch.assign(self._epoch - 1)
                 else:
-                    state.back_up(epoch=self._epoch, batch=batch)
+                    state._ckpt_saved_epoch.assign(self._epoch)
+                    state._ckpt_saved_batch.assign(batch)
+                state.back_up(epoch=self._epoch, batch=batch)
                 emitter.emit(
                     "checkpoint",
                     epoch=self._epoch,
@@ -257,8 +261,12 @@ def export(
     return None
 
 
-def serve(tf: Any, settings: RuntimeSettings, emitter: progress.Emitter) -> None:
+def serve(
+    tf: Any, settings: RuntimeSettings, emitter: progress.Emitter, watcher: StopWatcher
+) -> None:
     """A ps or worker task of a ParameterServer job: serve the coordinator until stopped."""
+    # On SIGTERM stay up a little: the chief, stopped at the same time, backs up from the ps.
+    watcher.exit_delay = float(settings.config.get("server_stop_delay_seconds", 3))
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(
         resolver.cluster_spec(),

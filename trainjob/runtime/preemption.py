@@ -10,7 +10,9 @@ one watcher thread receives it with ``sigwait``. Then:
   the request; the runtime's callback saves a backup if it can and raises
   :class:`~trainjob.runtime.exitcodes.Preempted` at the next step boundary (exit 143). If that
   does not happen within the grace period (a step stuck in a collective), the watcher exits 143;
-* otherwise (startup, ps/worker servers blocked in C++, Estimator) it exits 143 at once.
+* otherwise (startup, Estimator) it exits 143 at once; ps/worker servers of a ParameterServer job
+  wait ``exit_delay`` seconds first, because the variables live on the ps: when a whole job is
+  preempted, the chief can still read them for its last backup.
 
 Processes that user code starts inherit the blocked mask: a child that must react to SIGTERM
 itself should unblock it (``signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})``).
@@ -58,6 +60,8 @@ class StopWatcher:
         self._grace = grace_seconds
         self._request: StopRequest | None = None
         self._lock = threading.Lock()
+        # Seconds to stay up after a stop signal outside training (see serve_until_stopped).
+        self.exit_delay = 0.0
 
     def start(self) -> None:
         """Block the stop signals in this (main) thread and receive them in a watcher thread."""
@@ -83,6 +87,8 @@ class StopWatcher:
             request.signum = signum
             # Give the loop until the grace period ends to stop at a step boundary.
             threading.Event().wait(self._grace)
+        elif self.exit_delay > 0:
+            threading.Event().wait(self.exit_delay)
         self._exit(signum)
 
     def _exit(self, signum: int) -> None:
