@@ -394,8 +394,10 @@ class ControlPlane:
         return self.root / "pki" / "ca.crt"
 
     def env(self) -> dict[str, str]:
-        """os.environ plus KUBECONFIG pointing at this control plane."""
-        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        """os.environ plus KUBECONFIG for this control plane, and PATH starting with the
+        directory of the kubectl (and Kubernetes binaries) built by install.sh."""
+        path = os.pathsep.join([str(self.tools.kubectl.parent), os.environ.get("PATH", "")])
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": path}
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -4,7 +4,6 @@ stop() that leaves no process behind."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -23,10 +22,15 @@ def test_server_reports_the_pinned_version(control_plane: ControlPlane) -> None:
     assert versions["serverVersion"]["minor"] == pinned.split(".")[1]
 
 
-def test_kubeconfig_works_for_any_kubectl(control_plane: ControlPlane, kubeconfig: Path) -> None:
+def test_env_runs_the_built_kubectl_against_the_control_plane(
+    control_plane: ControlPlane, kubeconfig: Path
+) -> None:
+    # control_plane.env(): KUBECONFIG set, the built kubectl first on PATH.
+    env = control_plane.env()
+    assert env["KUBECONFIG"] == str(kubeconfig)
     result = subprocess.run(
-        [str(control_plane.kubectl_path), "get", "--raw", "/readyz"],
-        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        ["kubectl", "get", "--raw", "/readyz"],
+        env=env,
         capture_output=True,
         text=True,
         timeout=30,
