@@ -153,3 +153,62 @@ def test_parameter_server_example_runs_to_success_and_stops_ps(
     assert "ps-0=- (Stopped, attempt 0)" in out
     for info in read_json(tmp_path / "run" / "processes.json").values():
         assert group_alive(info["pid"]) == [], out
+
+
+def test_dtensor_example_runs_to_success(tmp_path: Path, data_dir: Path) -> None:
+    example = REPO_ROOT / "examples" / "mnist-dtensor.yaml"
+    log = tmp_path / "out.log"
+    run = start_run(
+        ["-f", str(example), "--run-dir", "run", "--data-dir", str(data_dir), "--quiet"],
+        tmp_path,
+        log,
+    )
+    code, out = _finish(run, log)
+    assert code == 0, out
+    assert "TrainJob mnist-dtensor Succeeded" in out
+    assert "worker-0=0 (Succeeded, attempt 0), worker-1=0 (Succeeded, attempt 0)" in out
+    ends = [e for e in read_events(tmp_path / "run") if e["event"] == "end"]
+    assert len(ends) == 2 and all(e["step"] == 60 for e in ends), ends
+
+
+def legacy_python() -> Path:
+    """The TF 2.15 venv (tests/training/install_legacy.sh): Estimator exists only there."""
+    tools = Path(os.environ.get("TRAINJOB_TOOLS_DIR", Path.home() / ".cache" / "trainjob-tools"))
+    python = tools / "legacy-tf215" / "bin" / "python"
+    assert python.exists(), (
+        f"the TF 2.15 legacy venv is missing ({python}); build it with "
+        "tests/training/install_legacy.sh"
+    )
+    return python
+
+
+def test_estimator_example_runs_to_success_on_the_legacy_tf(tmp_path: Path) -> None:
+    example = REPO_ROOT / "examples" / "mnist-estimator.yaml"
+    log = tmp_path / "out.log"
+    with open(log, "wb") as out_file:
+        run = subprocess.Popen(
+            [
+                str(legacy_python()),
+                "-m",
+                "trainjob",
+                "run",
+                "-f",
+                str(example),
+                "--run-dir",
+                "run",
+                "--data-dir",
+                str(tmp_path / "tfds"),
+                "--quiet",
+            ],
+            cwd=str(tmp_path),
+            stdout=out_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    code, out = _finish(run, log)
+    assert code == 0, out
+    assert "TrainJob mnist-estimator Succeeded" in out
+    assert "chief-0=0 (Succeeded" in out
+    assert "steps:      200" in out
+    exports = list((tmp_path / "run" / "checkpoints" / "export").glob("*/saved_model.pb"))
+    assert len(exports) == 1, out

@@ -60,16 +60,20 @@ def _number(value: float | None, fmt: str) -> str:
 
 
 def planned_totals(job: spec.TrainJob) -> tuple[int | None, int | None]:
-    """(epochs, total steps) from the runtime config when it states them."""
+    """(epochs, total steps) from the runtime config when it states them: `epochs` x
+    `steps_per_epoch` (Keras), else `steps` or `max_steps` (custom loops, Estimator)."""
     if job.runtime is None:
         return None, None
     config = job.runtime.config
-    epochs = config.get("epochs")
-    steps = config.get("steps_per_epoch")
-    epochs_n = epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None
-    steps_n = steps if isinstance(steps, int) and not isinstance(steps, bool) else None
-    total = epochs_n * steps_n if epochs_n is not None and steps_n is not None else None
-    return epochs_n, total
+
+    def number(key: str) -> int | None:
+        value = config.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    epochs_n, per_epoch = number("epochs"), number("steps_per_epoch")
+    if epochs_n is not None and per_epoch is not None:
+        return epochs_n, epochs_n * per_epoch
+    return epochs_n, number("steps") or number("max_steps")
 
 
 def progress_text(progress: ReplicaProgress | None, job: spec.TrainJob) -> str:
