@@ -23,6 +23,7 @@ import base64
 import contextlib
 import ctypes
 import datetime
+import functools
 import ipaddress
 import json
 import os
@@ -746,13 +747,20 @@ class ControlPlane:
                 "apply", "--server-side", "--force-conflicts", "-f", path, "-o", "name"
             ).stdout
             names += [line for line in out.split() if line.startswith("customresourcedefinition")]
-        if names:
-            self.kubectl(
-                "wait",
-                "--for=condition=Established",
-                f"--timeout={int(timeout)}s",
-                *names,
-                timeout=timeout + 10,
+        jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+
+        def established(name: str) -> bool:
+            # Polled rather than `kubectl wait`, which fails at once (instead of waiting) while
+            # a fresh CRD has no status conditions yet: seen under load.
+            result = self.kubectl("get", name, "-o", f"jsonpath={jsonpath}", check=False)
+            return result.returncode == 0 and result.stdout.strip() == "True"
+
+        for name in names:
+            wait_for(
+                functools.partial(established, name),
+                timeout=timeout,
+                what=f"{name} to be Established",
+                interval=0.2,
             )
         return names
 
