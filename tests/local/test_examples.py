@@ -137,17 +137,18 @@ def test_sigint_leaves_no_process_and_a_second_run_resumes(tmp_path: Path, data_
     assert second_starts, _starts(run_dir)
 
 
+def _run_example(name: str, tmp_path: Path, data_dir: Path) -> tuple[int, str]:
+    """`trainjob run -f examples/NAME --quiet` to its end: (exit code, output)."""
+    log = tmp_path / "out.log"
+    args = ["-f", str(REPO_ROOT / "examples" / name), "--run-dir", "run"]
+    run = start_run([*args, "--data-dir", str(data_dir), "--quiet"], tmp_path, log)
+    return _finish(run, log)
+
+
 def test_parameter_server_example_runs_to_success_and_stops_ps(
     tmp_path: Path, data_dir: Path
 ) -> None:
-    example = REPO_ROOT / "examples" / "mnist-parameter-server.yaml"
-    log = tmp_path / "out.log"
-    run = start_run(
-        ["-f", str(example), "--run-dir", "run", "--data-dir", str(data_dir), "--quiet"],
-        tmp_path,
-        log,
-    )
-    code, out = _finish(run, log)
+    code, out = _run_example("mnist-parameter-server.yaml", tmp_path, data_dir)
     assert code == 0, out
     assert "TrainJob mnist-parameter-server Succeeded" in out
     assert "ps-0=- (Stopped, attempt 0)" in out
@@ -156,19 +157,13 @@ def test_parameter_server_example_runs_to_success_and_stops_ps(
 
 
 def test_dtensor_example_runs_to_success(tmp_path: Path, data_dir: Path) -> None:
-    example = REPO_ROOT / "examples" / "mnist-dtensor.yaml"
-    log = tmp_path / "out.log"
-    run = start_run(
-        ["-f", str(example), "--run-dir", "run", "--data-dir", str(data_dir), "--quiet"],
-        tmp_path,
-        log,
-    )
-    code, out = _finish(run, log)
+    code, out = _run_example("mnist-dtensor.yaml", tmp_path, data_dir)
     assert code == 0, out
     assert "TrainJob mnist-dtensor Succeeded" in out
-    assert "worker-0=0 (Succeeded, attempt 0), worker-1=0 (Succeeded, attempt 0)" in out
+    # Worker 0 decides success; worker 1 may still be finishing and is then stopped.
+    assert "worker-0=0 (Succeeded, attempt 0)" in out
     ends = [e for e in read_events(tmp_path / "run") if e["event"] == "end"]
-    assert len(ends) == 2 and all(e["step"] == 60 for e in ends), ends
+    assert any(e["replica"] == "worker-0" and e["step"] == 60 for e in ends), ends
 
 
 def legacy_python() -> Path:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
 from typing import IO, Any, Final, TextIO
 
-from trainjob.core import policy
+from trainjob.core import constants, policy
 from trainjob.core import status as st
 from trainjob.local import display, plan
 
@@ -61,8 +61,8 @@ def package_root() -> str:
 
 def default_data_dir(environ: Mapping[str, str]) -> str:
     """Shared tfds data dir: $TRAINJOB_DATA_DIR, else ~/.cache/trainjob/datasets."""
-    if environ.get("TRAINJOB_DATA_DIR"):
-        return environ["TRAINJOB_DATA_DIR"]
+    if environ.get(constants.ENV_DATA_DIR):
+        return environ[constants.ENV_DATA_DIR]
     cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "trainjob", "datasets")
 

@@ -200,7 +200,7 @@ def make_plan(
         )
         env[constants.ENV_PROGRESS_FILE] = progress_file
         if data_dir is not None and job.runtime is not None:
-            env["TRAINJOB_DATA_DIR"] = data_dir
+            env[constants.ENV_DATA_DIR] = data_dir
         if python_path:
             env["PYTHONPATH"] = python_path
         processes.append(

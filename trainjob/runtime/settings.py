@@ -38,7 +38,7 @@ ROLE_TRAIN: Final = "train"
 ROLE_SERVE: Final = "serve"
 ROLE_EVALUATE: Final = "evaluate"
 
-ENV_DATA_DIR: Final = "TRAINJOB_DATA_DIR"
+ENV_DATA_DIR: Final = constants.ENV_DATA_DIR
 
 
 @dataclass(frozen=True)
