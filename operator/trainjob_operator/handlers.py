@@ -92,10 +92,13 @@ def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
 
 
 # -- indexes: the children of every job, in memory ----------------------------------------
+# Index and event handlers are `async def` although they never await: kopf runs a plain
+# `def` handler in its thread pool (a thread hop, a context copy and a shielded task per
+# call), once per handler per watch event; these are short and CPU-only, so they run inline.
 
 
 @kopf.index("", "v1", "pods", labels=CHILD_LABELS, id="trainjob_pods")
-def trainjob_pods(
+async def trainjob_pods(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[reconciler.JobKey, reconciler.ChildPod]:
     child = reconciler.index_pod(body)
@@ -105,7 +108,7 @@ def trainjob_pods(
 
 
 @kopf.index("", "v1", "services", labels=CHILD_LABELS, id="trainjob_services")
-def trainjob_services(
+async def trainjob_services(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[reconciler.JobKey, reconciler.ChildService]:
     child = reconciler.index_service(body)
@@ -118,20 +121,20 @@ def trainjob_services(
 
 
 @kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL)
-def trainjob_event(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+async def trainjob_event(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Created, updated (spec, suspend/resume), resumed at operator start: look again."""
     _runtime(memo).wake((namespace or "", name))
 
 
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
-def trainjob_pod_event(
+async def trainjob_pod_event(
     namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
 ) -> None:
     _runtime(memo).wake((namespace or "", labels[constants.LABEL_JOB_NAME]))
 
 
 @kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
-def trainjob_service_event(
+async def trainjob_service_event(
     namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
 ) -> None:
     _runtime(memo).wake((namespace or "", labels[constants.LABEL_JOB_NAME]))
@@ -171,6 +174,7 @@ async def trainjob_daemon(
     uid: str,
     stopped: kopf.DaemonStopped,
     memo: kopf.Memo,
+    body: kopf.Body,
     **kwargs: Any,
 ) -> None:
     # kopf passes each index as a keyword argument named after its function.
@@ -180,6 +184,9 @@ async def trainjob_daemon(
     namespace = namespace or ""
     key = (namespace, name)
     waker = runtime.waker(key)
+    # `body` is kopf's live view of the TrainJob, updated by every watch event before the
+    # event wakes this loop; the reconciler reads from it instead of a GET per reconcile.
+    seen = reconciler.Seen()
     failures = 0
     try:
         while not stopped:
@@ -193,6 +200,8 @@ async def trainjob_daemon(
                     list(pods.get(key, [])),
                     list(services.get(key, [])),
                     datetime.datetime.now(datetime.timezone.utc),
+                    body,
+                    seen,
                 )
             except (kube.TransientError, kube.RejectedError) as exc:
                 failures += 1

@@ -82,6 +82,16 @@ def load_api_client() -> k8s.ApiClient:
     return k8s.ApiClient(configuration)
 
 
+def _unread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
+    """Call `fn` with `_preload_content=False` (2xx: the raw urllib3 response; otherwise
+    ApiException) and drain the reply, so that its connection goes back to the pool."""
+    response = fn(*args, _preload_content=False, **kwargs)
+    try:
+        response.read()
+    finally:
+        response.release_conn()
+
+
 class Kube:
     """Async facade over the Kubernetes API, for Pods, Services, Events, TrainJobs, PodGroups."""
 
@@ -107,6 +117,13 @@ class Kube:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise TransientError(f"API server unreachable: {exc}") from exc
 
+    async def _call_unread(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
+        """`_call` for a request whose reply is not used (creates, deletes, Events): the reply
+        is read and dropped undecoded. Building the client's models from it (a V1Pod per Pod
+        created) was a large share of the operator's CPU under load. Error replies still raise
+        ApiException with status and body, so the error contract above is unchanged."""
+        await self._call(_unread, fn, *args, **kwargs)
+
     # -- create / delete children ---------------------------------------------------------
 
     async def create(self, manifest: dict[str, Any]) -> bool:
@@ -120,7 +137,7 @@ class Kube:
             else self._core.create_namespaced_service
         )
         try:
-            await self._call(fn, namespace, manifest)
+            await self._call_unread(fn, namespace, manifest)
         except k8s_exceptions.ApiException as exc:
             if exc.status == 409:
                 return False
@@ -142,7 +159,7 @@ class Kube:
             propagation_policy="Background",
         )
         try:
-            await self._call(fn, name, namespace, body=body)
+            await self._call_unread(fn, name, namespace, body=body)
         except k8s_exceptions.ApiException as exc:
             # 404: already gone. 409 on a uid precondition: the object we meant is gone and
             # a newer one took the name, which must stay.
@@ -171,10 +188,13 @@ class Kube:
             raise TransientError(f"reading TrainJob {namespace}/{name}: unexpected reply")
         return result
 
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge-patch the status subresource: fields we do not write (status.progress) stay."""
+    async def patch_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch the status subresource: fields we do not write (status.progress) stay.
+        Returns the TrainJob as the patch left it (None if it is gone)."""
         try:
-            await self._call(
+            result = await self._call(
                 self._custom.patch_namespaced_custom_object_status,
                 constants.GROUP,
                 constants.VERSION,
@@ -185,8 +205,9 @@ class Kube:
             )
         except k8s_exceptions.ApiException as exc:
             if exc.status == 404:
-                return  # deleted meanwhile: nothing left to report on
+                return None  # deleted meanwhile: nothing left to report on
             raise _classify(exc, f"patching status of TrainJob {namespace}/{name}") from exc
+        return result if isinstance(result, dict) else None
 
     async def delete_trainjob(self, namespace: str, name: str, uid: str) -> None:
         """TTL deletion; children go with it through the garbage collector."""
@@ -194,7 +215,7 @@ class Kube:
             preconditions=k8s.V1Preconditions(uid=uid), propagation_policy="Background"
         )
         try:
-            await self._call(
+            await self._call_unread(
                 self._custom.delete_namespaced_custom_object,
                 constants.GROUP,
                 constants.VERSION,
@@ -251,7 +272,7 @@ class Kube:
             "count": 1,
         }
         try:
-            await self._call(self._core.create_namespaced_event, namespace, body)
+            await self._call_unread(self._core.create_namespaced_event, namespace, body)
         except (k8s_exceptions.ApiException, TransientError) as exc:
             logger.warning(
                 "Could not post Event %s on TrainJob %s/%s: %s", reason, namespace, name, exc
@@ -264,7 +285,7 @@ class Kube:
         namespace = manifest["metadata"]["namespace"]
         name = manifest["metadata"]["name"]
         try:
-            await self._call(
+            await self._call_unread(
                 self._custom.create_namespaced_custom_object,
                 group,
                 version,

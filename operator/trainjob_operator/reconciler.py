@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import datetime
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, Final
 
 from trainjob.core import naming, observe, policy, render, spec
@@ -84,6 +84,65 @@ class Runtime:
 
     def forget(self, key: JobKey) -> None:
         self.wakers.pop(key, None)
+
+
+@dataclasses.dataclass
+class Seen:
+    """What one job's reconcile loop knows about its TrainJob between reconciles, so that it
+    can work from kopf's copy of the object (kept current by the watch) instead of a GET per
+    reconcile. That copy lags behind our own status writes until their watch events arrive;
+    working from a copy without our last write would decide again from the old status."""
+
+    # resourceVersion of the object the last reconcile worked from.
+    read_version: str | None = None
+    # The object as our last status patch left it, until the watch shows that version.
+    written: dict[str, Any] | None = None
+
+
+def _version(obj: Mapping[str, Any]) -> str | None:
+    version = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(version) if version else None
+
+
+async def current_trainjob(
+    rt: Runtime,
+    namespace: str,
+    name: str,
+    live: Mapping[str, Any] | None,
+    seen: Seen | None,
+) -> dict[str, Any] | None:
+    """The TrainJob to reconcile from: kopf's live copy when it is known to include our last
+    status write, our patch's reply when the live copy is known to be older than that write
+    (it is still the version we read before writing), else (unknown order: resourceVersions
+    are opaque, never compared) a GET as before."""
+    raw: dict[str, Any] | None
+    if live is None or seen is None:
+        raw = await rt.kube.get_trainjob(namespace, name)
+    else:
+        # A shallow copy: kopf swaps in a new event's dict instead of changing the old one,
+        # so this snapshot stays as it is while the reconcile awaits.
+        snapshot = dict(live)
+        version = _version(snapshot)
+        written = seen.written
+        if written is None or (version is not None and version == _version(written)):
+            raw = snapshot
+        elif version is not None and version == seen.read_version:
+            raw = written
+        else:
+            raw = await rt.kube.get_trainjob(namespace, name)
+        if raw is not written:
+            seen.written = None
+    if seen is not None:
+        seen.read_version = _version(raw) if raw is not None else None
+    return raw
+
+
+async def _patch_status(
+    rt: Runtime, namespace: str, name: str, patch: dict[str, Any], seen: Seen | None
+) -> None:
+    result = await rt.kube.patch_status(namespace, name, patch)
+    if seen is not None:
+        seen.written = result if result is not None and _version(result) else None
 
 
 def controller_uid(metadata: Mapping[str, Any]) -> str | None:
@@ -158,8 +217,12 @@ async def reconcile_job(
     pods: Iterable[ChildPod],
     services: Iterable[ChildService],
     now: datetime.datetime,
+    live: Mapping[str, Any] | None = None,
+    seen: Seen | None = None,
 ) -> Outcome:
-    raw = await rt.kube.get_trainjob(namespace, name)
+    """`live`/`seen`: kopf's live copy of the TrainJob and the loop's memory of it (see
+    `current_trainjob`); without them the TrainJob is read with a GET."""
+    raw = await current_trainjob(rt, namespace, name, live, seen)
     if raw is None:
         return Outcome(None, done=True)
     metadata = raw.get("metadata") or {}
@@ -174,7 +237,7 @@ async def reconcile_job(
         job = spec.parse(raw)
     except spec.SpecError as exc:
         message = "; ".join(str(problem) for problem in exc.problems)
-        await _mark_invalid(rt, raw, raw_status, old, None, message, now)
+        await _mark_invalid(rt, raw, raw_status, old, None, message, now, seen)
         return Outcome(None)
 
     mine_pods = [p for p in pods if p.owner_uid in (uid, None)]
@@ -199,24 +262,31 @@ async def reconcile_job(
     events = list(decision.events)
     new_status = decision.status
     try:
-        for rtype, index in decision.create_services:
-            await rt.kube.create(render.render_service(job, rtype, index, options, owner))
+        # Each group's creates are independent of each other, so they go out together (the
+        # API executor bounds how many run at once); the groups keep their order (Services,
+        # then the PodGroup, then Pods) and each group finishes before the next starts.
+        await _all(
+            rt.kube.create(render.render_service(job, rtype, index, options, owner))
+            for rtype, index in decision.create_services
+        )
         if decision.create_pods and gang.wanted(job, rt.settings):
             await rt.kube.create_pod_group(
                 gang.render_pod_group(job, rt.settings, namespace, owner)
             )
-        for rtype, index, attempt in decision.create_pods:
-            await rt.kube.create(render.render_pod(job, rtype, index, attempt, options, owner))
+        await _all(
+            rt.kube.create(render.render_pod(job, rtype, index, attempt, options, owner))
+            for rtype, index, attempt in decision.create_pods
+        )
     except kube.RejectedError as exc:
         # The API server refused what the spec renders to (e.g. an invalid Pod template that
         # the CRD schema cannot check): the job can never run as written.
-        await _mark_invalid(rt, raw, raw_status, old, job, str(exc), now)
+        await _mark_invalid(rt, raw, raw_status, old, job, str(exc), now, seen)
         return Outcome(None)
 
     wanted = st.to_dict(job, new_status)
     patch = status_patch(raw_status, wanted)
     if patch is not None:
-        await rt.kube.patch_status(namespace, name, patch)
+        await _patch_status(rt, namespace, name, patch, seen)
     rt.metrics.transition(namespace, old, new_status)
     rt.metrics.set_state(uid, namespace, st.state_of(new_status))
     for event in events:
@@ -229,6 +299,20 @@ async def reconcile_job(
     return Outcome(decision.requeue_after)
 
 
+async def _all(calls: Iterable[Coroutine[Any, Any, Any]]) -> None:
+    """Run `calls` concurrently and wait for every one of them (none is left running when
+    this returns or raises); then raise the first RejectedError if any call was rejected
+    (the job is invalid whatever else failed), else the first other error, as the one-by-one
+    loop did."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    for error in errors:
+        if isinstance(error, kube.RejectedError):
+            raise error
+    if errors:
+        raise errors[0]
+
+
 async def _mark_invalid(
     rt: Runtime,
     raw: Mapping[str, Any],
@@ -237,6 +321,7 @@ async def _mark_invalid(
     job: spec.TrainJob | None,
     message: str,
     now: datetime.datetime,
+    seen: Seen | None = None,
 ) -> None:
     metadata = raw.get("metadata") or {}
     namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
@@ -250,7 +335,7 @@ async def _mark_invalid(
     wanted = st.to_dict(job, new) if job is not None else _invalid_status_dict(new)
     patch = status_patch(raw_status, wanted)
     if patch is not None:
-        await rt.kube.patch_status(namespace, name, patch)
+        await _patch_status(rt, namespace, name, patch, seen)
     logger.warning("Marked TrainJob %s/%s Failed (InvalidSpec): %s", namespace, name, message)
     rt.metrics.transition(namespace, old, new)
     rt.metrics.set_state(uid, namespace, st.state_of(new))
