@@ -19,6 +19,7 @@ from tests.integration.operator_harness import (
     trainjob,
     wait_until,
 )
+from trainjob_operator import reconciler
 
 pytestmark = pytest.mark.integration
 
@@ -99,17 +100,7 @@ def test_op_create_then_running(cluster: Cluster, operator: Operator) -> None:
     annotations = job["metadata"].get("annotations") or {}
     assert not [k for k in annotations if k.startswith("kopf.")], annotations
     assert not [f for f in job["metadata"]["finalizers"] if f.startswith("kopf.")]
-    assert set(job["status"]) <= {
-        "state",
-        "ready",
-        "restartCount",
-        "conditions",
-        "replicaStatuses",
-        "startTime",
-        "attemptStartTime",
-        "completionTime",
-        "observedGeneration",
-    }, job["status"]
+    assert set(job["status"]) <= set(reconciler.STATUS_KEYS), job["status"]
 
     for name in sorted(names):
         cluster.set_running(name)

@@ -14,21 +14,14 @@ EPOCHS = 2
 STEPS = 20
 
 
-def test_chief_completes_and_servers_stop_on_sigterm(tmp_path: Path, mnist_data_dir: Path) -> None:
-    ckpt = tmp_path / "ckpt"
-    progress = tmp_path / "progress.jsonl"
+def start_ps_job(
+    run: str, config: dict[str, object], ckpt: Path, progress: Path, tmp_path: Path
+) -> dict[str, harness.Replica]:
+    """ps + 2 workers + chief of the ParameterServer sample, servers first; `run` prefixes logs."""
     cluster = harness.cluster_spec({"chief": 1, "ps": 1, "worker": 2})
-    config = {
-        "epochs": EPOCHS,
-        "steps_per_epoch": STEPS,
-        "batch_size": 64,
-        "model": "mlp",
-        "data_dir": str(mnist_data_dir),
-        "progress_every_steps": 10,
-    }
-    replicas = {
+    return {
         f"{role}-{i}": harness.start(
-            f"{role}-{i}",
+            f"{run}{role}-{i}",
             harness.replica_env(
                 cluster,
                 role,
@@ -44,6 +37,20 @@ def test_chief_completes_and_servers_stop_on_sigterm(tmp_path: Path, mnist_data_
         for role, count in (("ps", 1), ("worker", 2), ("chief", 1))
         for i in range(count)
     }
+
+
+def test_chief_completes_and_servers_stop_on_sigterm(tmp_path: Path, mnist_data_dir: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    progress = tmp_path / "progress.jsonl"
+    config = {
+        "epochs": EPOCHS,
+        "steps_per_epoch": STEPS,
+        "batch_size": 64,
+        "model": "mlp",
+        "data_dir": str(mnist_data_dir),
+        "progress_every_steps": 10,
+    }
+    replicas = start_ps_job("", config, ckpt, progress, tmp_path)
     servers = [replicas[n] for n in ("ps-0", "worker-0", "worker-1")]
     try:
         codes = harness.wait_exit([replicas["chief-0"]], 180)
@@ -86,25 +93,7 @@ def test_preempted_chief_saves_and_the_restarted_job_resumes(
 
     def start_job(run: str) -> tuple[dict[str, harness.Replica], Path]:
         progress = tmp_path / f"{run}.progress.jsonl"
-        cluster = harness.cluster_spec({"chief": 1, "ps": 1, "worker": 2})
-        replicas = {
-            f"{role}-{i}": harness.start(
-                f"{run}-{role}-{i}",
-                harness.replica_env(
-                    cluster,
-                    role,
-                    i,
-                    entrypoint="trainjob.samples.mnist:build",
-                    config=config,
-                    checkpoint_dir=ckpt,
-                    progress_file=progress,
-                    strategy="ParameterServer",
-                ),
-                tmp_path,
-            )
-            for role, count in (("ps", 1), ("worker", 2), ("chief", 1))
-            for i in range(count)
-        }
+        replicas = start_ps_job(f"{run}-", config, ckpt, progress, tmp_path)
         return replicas, progress
 
     first, progress1 = start_job("run1")
