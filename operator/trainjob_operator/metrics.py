@@ -21,33 +21,17 @@ class Metrics:
     def __init__(self, registry: prometheus_client.CollectorRegistry | None = None) -> None:
         self.registry = registry or prometheus_client.CollectorRegistry()
         labels = ["namespace"]
-        self.created = prometheus_client.Counter(
-            "jobs_created",
-            "TrainJobs created (first reconcile)",
-            labels,
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
-        self.succeeded = prometheus_client.Counter(
-            "jobs_succeeded",
-            "TrainJobs that succeeded",
-            labels,
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
-        self.failed = prometheus_client.Counter(
-            "jobs_failed",
-            "TrainJobs that failed",
-            [*labels, "reason"],
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
-        self.restarted = prometheus_client.Counter(
-            "jobs_restarted",
-            "Restarts decided (each counts toward backoffLimit)",
-            labels,
-            namespace=NAMESPACE,
-            registry=self.registry,
+
+        def counter(name: str, documentation: str, *extra: str) -> prometheus_client.Counter:
+            return prometheus_client.Counter(
+                name, documentation, [*labels, *extra], namespace=NAMESPACE, registry=self.registry
+            )
+
+        self.created = counter("jobs_created", "TrainJobs created (first reconcile)")
+        self.succeeded = counter("jobs_succeeded", "TrainJobs that succeeded")
+        self.failed = counter("jobs_failed", "TrainJobs that failed", "reason")
+        self.restarted = counter(
+            "jobs_restarted", "Restarts decided (each counts toward backoffLimit)"
         )
         self.jobs = prometheus_client.Gauge(
             "jobs",
@@ -63,12 +47,8 @@ class Metrics:
             registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
-        self.reconcile_errors = prometheus_client.Counter(
-            "reconcile_errors",
-            "Reconciles that failed (retried with backoff)",
-            labels,
-            namespace=NAMESPACE,
-            registry=self.registry,
+        self.reconcile_errors = counter(
+            "reconcile_errors", "Reconciles that failed (retried with backoff)"
         )
         self._states: dict[str, tuple[str, str]] = {}  # uid -> (namespace, state)
 
