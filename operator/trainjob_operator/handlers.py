@@ -7,9 +7,10 @@
   `requeue_after` seconds when the engine asks for it (activeDeadlineSeconds, startup
   deadline, TTL), so deadlines fire with no further event. No polling; a long resync period
   (default 10 min) is only a safety net.
-- Pods and Services are read from kopf in-memory indexes (no list call per reconcile); kopf
-  fills the indexes before any handler or daemon starts, so a restarted operator sees every
-  existing child before deciding anything and adopts instead of duplicating.
+- Pods and Services are read from an in-memory index fed by their watch events (children.py;
+  no list call per reconcile). A job that already has a status is seeded with one list call
+  when its loop starts, so a restarted operator sees every existing child before deciding
+  anything and adopts instead of duplicating.
 - Finalizer: kopf puts one on each TrainJob because daemons need it (to stop the daemon
   before the object disappears); it is ours, `trainjob.dev/finalizer`, and is removed as
   soon as the daemon stops. Children need no finalizer: they carry a controller
@@ -91,33 +92,10 @@ def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
     return len(runtime.wakers) if isinstance(runtime, reconciler.Runtime) else 0
 
 
-# -- indexes: the children of every job, in memory ----------------------------------------
-# Index and event handlers are `async def` although they never await: kopf runs a plain
-# `def` handler in its thread pool (a thread hop, a context copy and a shielded task per
-# call), once per handler per watch event; these are short and CPU-only, so they run inline.
-
-
-@kopf.index("", "v1", "pods", labels=CHILD_LABELS, id="trainjob_pods")
-async def trainjob_pods(
-    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-) -> dict[reconciler.JobKey, reconciler.ChildPod]:
-    child = reconciler.index_pod(body)
-    if child is None:
-        return {}
-    return {(namespace or "", labels[constants.LABEL_JOB_NAME]): child}
-
-
-@kopf.index("", "v1", "services", labels=CHILD_LABELS, id="trainjob_services")
-async def trainjob_services(
-    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-) -> dict[reconciler.JobKey, reconciler.ChildService]:
-    child = reconciler.index_service(body)
-    if child is None:
-        return {}
-    return {(namespace or "", labels[constants.LABEL_JOB_NAME]): child}
-
-
 # -- wake-ups -------------------------------------------------------------------------------
+# Handlers are `async def` although they never await: kopf runs a plain `def` handler in its
+# thread pool (a thread hop, a context copy and a shielded task per call), once per watch
+# event; these are short and CPU-only, so they run inline.
 
 
 @kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL)
@@ -128,16 +106,34 @@ async def trainjob_event(namespace: str | None, name: str, memo: kopf.Memo, **_:
 
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
 async def trainjob_pod_event(
-    namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+    event: kopf.RawEvent,
+    namespace: str | None,
+    name: str,
+    labels: kopf.Labels,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
-    _runtime(memo).wake((namespace or "", labels[constants.LABEL_JOB_NAME]))
+    runtime = _runtime(memo)
+    key = (namespace or "", labels[constants.LABEL_JOB_NAME])
+    runtime.child_index.pod_event(key, name, None if event.get("type") == "DELETED" else body)
+    runtime.wake(key)
 
 
 @kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
 async def trainjob_service_event(
-    namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+    event: kopf.RawEvent,
+    namespace: str | None,
+    name: str,
+    labels: kopf.Labels,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
-    _runtime(memo).wake((namespace or "", labels[constants.LABEL_JOB_NAME]))
+    runtime = _runtime(memo)
+    key = (namespace or "", labels[constants.LABEL_JOB_NAME])
+    runtime.child_index.service_event(key, name, None if event.get("type") == "DELETED" else body)
+    runtime.wake(key)
 
 
 # -- the per-job reconcile loop -------------------------------------------------------------
@@ -175,11 +171,8 @@ async def trainjob_daemon(
     stopped: kopf.DaemonStopped,
     memo: kopf.Memo,
     body: kopf.Body,
-    **kwargs: Any,
+    **_: Any,
 ) -> None:
-    # kopf passes each index as a keyword argument named after its function.
-    pods: kopf.Index[reconciler.JobKey, reconciler.ChildPod] = kwargs["trainjob_pods"]
-    services: kopf.Index[reconciler.JobKey, reconciler.ChildService] = kwargs["trainjob_services"]
     runtime = _runtime(memo)
     namespace = namespace or ""
     key = (namespace, name)
@@ -187,18 +180,24 @@ async def trainjob_daemon(
     # `body` is kopf's live view of the TrainJob, updated by every watch event before the
     # event wakes this loop; the reconciler reads from it instead of a GET per reconcile.
     seen = reconciler.Seen()
+    # A job with a status was worked on before (by us before a restart, or by another
+    # operator replica): its children may exist before the watch has shown them to us.
+    seeded = not body.get("status")
     failures = 0
     try:
         while not stopped:
             waker.clear()
             started = time.monotonic()
             try:
+                if not seeded:
+                    await reconciler.seed_children(runtime, namespace, name)
+                    seeded = True
                 outcome = await reconciler.reconcile_job(
                     runtime,
                     namespace,
                     name,
-                    list(pods.get(key, [])),
-                    list(services.get(key, [])),
+                    runtime.child_index.pods(key),
+                    runtime.child_index.services(key),
                     datetime.datetime.now(datetime.timezone.utc),
                     body,
                     seen,

@@ -3,8 +3,8 @@
 Why the synchronous `kubernetes` client in a thread pool (not kopf's internal aiohttp API):
 kopf's API helpers are private and unversioned; the official client is typed enough, handles
 every auth method of a kubeconfig and in-cluster service accounts, and its calls are short
-and few per reconcile (the reads come from kopf's in-memory indexes). A dedicated executor
-keeps those calls off kopf's own handler executor.
+and few per reconcile (children are read from the in-memory index, children.py). A dedicated
+executor keeps those calls off kopf's own handler executor.
 
 Error contract, so that callers never inspect HTTP codes:
 - create: 409 AlreadyExists is success (deterministic names make creation idempotent);
@@ -82,14 +82,21 @@ def load_api_client() -> k8s.ApiClient:
     return k8s.ApiClient(configuration)
 
 
-def _unread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
-    """Call `fn` with `_preload_content=False` (2xx: the raw urllib3 response; otherwise
-    ApiException) and drain the reply, so that its connection goes back to the pool."""
+def _read_raw(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> bytes:
+    """Call `fn` and return the reply's bytes undecoded (the client's models are slow to build
+    and the callers want plain dicts)."""
     response = fn(*args, _preload_content=False, **kwargs)
     try:
-        response.read()
+        data = response.read()
     finally:
         response.release_conn()
+    return bytes(data)
+
+
+def _unread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
+    """Call `fn` and drop the reply undecoded (2xx; otherwise ApiException as usual); reading
+    it returns the connection to the pool."""
+    _read_raw(fn, *args, **kwargs)
 
 
 class Kube:
@@ -167,6 +174,17 @@ class Kube:
                 return
             raise _classify(exc, f"deleting {kind} {namespace}/{name}") from exc
         logger.info("Deleted %s %s/%s", kind, namespace, name)
+
+    async def list_children(self, namespace: str, kind: str, job: str) -> list[dict[str, Any]]:
+        """The Pods or Services labelled as `job`'s children, as plain dicts."""
+        fn = self._core.list_namespaced_pod if kind == "Pod" else self._core.list_namespaced_service
+        selector = f"{constants.LABEL_JOB_NAME}={job}"
+        try:
+            raw = await self._call(_read_raw, fn, namespace, label_selector=selector)
+        except k8s_exceptions.ApiException as exc:
+            raise _classify(exc, f"listing {kind}s of TrainJob {namespace}/{job}") from exc
+        items = json.loads(raw).get("items") or []
+        return [item for item in items if isinstance(item, dict)]
 
     # -- the TrainJob itself --------------------------------------------------------------
 

@@ -17,12 +17,11 @@ import logging
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, Final
 
-from trainjob.core import naming, observe, policy, render, spec
+from trainjob.core import naming, policy, render, spec
 from trainjob.core import status as st
-from trainjob_operator import config, gang, kube, metrics
+from trainjob_operator import children, config, gang, kube, metrics
 
-JobKey = tuple[str, str]  # (namespace, name)
-ReplicaKey = tuple[str, int]
+JobKey = children.JobKey
 
 logger = logging.getLogger("trainjob_operator.reconciler")
 
@@ -41,23 +40,6 @@ STATUS_KEYS: Final = (
 
 
 @dataclasses.dataclass(frozen=True)
-class ChildPod:
-    """A Pod of some TrainJob, as kept in the in-memory index."""
-
-    key: ReplicaKey
-    observed: policy.ObservedReplica
-    uid: str
-    owner_uid: str | None
-
-
-@dataclasses.dataclass(frozen=True)
-class ChildService:
-    key: ReplicaKey
-    uid: str
-    owner_uid: str | None
-
-
-@dataclasses.dataclass(frozen=True)
 class Outcome:
     # Seconds until a deadline / TTL needs another look; None: only events wake the job.
     requeue_after: float | None
@@ -73,6 +55,7 @@ class Runtime:
     kube: kube.Kube
     metrics: metrics.Metrics
     wakers: dict[JobKey, asyncio.Event] = dataclasses.field(default_factory=dict)
+    child_index: children.ChildIndex = dataclasses.field(default_factory=children.ChildIndex)
 
     def waker(self, key: JobKey) -> asyncio.Event:
         return self.wakers.setdefault(key, asyncio.Event())
@@ -145,31 +128,6 @@ async def _patch_status(
         seen.written = result if result is not None and _version(result) else None
 
 
-def controller_uid(metadata: Mapping[str, Any]) -> str | None:
-    for ref in metadata.get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller"):
-            uid = ref.get("uid")
-            return str(uid) if uid else None
-    return None
-
-
-def index_pod(body: Mapping[str, Any]) -> ChildPod | None:
-    found = observe.observe_pod(body)
-    if found is None:
-        return None
-    metadata = body.get("metadata") or {}
-    key, observed = found
-    return ChildPod(key, observed, str(metadata.get("uid") or ""), controller_uid(metadata))
-
-
-def index_service(body: Mapping[str, Any]) -> ChildService | None:
-    metadata = body.get("metadata") or {}
-    key = observe.replica_key(metadata.get("labels") or {})
-    if key is None:
-        return None
-    return ChildService(key, str(metadata.get("uid") or ""), controller_uid(metadata))
-
-
 def _conditions(status: st.JobStatus) -> list[dict[str, Any]]:
     return [
         {
@@ -210,12 +168,30 @@ def status_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[
     return patch or None
 
 
+async def seed_children(rt: Runtime, namespace: str, name: str) -> None:
+    """Fill the index with the job's existing children (one list per kind) before its first
+    decision, for a job some operator already worked on: after a restart, kopf's watch may
+    deliver those children only after this job's loop has started, and a Pod the policy
+    engine saw running but does not see now counts as deleted (a restart)."""
+    key = (namespace, name)
+    rt.child_index.begin_seed(key)
+    try:
+        pods, services = await asyncio.gather(
+            rt.kube.list_children(namespace, "Pod", name),
+            rt.kube.list_children(namespace, "Service", name),
+        )
+    except BaseException:
+        rt.child_index.abandon_seed(key)
+        raise
+    rt.child_index.finish_seed(key, pods, services)
+
+
 async def reconcile_job(
     rt: Runtime,
     namespace: str,
     name: str,
-    pods: Iterable[ChildPod],
-    services: Iterable[ChildService],
+    pods: Iterable[children.ChildPod],
+    services: Iterable[children.ChildService],
     now: datetime.datetime,
     live: Mapping[str, Any] | None = None,
     seen: Seen | None = None,

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
 
 from tests.integration.operator_harness import Cluster, Operator, attempt, trainjob, wait_until
 
 pytestmark = pytest.mark.integration
 
-JOBS = 20
+JOBS = 40
 
 
 def test_restart_operator_mid_creation(
@@ -23,16 +24,18 @@ def test_restart_operator_mid_creation(
     names = [f"j{i:02d}" for i in range(JOBS)]
     expected = {f"{n}-{role}" for n in names for role in ("chief-0", "worker-0")}
 
-    first = Operator(kubeconfig, log, f"--namespace={namespace}").start()
+    for name in names:
+        cluster.create_job(trainjob(name, chief=1, workers=1))
+    # One API thread makes the first operator create its 160 children one by one, and a watch
+    # (not a poll) sees its first Pods, so the kill lands mid-creation on a fast machine too.
+    first = Operator(kubeconfig, log, f"--namespace={namespace}", "--api-workers=1").start()
     try:
-        for name in names:
-            cluster.create_job(trainjob(name, chief=1, workers=1))
-        # Kill it once it has done part of the work, not all of it.
-        wait_until(
-            lambda: len(cluster.pods()) >= 6 or not first.running(),
-            timeout=60,
-            what="the first operator to create some pods",
+        pods = k8s_watch.Watch().stream(
+            k8s.CoreV1Api(api_client).list_namespaced_pod, namespace, timeout_seconds=60
         )
+        for seen, _ in enumerate(pods, start=1):
+            if seen >= 4 or not first.running():
+                break
         first.kill()
         assert first.process is not None and first.process.returncode == -9, first.log_tail()
     finally:
