@@ -107,17 +107,22 @@ def replica_counts(replicas: int) -> dict[str, int]:
     return {"chief": 1, "worker": replicas - 1 - ps, "ps": ps}
 
 
-def _template(chief: bool) -> Obj:
-    annotations = {EXIT_CODE_ANNOTATION: "0"} if chief else {}
+def _template(chief: bool, finishes: bool = True) -> Obj:
+    # Without the exit-code annotation kwok keeps the Pod Running until it is deleted.
+    annotations = {EXIT_CODE_ANNOTATION: "0"} if chief and finishes else {}
     return {
         "metadata": {"annotations": annotations},
         "spec": {"containers": [{"name": "tensorflow", "image": IMAGE}]},
     }
 
 
-def trainjob_body(name: str, replicas: int) -> Obj:
+def trainjob_body(name: str, replicas: int, finishes: bool = True) -> Obj:
     specs = {
-        rtype: {"replicas": n, "restartPolicy": "Never", "template": _template(rtype == "chief")}
+        rtype: {
+            "replicas": n,
+            "restartPolicy": "Never",
+            "template": _template(rtype == "chief", finishes),
+        }
         for rtype, n in replica_counts(replicas).items()
         if n
     }
@@ -129,13 +134,13 @@ def trainjob_body(name: str, replicas: int) -> Obj:
     }
 
 
-def tfjob_body(name: str, replicas: int) -> Obj:
+def tfjob_body(name: str, replicas: int, finishes: bool = True) -> Obj:
     kinds = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
     specs = {
         kinds[rtype]: {
             "replicas": n,
             "restartPolicy": "Never",
-            "template": _template(rtype == "chief"),
+            "template": _template(rtype == "chief", finishes),
         }
         for rtype, n in replica_counts(replicas).items()
         if n
@@ -156,7 +161,7 @@ class Kind:
     label: str
     api_path: str  # /apis/<group>/<version>
     plural: str
-    body: Callable[[str, int], Obj]
+    body: Callable[[str, int, bool], Obj]  # (name, replicas, the chief finishes)
 
 
 KINDS: Final = {
@@ -267,6 +272,7 @@ class JobTimes:
     created: float = 0.0
     pods: set[str] = field(default_factory=set)
     services: set[str] = field(default_factory=set)
+    running: set[str] = field(default_factory=set)
     children_at: float | None = None
     succeeded_at: float | None = None
 
@@ -390,6 +396,8 @@ class Tracker:
             times = self.job(owner)
             children = times.pods if what == "pods" else times.services
             children.add(meta.get("name", ""))
+            if what == "pods" and (obj.get("status") or {}).get("phase") == "Running":
+                times.running.add(meta.get("name", ""))
             if (
                 times.children_at is None
                 and len(times.pods) >= self.replicas
@@ -398,9 +406,11 @@ class Tracker:
                 times.children_at = now
                 self.changed.notify_all()
 
-    def wait(self, names: Sequence[str], *, succeeded: bool, deadline: float) -> bool:
-        """Block until every named job has all children (and Succeeded, if asked) or the
-        deadline passes; True when all are done."""
+    def wait(
+        self, names: Sequence[str], *, succeeded: bool, deadline: float, running: bool = False
+    ) -> bool:
+        """Block until every named job has all children (and Succeeded, or all Pods Running,
+        if asked) or the deadline passes; True when all are done."""
 
         def done() -> bool:
             for name in names:
@@ -408,6 +418,8 @@ class Tracker:
                 if times is None or times.children_at is None:
                     return False
                 if succeeded and times.succeeded_at is None:
+                    return False
+                if running and len(times.running) < self.replicas:
                     return False
             return True
 
@@ -538,6 +550,20 @@ class RunResult:
     peak_rss_mib: float
     cpu_seconds: float
     timed_out: bool
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoadedResult:
+    """One more job created while `jobs` jobs run: how soon its children exist."""
+
+    operator: str
+    jobs: int
+    replicas: int
+    probes: int
+    children_p50: float
+    children_p99: float
+    children_max: float
     notes: list[str] = field(default_factory=list)
 
 
@@ -765,7 +791,7 @@ class Bench:
             # Warm-up (not measured): the operator's caches are synced and its first
             # reconcile has run before the clock starts.
             tracker.job("warmup").created = time.monotonic()
-            self.api.create(jobs_path, kind.body("warmup", self.replicas))
+            self.api.create(jobs_path, kind.body("warmup", self.replicas, True))
             if not tracker.wait(["warmup"], succeeded=True, deadline=time.monotonic() + 120):
                 warm = tracker.jobs.get("warmup", JobTimes())
                 raise BenchError(
@@ -777,7 +803,7 @@ class Bench:
             cpu_before = proc_stats(proc.pid).cpu_seconds
 
             names = [f"job-{i:05d}" for i in range(jobs)]
-            bodies = {n: kind.body(n, self.replicas) for n in names}
+            bodies = {n: kind.body(n, self.replicas, True) for n in names}
             start = time.monotonic()
 
             def create(name: str) -> None:
@@ -826,6 +852,63 @@ class Bench:
             peak_rss_mib=stats.peak_rss_kib / 1024,
             cpu_seconds=stats.cpu_seconds - cpu_before,
             timed_out=not finished,
+            notes=notes,
+        )
+
+    def run_loaded(self, operator: str, jobs: int, probes: int) -> LoadedResult:
+        """Responsiveness at `jobs` concurrent jobs: create `jobs` jobs whose chiefs never
+        exit, wait until every one of their Pods is Running, then create `probes` more jobs,
+        one at a time (the next once the previous one's children all exist), and time each
+        probe from its create request to its last child. This is what a user submitting a
+        job to a busy cluster waits for; the burst run above measures throughput instead."""
+        kind = KINDS[operator]
+        if operator == KUBEFLOW:
+            self.prepare_kubeflow()
+        kubeconfig = self.operator_identity(operator)
+        namespace = f"bench-{operator}-loaded-{jobs}x{self.replicas}"
+        self.namespace(namespace)
+        tracker = Tracker(self.api, namespace, kind, self.replicas)
+        tracker.start()
+        jobs_path = f"{kind.api_path}/namespaces/{namespace}/{kind.plural}"
+        proc = self.start_operator(operator, namespace, kubeconfig)
+        notes: list[str] = []
+        latencies: list[float] = []
+        try:
+            background = [f"load-{i:05d}" for i in range(jobs)]
+
+            def create(name: str) -> None:
+                with tracker.lock:
+                    tracker.job(name).created = time.monotonic()
+                self.api.create(jobs_path, kind.body(name, self.replicas, False))
+
+            with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+                list(pool.map(create, background))
+            deadline = time.monotonic() + self.timeout
+            if not tracker.wait(background, succeeded=False, running=True, deadline=deadline):
+                notes.append(f"the {jobs} background jobs were not all Running in time")
+            for i in range(probes if not notes else 0):
+                name = f"probe-{i:03d}"
+                create(name)
+                if not tracker.wait([name], succeeded=False, deadline=time.monotonic() + 120):
+                    notes.append(f"{name}: children incomplete after 120 s")
+                    break
+                with tracker.lock:
+                    times = tracker.jobs[name]
+                    assert times.children_at is not None
+                    latencies.append(times.children_at - times.created)
+            if not proc.running():
+                notes.append(f"{operator} exited during the run:\n{proc.tail()}")
+        finally:
+            proc.stop()
+            tracker.stop()
+        return LoadedResult(
+            operator=operator,
+            jobs=jobs,
+            replicas=self.replicas,
+            probes=len(latencies),
+            children_p50=percentile(latencies, 50),
+            children_p99=percentile(latencies, 99),
+            children_max=max(latencies, default=float("nan")),
             notes=notes,
         )
 
@@ -973,6 +1056,43 @@ def table(results: Sequence[RunResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def loaded_table(results: Sequence[LoadedResult]) -> str:
+    """Markdown table of the responsiveness runs, in the layout of `table`."""
+    by_op = {r.operator: r for r in results}
+    ours, theirs = by_op.get(OURS), by_op.get(KUBEFLOW)
+    any_r = ours or theirs
+    assert any_r is not None
+    header = ["metric"]
+    if ours:
+        header.append("TrainJob operator")
+    if theirs:
+        header.append(f"training-operator {kubeflow_version()}")
+    if ours and theirs:
+        header.append("ratio (theirs / ours)")
+    lines = [
+        f"**One more job while {any_r.jobs} jobs x {any_r.replicas} replicas run** "
+        f"({any_r.probes} jobs created one at a time)",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
+    ]
+    for label, attr in (
+        ("create -> all children, p50", "children_p50"),
+        ("create -> all children, p99", "children_p99"),
+        ("create -> all children, max", "children_max"),
+    ):
+        values = [getattr(r, attr) for r in (ours, theirs) if r is not None]
+        row = [label, *(fmt(v) for v in values)]
+        if ours and theirs:
+            a, b = values
+            row.append(f"{b / a:.1f}x" if a and not (math.isnan(a) or math.isnan(b)) else "-")
+        lines.append("| " + " | ".join(row) + " |")
+    for r in (ours, theirs):
+        if r is not None:
+            lines.extend(f"\n{r.operator}: {note}" for note in r.notes)
+    return "\n".join(lines) + "\n"
+
+
 RESULTS_HEADER: Final = """\
 # Operator scale benchmark: TrainJob operator vs Kubeflow training-operator v1
 
@@ -1028,6 +1148,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=float,
         help="seconds per run for every job to succeed (default 120 + 4 per job)",
     )
+    p.add_argument(
+        "--loaded",
+        type=int,
+        default=100,
+        help="responsiveness run: jobs kept running while single jobs are timed (default 100; "
+        "0 skips it)",
+    )
+    p.add_argument(
+        "--probes", type=int, default=20, help="jobs timed in the responsiveness run (default 20)"
+    )
     p.add_argument("--write-results", type=Path, help="write a markdown report (bench/RESULTS.md)")
     p.add_argument("--json", type=Path, help="write the raw figures as JSON")
     p.add_argument("--workdir", type=Path, help="keep the control plane state and logs here")
@@ -1060,6 +1190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python bench/operator_scale.py " + " ".join(shown)
     crds = sorted((REPO_ROOT / "crds").glob("*.yaml"))
     all_results: list[RunResult] = []
+    all_loaded: list[LoadedResult] = []
     tables: list[str] = []
     with bench_workdir(args.workdir) as workdir:
         plane = ControlPlane(tools=tools, workdir=workdir / "cp")
@@ -1083,12 +1214,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(rendered, flush=True)
                 tables.append(rendered)
                 all_results.extend(results)
+            if args.loaded > 0:
+                timeout = args.timeout if args.timeout is not None else 120 + 4 * args.loaded
+                bench = Bench(plane, workdir, args.replicas, timeout)
+                loaded: list[LoadedResult] = []
+                for operator in operators:
+                    print(
+                        f"== {operator}: {args.probes} jobs created one at a time while "
+                        f"{args.loaded} jobs x {args.replicas} replicas run",
+                        flush=True,
+                    )
+                    t0 = time.monotonic()
+                    loaded.append(bench.run_loaded(operator, args.loaded, args.probes))
+                    print(f"   done in {time.monotonic() - t0:.0f} s", flush=True)
+                rendered = loaded_table(loaded)
+                print(rendered, flush=True)
+                tables.append(rendered)
+                all_loaded.extend(loaded)
     if args.write_results is not None:
         write_results(args.write_results, command.strip(), info, tables)
     if args.json is not None:
-        payload = {"machine": info, "results": [r.__dict__ for r in all_results]}
+        payload = {
+            "machine": info,
+            "results": [r.__dict__ for r in all_results],
+            "loaded": [r.__dict__ for r in all_loaded],
+        }
         args.json.write_text(json.dumps(payload, indent=2), encoding="utf-8")
-    return 1 if any(r.timed_out or r.notes for r in all_results) else 0
+    failed = any(r.timed_out or r.notes for r in all_results) or any(r.notes for r in all_loaded)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -51,6 +51,17 @@ CHILD_LABELS: Final = {constants.LABEL_JOB_NAME: kopf.PRESENT}
 logger = logging.getLogger("trainjob_operator")
 
 
+class NoEssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf builds every watched object's "essence" (a deep copy of the whole body, then
+    trimmed) on every watch event, to diff it for on.create/on.update/on.resume handlers. This
+    operator has none of those (event handlers and a daemon only), so nothing is ever diffed
+    and the copy was pure cost: about a tenth of the operator's CPU at 100 jobs x 8 (py-spy),
+    mostly on Pod events. An empty essence keeps kopf's contract without the copy."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+
 def _runtime(memo: kopf.Memo) -> reconciler.Runtime:
     runtime = memo.get(RUNTIME_KEY)
     if not isinstance(runtime, reconciler.Runtime):
@@ -65,7 +76,7 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         cfg = config.from_env(os.environ)
     settings.persistence.finalizer = constants.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=constants.GROUP)
+    settings.persistence.diffbase_storage = NoEssenceDiffBaseStorage(prefix=constants.GROUP)
     # kopf's own k8s Events only for problems; ours tell the job's story.
     settings.posting.level = logging.WARNING
     # Stop a deleted job's daemon promptly so its finalizer goes away.

@@ -1,6 +1,7 @@
 """Smoke size of the operator scale benchmark (bench/operator_scale.py): 3 TrainJobs x 8
-replicas, our operator only, on the benchmark's own control plane with kwok. Not timed: it
-checks that the benchmark runs end to end and prints its figures."""
+replicas (then 2 jobs timed one by one while 3 run), our operator only, on the benchmark's own
+control plane with kwok. Not timed: it checks that the benchmark runs end to end and prints
+its figures."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def test_benchmark_smoke_size_completes_and_prints_figures(tmp_path: Path) -> No
             "--replicas=8",
             "--operator=trainjob",
             "--timeout=180",
+            "--loaded=3",
+            "--probes=2",
             f"--json={out}",
         ],
         cwd=REPO_ROOT,
@@ -59,3 +62,7 @@ def test_benchmark_smoke_size_completes_and_prints_figures(tmp_path: Path) -> No
     assert 0 < run["children_p50"] <= run["children_p99"] <= run["succeeded_p99"]
     assert run["operator_requests_per_job"] > 0
     assert run["peak_rss_mib"] > 0
+    (loaded,) = json.loads(out.read_text(encoding="utf-8"))["loaded"]
+    assert (loaded["jobs"], loaded["probes"]) == (3, 2) and not loaded["notes"]
+    assert 0 < loaded["children_p50"] <= loaded["children_p99"] == loaded["children_max"]
+    assert "One more job while 3 jobs x 8 replicas run" in result.stdout
