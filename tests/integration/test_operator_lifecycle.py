@@ -52,9 +52,11 @@ def _http_ok(url: str) -> bool:
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Cluster:
+def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
     assert namespace.startswith("test-op-"), namespace
-    return Cluster(api_client, namespace)
+    yield Cluster(api_client, namespace)
+    # pytest shows this only when the test failed: what the operator was doing meanwhile.
+    print(f"operator log, last lines:\n{operator.log_tail(25)}")
 
 
 def test_op_create_then_running(cluster: Cluster, operator: Operator) -> None:
