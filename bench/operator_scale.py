@@ -775,17 +775,22 @@ class Bench:
 
     # -- one run -------------------------------------------------------------------------
 
-    def run(self, operator: str, jobs: int) -> RunResult:
+    def _setup(self, operator: str, namespace: str) -> tuple[Kind, Tracker, str, OperatorProcess]:
+        """A fresh namespace watched by a Tracker and served by a started operator; returns
+        the job kind, the tracker, the jobs' collection path and the operator process."""
         kind = KINDS[operator]
         if operator == KUBEFLOW:
             self.prepare_kubeflow()
         kubeconfig = self.operator_identity(operator)
-        namespace = f"bench-{operator}-{jobs}x{self.replicas}"
         self.namespace(namespace)
         tracker = Tracker(self.api, namespace, kind, self.replicas)
         tracker.start()
         jobs_path = f"{kind.api_path}/namespaces/{namespace}/{kind.plural}"
-        proc = self.start_operator(operator, namespace, kubeconfig)
+        return kind, tracker, jobs_path, self.start_operator(operator, namespace, kubeconfig)
+
+    def run(self, operator: str, jobs: int) -> RunResult:
+        namespace = f"bench-{operator}-{jobs}x{self.replicas}"
+        kind, tracker, jobs_path, proc = self._setup(operator, namespace)
         notes: list[str] = []
         try:
             # Warm-up (not measured): the operator's caches are synced and its first
@@ -861,16 +866,8 @@ class Bench:
         one at a time (the next once the previous one's children all exist), and time each
         probe from its create request to its last child. This is what a user submitting a
         job to a busy cluster waits for; the burst run above measures throughput instead."""
-        kind = KINDS[operator]
-        if operator == KUBEFLOW:
-            self.prepare_kubeflow()
-        kubeconfig = self.operator_identity(operator)
         namespace = f"bench-{operator}-loaded-{jobs}x{self.replicas}"
-        self.namespace(namespace)
-        tracker = Tracker(self.api, namespace, kind, self.replicas)
-        tracker.start()
-        jobs_path = f"{kind.api_path}/namespaces/{namespace}/{kind.plural}"
-        proc = self.start_operator(operator, namespace, kubeconfig)
+        kind, tracker, jobs_path, proc = self._setup(operator, namespace)
         notes: list[str] = []
         latencies: list[float] = []
         try:
@@ -1015,13 +1012,18 @@ ROWS: Final[list[tuple[str, str, str]]] = [
 ]
 
 
-def table(results: Sequence[RunResult]) -> str:
-    """A markdown table: one column per operator, plus the ratio training-operator / ours
-    (above 1: ours is faster / cheaper)."""
-    by_op = {r.operator: r for r in results}
-    ours, theirs = by_op.get(OURS), by_op.get(KUBEFLOW)
-    any_r = ours or theirs
-    assert any_r is not None
+LOADED_ROWS: Final[list[tuple[str, str, str]]] = [
+    ("create -> all children, p50", "children_p50", "s"),
+    ("create -> all children, p99", "children_p99", "s"),
+    ("create -> all children, max", "children_max", "s"),
+]
+
+
+def _markdown(
+    title: str, ours: Any, theirs: Any, rows: Sequence[tuple[str, str, str]]
+) -> list[str]:
+    """Title and table: one column per operator present, plus the ratio training-operator /
+    ours when both are (above 1: ours is faster / cheaper)."""
     header = ["metric"]
     if ours:
         header.append("TrainJob operator")
@@ -1030,20 +1032,30 @@ def table(results: Sequence[RunResult]) -> str:
     if ours and theirs:
         header.append("ratio (theirs / ours)")
     lines = [
-        f"**{any_r.jobs} jobs x {any_r.replicas} replicas** "
-        f"({' + '.join(f'{n} {t}' for t, n in replica_counts(any_r.replicas).items() if n)})",
+        title,
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
     ]
-    for label, attr, unit in ROWS:
-        row = [label]
+    for label, attr, unit in rows:
         values = [getattr(r, attr) for r in (ours, theirs) if r is not None]
-        row += [fmt(v, unit) for v in values]
+        row = [label, *(fmt(v, unit) for v in values)]
         if ours and theirs:
             a, b = values
             row.append(f"{b / a:.1f}x" if a and not (math.isnan(a) or math.isnan(b)) else "-")
         lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def table(results: Sequence[RunResult]) -> str:
+    """The markdown report of one burst size."""
+    by_op = {r.operator: r for r in results}
+    ours, theirs = by_op.get(OURS), by_op.get(KUBEFLOW)
+    any_r = ours or theirs
+    assert any_r is not None
+    counts = " + ".join(f"{n} {t}" for t, n in replica_counts(any_r.replicas).items() if n)
+    title = f"**{any_r.jobs} jobs x {any_r.replicas} replicas** ({counts})"
+    lines = _markdown(title, ours, theirs, ROWS)
     for r in (ours, theirs):
         if r is None:
             continue
@@ -1057,36 +1069,16 @@ def table(results: Sequence[RunResult]) -> str:
 
 
 def loaded_table(results: Sequence[LoadedResult]) -> str:
-    """Markdown table of the responsiveness runs, in the layout of `table`."""
+    """The markdown report of the responsiveness run."""
     by_op = {r.operator: r for r in results}
     ours, theirs = by_op.get(OURS), by_op.get(KUBEFLOW)
     any_r = ours or theirs
     assert any_r is not None
-    header = ["metric"]
-    if ours:
-        header.append("TrainJob operator")
-    if theirs:
-        header.append(f"training-operator {kubeflow_version()}")
-    if ours and theirs:
-        header.append("ratio (theirs / ours)")
-    lines = [
+    title = (
         f"**One more job while {any_r.jobs} jobs x {any_r.replicas} replicas run** "
-        f"({any_r.probes} jobs created one at a time)",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
-    ]
-    for label, attr in (
-        ("create -> all children, p50", "children_p50"),
-        ("create -> all children, p99", "children_p99"),
-        ("create -> all children, max", "children_max"),
-    ):
-        values = [getattr(r, attr) for r in (ours, theirs) if r is not None]
-        row = [label, *(fmt(v) for v in values)]
-        if ours and theirs:
-            a, b = values
-            row.append(f"{b / a:.1f}x" if a and not (math.isnan(a) or math.isnan(b)) else "-")
-        lines.append("| " + " | ".join(row) + " |")
+        f"({any_r.probes} jobs created one at a time)"
+    )
+    lines = _markdown(title, ours, theirs, LOADED_ROWS)
     for r in (ours, theirs):
         if r is not None:
             lines.extend(f"\n{r.operator}: {note}" for note in r.notes)

@@ -115,9 +115,11 @@ async def trainjob_event(namespace: str | None, name: str, memo: kopf.Memo, **_:
     _runtime(memo).wake((namespace or "", name))
 
 
-@kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
-async def trainjob_pod_event(
+@kopf.on.event("", "v1", "pods", labels=CHILD_LABELS, id="trainjob_pod_event")
+@kopf.on.event("", "v1", "services", labels=CHILD_LABELS, id="trainjob_service_event")
+async def trainjob_child_event(
     event: kopf.RawEvent,
+    resource: kopf.Resource,
     namespace: str | None,
     name: str,
     labels: kopf.Labels,
@@ -125,25 +127,14 @@ async def trainjob_pod_event(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
+    """A Pod or Service of some job changed: update the child index, wake the job."""
     runtime = _runtime(memo)
     key = (namespace or "", labels[constants.LABEL_JOB_NAME])
-    runtime.child_index.pod_event(key, name, None if event.get("type") == "DELETED" else body)
-    runtime.wake(key)
-
-
-@kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
-async def trainjob_service_event(
-    event: kopf.RawEvent,
-    namespace: str | None,
-    name: str,
-    labels: kopf.Labels,
-    body: kopf.Body,
-    memo: kopf.Memo,
-    **_: Any,
-) -> None:
-    runtime = _runtime(memo)
-    key = (namespace or "", labels[constants.LABEL_JOB_NAME])
-    runtime.child_index.service_event(key, name, None if event.get("type") == "DELETED" else body)
+    current = None if event.get("type") == "DELETED" else body
+    if resource.plural == "pods":
+        runtime.child_index.pod_event(key, name, current)
+    else:
+        runtime.child_index.service_event(key, name, current)
     runtime.wake(key)
 
 
