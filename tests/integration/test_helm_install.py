@@ -315,7 +315,7 @@ def test_removing_the_pods_rule_breaks_the_operator_visibly(
     (role,) = [d for d in docs if d["kind"] == "Role"]
     (pods_rule,) = [rule for rule in role["rules"] if "pods" in rule["resources"]]
     assert {"create", "delete"} <= set(pods_rule["verbs"]), pods_rule
-    # Still list/watch (kopf indexes Pods), but no create/delete.
+    # Still list/watch (the operator watches Pods), but no create/delete.
     pods_rule["verbs"] = [v for v in pods_rule["verbs"] if v not in ("create", "delete")]
     control_plane.kubectl("create", "namespace", ops_namespace)
     try:
