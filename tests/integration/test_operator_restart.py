@@ -1,8 +1,10 @@
-"""Kill the operator (SIGKILL) in the middle of creating 20 jobs, start it again: it adopts
-what exists, creates what is missing, and creates no duplicates or spurious restarts."""
+"""Kill the operator (SIGKILL) in the middle of creating 40 jobs, or while jobs run, start it
+again: it adopts what exists, creates what is missing, and creates no duplicates or spurious
+restarts."""
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,65 @@ def test_restart_operator_mid_creation(
         for name in names:
             cluster.wait_condition(name, "Running", timeout=60)
             assert (cluster.job(name) or {})["status"]["restartCount"] == 0
+    finally:
+        second.stop()
+        print(second.log_tail(40))
+
+
+RUNNING_JOBS = 15
+
+
+def _jobs_counted(operator: Operator, namespace: str) -> int:
+    """How many jobs the operator has reconciled at least once (its `trainjob_jobs` gauge)."""
+    url = f"http://127.0.0.1:{operator.metrics_port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("trainjob_jobs{") and f'namespace="{namespace}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def test_restarted_operator_keeps_running_jobs_as_they_are(
+    kubeconfig: Path, api_client: k8s.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """An operator killed while jobs run must, when it comes back, see their running Pods before
+    it judges them: a Pod it saw Running and cannot see now would count as deleted (a restart)."""
+    cluster = Cluster(api_client, namespace)
+    log = tmp_path / "operator.log"
+    names = [f"r{i:02d}" for i in range(RUNNING_JOBS)]
+    first = Operator(kubeconfig, log, f"--namespace={namespace}").start()
+    try:
+        for name in names:
+            cluster.create_job(trainjob(name, chief=1, workers=1))
+        for name in names:
+            cluster.run_all(name, {f"{name}-chief-0", f"{name}-worker-0"})
+        for name in names:
+            cluster.wait_condition(name, "Running", timeout=60)
+        first.kill()
+    finally:
+        first.stop()
+    before = {name: pod.metadata.uid for name, pod in cluster.pods().items()}
+    assert len(before) == 2 * RUNNING_JOBS
+
+    second = Operator(kubeconfig, log, f"--namespace={namespace}").start()
+    try:
+        wait_until(
+            lambda: _jobs_counted(second, namespace) >= RUNNING_JOBS or not second.running(),
+            timeout=60,
+            what="the restarted operator to reconcile every job once",
+        )
+        assert second.running(), second.log_tail()
+        after = {name: pod.metadata.uid for name, pod in cluster.pods().items()}
+        assert after == before, "the restarted operator replaced running Pods"
+        for name in names:
+            status = (cluster.job(name) or {})["status"]
+            assert status["restartCount"] == 0, (name, status)
+            assert status["state"] == "Running", (name, status)
     finally:
         second.stop()
         print(second.log_tail(40))
