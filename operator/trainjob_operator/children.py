@@ -1,46 +1,40 @@
-"""The in-memory index of every TrainJob's Pods and Services, fed by watch events.
+"""The in-memory index of every TrainJob's Pods and Services, kept by informer.py from a
+list and then a watch of the objects labelled trainjob.dev/job-name.
 
-One kopf event handler per kind (handlers.py) feeds this index and wakes the job's loop; the
-loop reads its children from here, never with a list call per reconcile.
+A job's reconcile reads its children from here (no list call per reconcile). Only what the
+policy engine needs of each object is kept (a few small fields), never the object itself:
+at 1,000 jobs x 8 replicas that is 16,000 small records instead of 16,000 bodies.
 
-Why not kopf's own `@kopf.index`: kopf holds *every* handler of the operator until every
-indexed watch stream (one per resource kind per watched namespace) has finished its first
-listing, and in kopf 1.45 a stream that is stopped before its listing ends (a namespace that
-matches `--namespace=team-*` and is deleted while its streams start) never releases that gate:
-the whole operator then waits forever. An index also cost a second handler call per child
-event on top of the wake-up handler. Here nothing waits on a global gate; what the gate gave
-(a restarted operator sees existing children before it decides anything) comes from
-`begin_seed` / `finish_seed`: a job that already has a status is seeded with one list call
-when its loop starts.
-
-Pure bookkeeping, no I/O: the caller does the list call.
+Pure bookkeeping, no I/O.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
-from trainjob.core import observe, policy
+from trainjob.core import constants, observe, policy
 
 JobKey = tuple[str, str]  # (namespace, TrainJob name)
-ReplicaKey = tuple[str, int]
+
+PODS: Final = "pods"
+SERVICES: Final = "services"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class ChildPod:
     """A Pod of some TrainJob, as kept in the index."""
 
-    key: ReplicaKey
+    key: policy.ReplicaKey
     observed: policy.ObservedReplica
     uid: str
     owner_uid: str | None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class ChildService:
-    key: ReplicaKey
+    key: policy.ReplicaKey
     uid: str
     owner_uid: str | None
 
@@ -51,6 +45,16 @@ def controller_uid(metadata: Mapping[str, Any]) -> str | None:
             uid = ref.get("uid")
             return str(uid) if uid else None
     return None
+
+
+def job_of(body: Mapping[str, Any]) -> tuple[JobKey, str] | None:
+    """(the job's key, the object's name) for an object labelled with a job name."""
+    metadata = body.get("metadata") or {}
+    job = (metadata.get("labels") or {}).get(constants.LABEL_JOB_NAME)
+    name = metadata.get("name")
+    if not job or not name:
+        return None
+    return (str(metadata.get("namespace") or ""), str(job)), str(name)
 
 
 def index_pod(body: Mapping[str, Any]) -> ChildPod | None:
@@ -77,87 +81,69 @@ C = TypeVar("C", ChildPod, ChildService)
 class _Kind(Generic[C]):
     """The children of one kind, by job and then by object name."""
 
-    def __init__(self) -> None:
+    def __init__(self, index: Callable[[Mapping[str, Any]], C | None]) -> None:
         self.by_job: dict[JobKey, dict[str, C]] = {}
-        # Names that got an event while a seed of their job was in flight: events are newer
-        # than (or as new as) the list, so the list must not overwrite or revive them.
-        self.touched: dict[JobKey, set[str]] = {}
+        self._index: Callable[[Mapping[str, Any]], C | None] = index
 
-    def apply(self, job: JobKey, name: str, child: C | None) -> None:
-        """An event: `child` is the object now, None when it is gone (or no longer ours)."""
-        touched = self.touched.get(job)
-        if touched is not None:
-            touched.add(name)
+    def apply(self, body: Mapping[str, Any], deleted: bool) -> JobKey | None:
+        """A watch event; returns the job it concerns (None: not a child of any job)."""
+        found = job_of(body)
+        if found is None:
+            return None
+        job, name = found
+        child = None if deleted else self._index(body)
         children = self.by_job.get(job)
         if child is None:
             if children is not None:
                 children.pop(name, None)
                 if not children:
                     del self.by_job[job]
-            return
+            return job
         self.by_job.setdefault(job, {})[name] = child
+        return job
 
-    def seed(self, job: JobKey, listed: Mapping[str, C]) -> None:
-        touched = self.touched.pop(job, set())
-        current = self.by_job.get(job, {})
-        merged = {n: c for n, c in listed.items() if n not in touched}
-        merged.update({n: c for n, c in current.items() if n in touched})
-        if merged:
-            self.by_job[job] = merged
-        else:
-            self.by_job.pop(job, None)
+    def replace(self, namespace: str | None, bodies: Iterable[Mapping[str, Any]]) -> set[JobKey]:
+        """A fresh list of `namespace` (None: every namespace) replaces what the index had
+        there; returns every job whose children were or are now there."""
+        touched = {job for job in self.by_job if namespace is None or job[0] == namespace}
+        for job in touched:
+            del self.by_job[job]
+        for body in bodies:
+            listed = self.apply(body, deleted=False)
+            if listed is not None:
+                touched.add(listed)
+        return touched
 
 
 class ChildIndex:
     """Pods and Services of every TrainJob, keyed by (namespace, job name)."""
 
     def __init__(self) -> None:
-        self._pods: _Kind[ChildPod] = _Kind()
-        self._services: _Kind[ChildService] = _Kind()
+        self._kinds: dict[str, _Kind[Any]] = {
+            PODS: _Kind(index_pod),
+            SERVICES: _Kind(index_service),
+        }
 
-    def pod_event(self, job: JobKey, name: str, body: Mapping[str, Any] | None) -> None:
-        """A Pod event; `body` None for DELETED."""
-        self._pods.apply(job, name, index_pod(body) if body is not None else None)
+    def event(self, plural: str, body: Mapping[str, Any], deleted: bool = False) -> JobKey | None:
+        """A watch event of a Pod or Service (`plural`); returns the job to wake, if any."""
+        return self._kinds[plural].apply(body, deleted)
 
-    def service_event(self, job: JobKey, name: str, body: Mapping[str, Any] | None) -> None:
-        """A Service event; `body` None for DELETED."""
-        self._services.apply(job, name, index_service(body) if body is not None else None)
+    def replace(
+        self, plural: str, namespace: str | None, bodies: Iterable[Mapping[str, Any]]
+    ) -> set[JobKey]:
+        """A list of `plural` in `namespace` (None: all) replaces the index's content there;
+        returns the jobs to wake."""
+        return self._kinds[plural].replace(namespace, bodies)
+
+    def forget_namespace(self, namespace: str) -> None:
+        """Nobody watches `namespace` any more: drop what the index had there."""
+        for kind in self._kinds.values():
+            kind.replace(namespace, ())
 
     def pods(self, job: JobKey) -> list[ChildPod]:
-        return list(self._pods.by_job.get(job, {}).values())
+        children: dict[str, ChildPod] = self._kinds[PODS].by_job.get(job, {})
+        return list(children.values())
 
     def services(self, job: JobKey) -> list[ChildService]:
-        return list(self._services.by_job.get(job, {}).values())
-
-    def begin_seed(self, job: JobKey) -> None:
-        """Call right before listing `job`'s children; then `finish_seed` with the result."""
-        self._pods.touched[job] = set()
-        self._services.touched[job] = set()
-
-    def finish_seed(
-        self,
-        job: JobKey,
-        pods: Iterable[Mapping[str, Any]],
-        services: Iterable[Mapping[str, Any]],
-    ) -> None:
-        """Merge a list taken after `begin_seed`: listed objects replace what the index had,
-        except objects that got an event meanwhile (the event is at least as new)."""
-        self._pods.seed(job, _by_name(pods, index_pod))
-        self._services.seed(job, _by_name(services, index_service))
-
-    def abandon_seed(self, job: JobKey) -> None:
-        """The list call failed: stop tracking events for a seed that will not finish."""
-        self._pods.touched.pop(job, None)
-        self._services.touched.pop(job, None)
-
-
-def _by_name(
-    bodies: Iterable[Mapping[str, Any]], index: Callable[[Mapping[str, Any]], C | None]
-) -> dict[str, C]:
-    found: dict[str, C] = {}
-    for body in bodies:
-        name = (body.get("metadata") or {}).get("name")
-        child = index(body)
-        if name and child is not None:
-            found[str(name)] = child
-    return found
+        children: dict[str, ChildService] = self._kinds[SERVICES].by_job.get(job, {})
+        return list(children.values())

@@ -7,10 +7,11 @@
   `requeue_after` seconds when the engine asks for it (activeDeadlineSeconds, startup
   deadline, TTL), so deadlines fire with no further event. No polling; a long resync period
   (default 10 min) is only a safety net.
-- Pods and Services are read from an in-memory index fed by their watch events (children.py;
-  no list call per reconcile). A job that already has a status is seeded with one list call
-  when its loop starts, so a restarted operator sees every existing child before deciding
-  anything and adopts instead of duplicating.
+- Pods and Services are read from an in-memory index that informer.py keeps with a list
+  and a watch of the labelled objects (no list call per reconcile, no kopf per-object state
+  for them); their events wake the job. A job's loop first waits for its scope's initial
+  list, so a restarted operator sees every existing child before deciding anything and
+  adopts instead of duplicating.
 - Finalizer: kopf puts one on each TrainJob because daemons need it (to stop the daemon
   before the object disappears); it is ours, `trainjob.dev/finalizer`, and is removed as
   soon as the daemon stops. Children need no finalizer: they carry a controller
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 import os
 import time
@@ -45,8 +47,6 @@ BACKOFF_FIRST: Final = 0.5
 BACKOFF_MAX: Final = 60.0
 # Wake slightly after a deadline so that the engine sees it as passed.
 REQUEUE_SLACK: Final = 0.05
-
-CHILD_LABELS: Final = {constants.LABEL_JOB_NAME: kopf.PRESENT}
 
 logger = logging.getLogger("trainjob_operator")
 
@@ -81,7 +81,7 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.posting.level = logging.WARNING
     # Stop a deleted job's daemon promptly so its finalizer goes away.
     settings.background.instant_exit_timeout = 1.0
-    api = kube.Kube(kube.load_api_client(), cfg.api_workers)
+    api = kube.Kube(functools.partial(kube.login, settings, logger), cfg.api_workers)
     meters = metrics.Metrics()
     if cfg.metrics_port:
         meters.serve(cfg.metrics_port)
@@ -93,7 +93,14 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
 async def trainjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime = memo.get(RUNTIME_KEY)
     if isinstance(runtime, reconciler.Runtime):
-        runtime.kube.close()
+        await runtime.informer.close()
+        await runtime.kube.close()
+
+
+@kopf.on.login()
+def trainjob_login(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> kopf.ConnectionInfo:
+    """kopf (TrainJob watch, peering) logs in as our own API layer does (kube.login)."""
+    return kube.login(settings, logger)
 
 
 @kopf.on.probe(id="jobs")
@@ -113,29 +120,6 @@ def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
 async def trainjob_event(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Created, updated (spec, suspend/resume), resumed at operator start: look again."""
     _runtime(memo).wake((namespace or "", name))
-
-
-@kopf.on.event("", "v1", "pods", labels=CHILD_LABELS, id="trainjob_pod_event")
-@kopf.on.event("", "v1", "services", labels=CHILD_LABELS, id="trainjob_service_event")
-async def trainjob_child_event(
-    event: kopf.RawEvent,
-    resource: kopf.Resource,
-    namespace: str | None,
-    name: str,
-    labels: kopf.Labels,
-    body: kopf.Body,
-    memo: kopf.Memo,
-    **_: Any,
-) -> None:
-    """A Pod or Service of some job changed: update the child index, wake the job."""
-    runtime = _runtime(memo)
-    key = (namespace or "", labels[constants.LABEL_JOB_NAME])
-    current = None if event.get("type") == "DELETED" else body
-    if resource.plural == "pods":
-        runtime.child_index.pod_event(key, name, current)
-    else:
-        runtime.child_index.service_event(key, name, current)
-    runtime.wake(key)
 
 
 # -- the per-job reconcile loop -------------------------------------------------------------
@@ -182,18 +166,16 @@ async def trainjob_daemon(
     # `body` is kopf's live view of the TrainJob, updated by every watch event before the
     # event wakes this loop; the reconciler reads from it instead of a GET per reconcile.
     seen = reconciler.Seen()
-    # A job with a status was worked on before (by us before a restart, or by another
-    # operator replica): its children may exist before the watch has shown them to us.
-    seeded = not body.get("status")
     failures = 0
+    listed = runtime.informer.acquire(namespace)
     try:
+        # Decide nothing before the children that exist are known (after a restart, or
+        # when another replica worked on this job before).
+        await _sleep(stopped, listed, None)
         while not stopped:
             waker.clear()
             started = time.monotonic()
             try:
-                if not seeded:
-                    await reconciler.seed_children(runtime, namespace, name)
-                    seeded = True
                 outcome = await reconciler.reconcile_job(
                     runtime,
                     namespace,
@@ -236,5 +218,6 @@ async def trainjob_daemon(
                 timeout = min(timeout, max(outcome.requeue_after, 0.0) + REQUEUE_SLACK)
             await _sleep(stopped, waker, timeout)
     finally:
+        runtime.informer.release(namespace)
         runtime.forget(key)
         runtime.metrics.forget(uid)

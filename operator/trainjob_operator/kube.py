@@ -1,50 +1,63 @@
 """The only module of the operator that talks to the API server.
 
-Why the synchronous `kubernetes` client in a thread pool (not kopf's internal aiohttp API):
-kopf's API helpers are private and unversioned; the official client is typed enough, handles
-every auth method of a kubeconfig and in-cluster service accounts, and its calls are short
-and few per reconcile (children are read from the in-memory index, children.py). A dedicated
-executor keeps those calls off kopf's own handler executor.
+Plain HTTP on aiohttp (kopf's own HTTP library), with credentials from kopf's public login
+functions (`login`). Why not the official `kubernetes` client: it is synchronous, so every
+call cost a thread-pool hop, and it builds a model object per reply; under load its threads
+were the largest share of the operator's CPU (py-spy), and importing it costs ~20 MiB of
+RSS. The requests this operator makes are few and simple (create, delete, get, merge-patch,
+list, watch), so a small typed layer over HTTP is all it needs.
 
 Error contract, so that callers never inspect HTTP codes:
 - create: 409 AlreadyExists is success (deterministic names make creation idempotent);
 - delete: 404 NotFound (and a failed uid precondition: the object we meant is gone) is success;
 - 400/422 (the API server refused the object itself) -> `RejectedError`, a permanent error;
-- everything else (5xx, 429, 403 while a namespace terminates, connection trouble)
-  -> `TransientError`, retried by the caller with backoff.
+- 410 Gone on a list/watch -> `GoneError` (the resourceVersion is too old: list again);
+- everything else (5xx, 429, 401 while credentials rotate, 403 while a namespace terminates,
+  connection trouble) -> `TransientError`, retried by the caller with backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import dataclasses
 import datetime
-import functools
 import json
 import logging
 import socket
-from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Final
+from urllib.parse import quote
 
-import urllib3
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.client import exceptions as k8s_exceptions
+import aiohttp
+import kopf
 
 from trainjob.core import constants
-
-T = TypeVar("T")
 
 logger = logging.getLogger("trainjob_operator.kube")
 
 REPORTING_COMPONENT: Final = "trainjob.dev/operator"
 SOURCE_COMPONENT: Final = "trainjob-operator"
+USER_AGENT: Final = "trainjob-operator"
 
 VOLCANO_GROUP: Final = "scheduling.volcano.sh"
 VOLCANO_VERSION: Final = "v1beta1"
 PLUGINS_GROUP: Final = "scheduling.x-k8s.io"
 PLUGINS_VERSION: Final = "v1alpha1"
 PODGROUP_PLURAL: Final = "podgroups"
+
+# A request that takes longer than this is treated as failed (and retried by the caller).
+REQUEST_TIMEOUT: Final = 60.0
+# Watches ask the server to end the stream after about this long (it adds jitter); the
+# caller then watches again from the last resourceVersion, as client-go's reflector does.
+WATCH_SECONDS: Final = 300
+# Items per page when listing, so that a list of thousands of Pods never sits in memory
+# as one reply.
+LIST_PAGE: Final = 500
+
+JSON: Final = "application/json"
+MERGE_PATCH: Final = "application/merge-patch+json"
+
+Obj = dict[str, Any]
 
 
 class TransientError(Exception):
@@ -55,204 +68,333 @@ class RejectedError(Exception):
     """The API server refused the object itself (400/422): retrying cannot help."""
 
 
-def _message(exc: k8s_exceptions.ApiException) -> str:
+class GoneError(TransientError):
+    """410: the resourceVersion a watch started from is too old; list again."""
+
+
+# -- credentials ----------------------------------------------------------------------------
+
+
+def login(settings: kopf.OperatorSettings, logger: Any) -> kopf.ConnectionInfo:
+    """The operator's credentials: the Pod's service account in a cluster, else the current
+    context of $KUBECONFIG / ~/.kube/config (token, client certificate or basic auth; kopf's
+    own readers of both). A kubeconfig that gets its token from an exec plugin or an
+    auth-provider needs the `kubernetes` client library, used then and only then.
+    kopf logs in with the same function (handlers.py), so both see the same identity."""
+    info = kopf.login_with_service_account(settings=settings, logger=logger)
+    if info is None:
+        info = kopf.login_with_kubeconfig(settings=settings, logger=logger)
+    if info is not None and (
+        info.token or info.username or info.certificate_path or info.certificate_data
+    ):
+        return info
     try:
-        body = json.loads(exc.body or "{}")
-    except (TypeError, ValueError):
+        via_client = kopf.login_via_client(settings=settings, logger=logger)
+    except ImportError:
+        via_client = None
+    if via_client is not None:
+        return via_client
+    if info is not None:
+        return info  # no credentials at all: anonymous, as kubectl would be
+    raise kopf.LoginError(
+        "No Kubernetes credentials: no service account, and no usable $KUBECONFIG or "
+        "~/.kube/config (an exec plugin or auth-provider there needs `pip install kubernetes`)"
+    )
+
+
+def _session(info: kopf.ConnectionInfo, connections: int) -> aiohttp.ClientSession:
+    headers = {"User-Agent": USER_AGENT, "Accept": JSON, **info.as_http_headers()}
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=connections, ssl=info.as_ssl_context()),
+        headers=headers,
+        proxy=info.proxy_url,
+        trust_env=info.trust_env,
+    )
+
+
+def _message(status: int, data: bytes) -> str:
+    try:
+        body = json.loads(data or b"{}")
+    except ValueError:
         body = {}
     if isinstance(body, dict) and body.get("message"):
         return str(body["message"])
-    return f"{exc.status} {exc.reason}"
+    return f"HTTP {status}"
 
 
-def _classify(exc: k8s_exceptions.ApiException, what: str) -> Exception:
-    if exc.status in (400, 422):
-        return RejectedError(f"{what}: {_message(exc)}")
-    return TransientError(f"{what}: {_message(exc)}")
+def _classify(status: int, data: bytes, what: str) -> Exception:
+    if status in (400, 422):
+        return RejectedError(f"{what}: {_message(status, data)}")
+    if status == 410:
+        return GoneError(f"{what}: {_message(status, data)}")
+    return TransientError(f"{what}: {_message(status, data)}")
 
 
-def load_api_client() -> k8s.ApiClient:
-    """In-cluster service account if there is one, else $KUBECONFIG / ~/.kube/config."""
-    configuration = k8s.Configuration()
-    try:
-        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except k8s_config.ConfigException:
-        k8s_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    configuration.connection_pool_maxsize = 32
-    return k8s.ApiClient(configuration)
+# -- paths ----------------------------------------------------------------------------------
 
 
-def _read_raw(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> bytes:
-    """Call `fn` and return the reply's bytes undecoded (the client's models are slow to build
-    and the callers want plain dicts)."""
-    response = fn(*args, _preload_content=False, **kwargs)
-    try:
-        data = response.read()
-    finally:
-        response.release_conn()
-    return bytes(data)
+def _path(group: str, version: str, namespace: str | None, plural: str, *rest: str) -> str:
+    base = f"/api/{version}" if not group else f"/apis/{group}/{version}"
+    if namespace is not None:
+        base += f"/namespaces/{quote(namespace, safe='')}"
+    return "/".join([base, plural, *(quote(part, safe="") for part in rest)])
 
 
-def _unread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
-    """Call `fn` and drop the reply undecoded (2xx; otherwise ApiException as usual); reading
-    it returns the connection to the pool."""
-    _read_raw(fn, *args, **kwargs)
+def core_path(namespace: str | None, plural: str, *rest: str) -> str:
+    return _path("", "v1", namespace, plural, *rest)
+
+
+def trainjob_path(namespace: str, *rest: str) -> str:
+    return _path(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, *rest)
+
+
+def _delete_options(uid: str | None) -> Obj:
+    options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+    if uid:
+        options["preconditions"] = {"uid": uid}
+    return options
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    items: list[Obj]
+    resource_version: str
 
 
 class Kube:
-    """Async facade over the Kubernetes API, for Pods, Services, Events, TrainJobs, PodGroups."""
+    """Async facade over the Kubernetes API, for Pods, Services, Events, TrainJobs, PodGroups.
 
-    def __init__(self, api_client: k8s.ApiClient, workers: int, instance: str = "") -> None:
-        self._api = api_client
-        self._core = k8s.CoreV1Api(api_client)
-        self._custom = k8s.CustomObjectsApi(api_client)
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix="trainjob-api"
-        )
+    `connections` bounds the requests in flight (the connection pool's size); further
+    requests wait for a free connection."""
+
+    def __init__(
+        self,
+        credentials: Callable[[], kopf.ConnectionInfo],
+        connections: int,
+        instance: str = "",
+    ) -> None:
+        self._credentials = credentials
+        self._connections = connections
         self._instance = instance or socket.gethostname()
+        self._server = ""
+        self._client: aiohttp.ClientSession | None = None
+        self._retired: set[asyncio.Task[None]] = set()
 
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._api.close()  # type: ignore[no-untyped-call]
+    def _http(self) -> aiohttp.ClientSession:
+        if self._client is None:
+            info = self._credentials()
+            self._server = info.server.rstrip("/")
+            self._client = _session(info, self._connections)
+        return self._client
 
-    async def _call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
+    def _relogin(self, client: aiohttp.ClientSession) -> None:
+        """401: the credentials expired (a rotated service-account token). The next request
+        logs in again; the old session closes after its requests in flight had time to end."""
+        if self._client is not client:
+            return
+        self._client = None
+
+        async def close_later() -> None:
+            await asyncio.sleep(REQUEST_TIMEOUT)
+            await client.close()
+
+        task = asyncio.get_running_loop().create_task(close_later())
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+
+    async def close(self) -> None:
+        for task in list(self._retired):
+            task.cancel()
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        *,
+        body: Any = None,
+        content_type: str = JSON,
+        params: Mapping[str, str] | None = None,
+        accept: tuple[int, ...] = (),
+    ) -> tuple[int, bytes]:
+        """One request; returns (status, body) for 2xx and for the statuses in `accept`,
+        raises as the module docstring says otherwise."""
+        client = self._http()
+        data = None if body is None else json.dumps(body, separators=(",", ":"))
+        headers = {"Content-Type": content_type} if data is not None else None
         try:
-            return await loop.run_in_executor(
-                self._executor, functools.partial(fn, *args, **kwargs)
-            )
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise TransientError(f"API server unreachable: {exc}") from exc
-
-    async def _call_unread(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
-        """`_call` for a request whose reply is not used (creates, deletes, Events): the reply
-        is read and dropped undecoded. Building the client's models from it (a V1Pod per Pod
-        created) was a large share of the operator's CPU under load. Error replies still raise
-        ApiException with status and body, so the error contract above is unchanged."""
-        await self._call(_unread, fn, *args, **kwargs)
+            async with client.request(
+                method,
+                self._server + path,
+                data=data,
+                headers=headers,
+                params=params,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
+            ) as response:
+                payload = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise TransientError(f"{what}: API server unreachable: {exc!r}") from exc
+        if 200 <= status < 300 or status in accept:
+            return status, payload
+        if status == 401:
+            self._relogin(client)
+        raise _classify(status, payload, what)
 
     # -- create / delete children ---------------------------------------------------------
 
-    async def create(self, manifest: dict[str, Any]) -> bool:
+    async def create(self, manifest: Obj) -> bool:
         """Create a Pod or Service; False if it already existed (409 is success)."""
         kind = manifest["kind"]
         namespace = manifest["metadata"]["namespace"]
         name = manifest["metadata"]["name"]
-        fn = (
-            self._core.create_namespaced_pod
-            if kind == "Pod"
-            else self._core.create_namespaced_service
+        plural = "pods" if kind == "Pod" else "services"
+        status, _ = await self._request(
+            "POST",
+            core_path(namespace, plural),
+            f"creating {kind} {namespace}/{name}",
+            body=manifest,
+            accept=(409,),
         )
-        try:
-            await self._call_unread(fn, namespace, manifest)
-        except k8s_exceptions.ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise _classify(exc, f"creating {kind} {namespace}/{name}") from exc
+        if status == 409:
+            return False
         logger.info("Created %s %s/%s", kind, namespace, name)
         return True
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
-        await self._delete(self._core.delete_namespaced_pod, "Pod", namespace, name, uid)
+        await self._delete(core_path(namespace, "pods", name), "Pod", namespace, name, uid)
 
     async def delete_service(self, namespace: str, name: str, uid: str | None = None) -> None:
-        await self._delete(self._core.delete_namespaced_service, "Service", namespace, name, uid)
+        await self._delete(core_path(namespace, "services", name), "Service", namespace, name, uid)
 
     async def _delete(
-        self, fn: Callable[..., Any], kind: str, namespace: str, name: str, uid: str | None
+        self, path: str, kind: str, namespace: str, name: str, uid: str | None
     ) -> None:
-        body = k8s.V1DeleteOptions(
-            preconditions=k8s.V1Preconditions(uid=uid) if uid else None,
-            propagation_policy="Background",
+        # 404: already gone. 409 on a uid precondition: the object we meant is gone and a
+        # newer one took the name, which must stay.
+        status, _ = await self._request(
+            "DELETE",
+            path,
+            f"deleting {kind} {namespace}/{name}",
+            body=_delete_options(uid),
+            accept=(404, 409),
+        )
+        if status < 300:
+            logger.info("Deleted %s %s/%s", kind, namespace, name)
+
+    # -- list + watch (children.py's informer) --------------------------------------------
+
+    async def list_labelled(self, namespace: str | None, plural: str, selector: str) -> Listing:
+        """Every Pod or Service (`plural`) matching `selector`, in `namespace` or in all
+        namespaces (None), page by page, with the resourceVersion to watch from."""
+        path = core_path(namespace, plural)
+        what = f"listing {plural} ({selector}) in {namespace or 'all namespaces'}"
+        items: list[Obj] = []
+        params = {"labelSelector": selector, "limit": str(LIST_PAGE)}
+        while True:
+            _, payload = await self._request("GET", path, what, params=params)
+            page = json.loads(payload)
+            items.extend(item for item in page.get("items") or [] if isinstance(item, dict))
+            metadata = page.get("metadata") or {}
+            token = metadata.get("continue")
+            if not token:
+                return Listing(items, str(metadata.get("resourceVersion") or ""))
+            params = {**params, "continue": str(token)}
+
+    async def watch_labelled(
+        self, namespace: str | None, plural: str, selector: str, resource_version: str
+    ) -> AsyncIterator[Obj]:
+        """Watch events ({"type", "object"}) after `resource_version`, bookmarks included,
+        until the server ends the stream (about WATCH_SECONDS). Raises GoneError when the
+        version is too old, TransientError on other trouble."""
+        client = self._http()
+        what = f"watching {plural} ({selector}) in {namespace or 'all namespaces'}"
+        params = {
+            "watch": "1",
+            "labelSelector": selector,
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_SECONDS),
+        }
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=REQUEST_TIMEOUT, sock_read=WATCH_SECONDS + REQUEST_TIMEOUT
         )
         try:
-            await self._call_unread(fn, name, namespace, body=body)
-        except k8s_exceptions.ApiException as exc:
-            # 404: already gone. 409 on a uid precondition: the object we meant is gone and
-            # a newer one took the name, which must stay.
-            if exc.status in (404, 409):
-                return
-            raise _classify(exc, f"deleting {kind} {namespace}/{name}") from exc
-        logger.info("Deleted %s %s/%s", kind, namespace, name)
-
-    async def list_children(self, namespace: str, kind: str, job: str) -> list[dict[str, Any]]:
-        """The Pods or Services labelled as `job`'s children, as plain dicts."""
-        fn = self._core.list_namespaced_pod if kind == "Pod" else self._core.list_namespaced_service
-        selector = f"{constants.LABEL_JOB_NAME}={job}"
-        try:
-            raw = await self._call(_read_raw, fn, namespace, label_selector=selector)
-        except k8s_exceptions.ApiException as exc:
-            raise _classify(exc, f"listing {kind}s of TrainJob {namespace}/{job}") from exc
-        items = json.loads(raw).get("items") or []
-        return [item for item in items if isinstance(item, dict)]
+            async with client.get(
+                self._server + core_path(namespace, plural), params=params, timeout=timeout
+            ) as response:
+                if response.status != 200:
+                    payload = await response.read()
+                    if response.status == 401:
+                        self._relogin(client)
+                    raise _classify(response.status, payload, what)
+                pending = b""
+                async for chunk in response.content.iter_any():
+                    lines = (pending + chunk).split(b"\n")
+                    pending = lines.pop()
+                    for line in lines:
+                        if line.strip():
+                            event = json.loads(line)
+                            if event.get("type") == "ERROR":
+                                status = event.get("object") or {}
+                                code = int(status.get("code") or 500)
+                                raise _classify(code, json.dumps(status).encode(), what)
+                            yield event
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise TransientError(f"{what}: {exc!r}") from exc
 
     # -- the TrainJob itself --------------------------------------------------------------
 
-    async def get_trainjob(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            result = await self._call(
-                self._custom.get_namespaced_custom_object,
-                constants.GROUP,
-                constants.VERSION,
-                namespace,
-                constants.PLURAL,
-                name,
-            )
-        except k8s_exceptions.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise _classify(exc, f"reading TrainJob {namespace}/{name}") from exc
+    async def get_trainjob(self, namespace: str, name: str) -> Obj | None:
+        status, payload = await self._request(
+            "GET",
+            trainjob_path(namespace, name),
+            f"reading TrainJob {namespace}/{name}",
+            accept=(404,),
+        )
+        if status == 404:
+            return None
+        result = json.loads(payload)
         if not isinstance(result, dict):
             raise TransientError(f"reading TrainJob {namespace}/{name}: unexpected reply")
         return result
 
-    async def patch_status(
-        self, namespace: str, name: str, status: dict[str, Any]
-    ) -> dict[str, Any] | None:
+    async def patch_status(self, namespace: str, name: str, status: Obj) -> Obj | None:
         """Merge-patch the status subresource: fields we do not write (status.progress) stay.
         Returns the TrainJob as the patch left it (None if it is gone)."""
-        try:
-            result = await self._call(
-                self._custom.patch_namespaced_custom_object_status,
-                constants.GROUP,
-                constants.VERSION,
-                namespace,
-                constants.PLURAL,
-                name,
-                {"status": status},
-            )
-        except k8s_exceptions.ApiException as exc:
-            if exc.status == 404:
-                return None  # deleted meanwhile: nothing left to report on
-            raise _classify(exc, f"patching status of TrainJob {namespace}/{name}") from exc
+        code, payload = await self._request(
+            "PATCH",
+            trainjob_path(namespace, name, "status"),
+            f"patching status of TrainJob {namespace}/{name}",
+            body={"status": status},
+            content_type=MERGE_PATCH,
+            accept=(404,),
+        )
+        if code == 404:
+            return None  # deleted meanwhile: nothing left to report on
+        result = json.loads(payload)
         return result if isinstance(result, dict) else None
 
     async def delete_trainjob(self, namespace: str, name: str, uid: str) -> None:
         """TTL deletion; children go with it through the garbage collector."""
-        body = k8s.V1DeleteOptions(
-            preconditions=k8s.V1Preconditions(uid=uid), propagation_policy="Background"
+        status, _ = await self._request(
+            "DELETE",
+            trainjob_path(namespace, name),
+            f"deleting TrainJob {namespace}/{name}",
+            body=_delete_options(uid),
+            accept=(404, 409),
         )
-        try:
-            await self._call_unread(
-                self._custom.delete_namespaced_custom_object,
-                constants.GROUP,
-                constants.VERSION,
-                namespace,
-                constants.PLURAL,
-                name,
-                body=body,
-            )
-        except k8s_exceptions.ApiException as exc:
-            if exc.status in (404, 409):
-                return
-            raise _classify(exc, f"deleting TrainJob {namespace}/{name}") from exc
-        logger.info("Deleted TrainJob %s/%s", namespace, name)
+        if status < 300:
+            logger.info("Deleted TrainJob %s/%s", namespace, name)
 
     # -- events ---------------------------------------------------------------------------
 
     async def post_event(
         self,
-        job: dict[str, Any],
+        job: Obj,
         event_type: str,
         reason: str,
         message: str,
@@ -290,34 +432,31 @@ class Kube:
             "count": 1,
         }
         try:
-            await self._call_unread(self._core.create_namespaced_event, namespace, body)
-        except (k8s_exceptions.ApiException, TransientError) as exc:
+            await self._request(
+                "POST", core_path(namespace, "events"), f"posting Event {reason}", body=body
+            )
+        except (TransientError, RejectedError) as exc:
             logger.warning(
                 "Could not post Event %s on TrainJob %s/%s: %s", reason, namespace, name, exc
             )
 
     # -- gang scheduling ------------------------------------------------------------------
 
-    async def create_pod_group(self, manifest: dict[str, Any]) -> bool:
+    async def create_pod_group(self, manifest: Obj) -> bool:
         group, version = manifest["apiVersion"].split("/", 1)
         namespace = manifest["metadata"]["namespace"]
         name = manifest["metadata"]["name"]
-        try:
-            await self._call_unread(
-                self._custom.create_namespaced_custom_object,
-                group,
-                version,
-                namespace,
-                PODGROUP_PLURAL,
-                manifest,
-            )
-        except k8s_exceptions.ApiException as exc:
-            if exc.status == 409:
-                return False
-            if exc.status == 404:
-                raise TransientError(
-                    f"creating PodGroup {namespace}/{name}: the {group} API is not installed"
-                ) from exc
-            raise _classify(exc, f"creating PodGroup {namespace}/{name}") from exc
+        what = f"creating PodGroup {namespace}/{name}"
+        status, _ = await self._request(
+            "POST",
+            _path(group, version, namespace, PODGROUP_PLURAL),
+            what,
+            body=manifest,
+            accept=(404, 409),
+        )
+        if status == 409:
+            return False
+        if status == 404:
+            raise TransientError(f"{what}: the {group} API is not installed")
         logger.info("Created PodGroup %s/%s", namespace, name)
         return True

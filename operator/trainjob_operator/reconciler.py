@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from trainjob.core import naming, policy, render, spec
 from trainjob.core import status as st
-from trainjob_operator import children, config, gang, kube, metrics
+from trainjob_operator import children, config, gang, informer, kube, metrics
 
 JobKey = children.JobKey
 
@@ -56,6 +56,13 @@ class Runtime:
     metrics: metrics.Metrics
     wakers: dict[JobKey, asyncio.Event] = dataclasses.field(default_factory=dict)
     child_index: children.ChildIndex = dataclasses.field(default_factory=children.ChildIndex)
+    # Keeps child_index current and wakes the jobs whose children changed.
+    informer: informer.ChildInformer = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.informer = informer.ChildInformer(
+            self.kube, self.child_index, self.wake, self.settings.clusterwide
+        )
 
     def waker(self, key: JobKey) -> asyncio.Event:
         return self.wakers.setdefault(key, asyncio.Event())
@@ -166,24 +173,6 @@ def status_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[
         elif key in current:
             patch[key] = None
     return patch or None
-
-
-async def seed_children(rt: Runtime, namespace: str, name: str) -> None:
-    """Fill the index with the job's existing children (one list per kind) before its first
-    decision, for a job some operator already worked on: after a restart, kopf's watch may
-    deliver those children only after this job's loop has started, and a Pod the policy
-    engine saw running but does not see now counts as deleted (a restart)."""
-    key = (namespace, name)
-    rt.child_index.begin_seed(key)
-    try:
-        pods, services = await asyncio.gather(
-            rt.kube.list_children(namespace, "Pod", name),
-            rt.kube.list_children(namespace, "Service", name),
-        )
-    except BaseException:
-        rt.child_index.abandon_seed(key)
-        raise
-    rt.child_index.finish_seed(key, pods, services)
 
 
 async def reconcile_job(

@@ -1,23 +1,31 @@
-"""The operator's in-memory index of each job's Pods and Services: events, and the seed that
-a restarted operator takes with one list call while events keep arriving."""
+"""The operator's in-memory index of each job's Pods and Services: watch events, and a fresh
+list that replaces what the index had in its namespace (or everywhere)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainjob_operator.children import ChildIndex
+from trainjob_operator.children import PODS, SERVICES, ChildIndex
 
 JOB = ("ns", "mnist")
 OTHER = ("ns", "other")
+ELSEWHERE = ("team-b", "mnist")
 
 
-def pod(name: str, rtype: str, index: int, phase: str = "Running", uid: str = "") -> Any:
+def pod(
+    name: str,
+    rtype: str,
+    index: int,
+    phase: str = "Running",
+    job: tuple[str, str] = JOB,
+) -> Any:
     return {
         "metadata": {
             "name": name,
-            "uid": uid or f"uid-{name}",
+            "namespace": job[0],
+            "uid": f"uid-{job[0]}-{name}",
             "labels": {
-                "trainjob.dev/job-name": "mnist",
+                "trainjob.dev/job-name": job[1],
                 "trainjob.dev/replica-type": rtype,
                 "trainjob.dev/replica-index": str(index),
             },
@@ -27,8 +35,8 @@ def pod(name: str, rtype: str, index: int, phase: str = "Running", uid: str = ""
     }
 
 
-def service(name: str, rtype: str, index: int) -> Any:
-    body = pod(name, rtype, index)
+def service(name: str, rtype: str, index: int, job: tuple[str, str] = JOB) -> Any:
+    body = pod(name, rtype, index, job=job)
     del body["status"]
     return body
 
@@ -39,65 +47,76 @@ def phases(index: ChildIndex, job: tuple[str, str] = JOB) -> dict[tuple[str, int
 
 def test_events_add_update_and_remove_children_per_job() -> None:
     index = ChildIndex()
-    index.pod_event(JOB, "mnist-worker-0", pod("mnist-worker-0", "worker", 0, "Pending"))
-    index.pod_event(JOB, "mnist-worker-0", pod("mnist-worker-0", "worker", 0, "Running"))
-    index.pod_event(OTHER, "other-worker-0", pod("other-worker-0", "worker", 0, "Failed"))
-    index.service_event(JOB, "mnist-worker-0", service("mnist-worker-0", "worker", 0))
+    assert index.event(PODS, pod("mnist-worker-0", "worker", 0, "Pending")) == JOB
+    index.event(PODS, pod("mnist-worker-0", "worker", 0, "Running"))
+    assert index.event(PODS, pod("other-worker-0", "worker", 0, "Failed", job=OTHER)) == OTHER
+    index.event(SERVICES, service("mnist-worker-0", "worker", 0))
     assert phases(index) == {("worker", 0): "Running"}
     assert [s.owner_uid for s in index.services(JOB)] == ["job-uid"]
     assert phases(index, OTHER) == {("worker", 0): "Failed"}
 
-    index.pod_event(JOB, "mnist-worker-0", None)
-    index.service_event(JOB, "mnist-worker-0", None)
+    assert index.event(PODS, pod("mnist-worker-0", "worker", 0), deleted=True) == JOB
+    index.event(SERVICES, service("mnist-worker-0", "worker", 0), deleted=True)
     assert index.pods(JOB) == [] and index.services(JOB) == []
     assert phases(index, OTHER) == {("worker", 0): "Failed"}
+
+
+def test_the_same_job_name_in_two_namespaces_is_two_jobs() -> None:
+    index = ChildIndex()
+    index.event(PODS, pod("mnist-chief-0", "chief", 0, "Running"))
+    index.event(PODS, pod("mnist-chief-0", "chief", 0, "Failed", job=ELSEWHERE))
+    assert phases(index) == {("chief", 0): "Running"}
+    assert phases(index, ELSEWHERE) == {("chief", 0): "Failed"}
 
 
 def test_a_pod_without_replica_labels_is_not_a_child() -> None:
     index = ChildIndex()
     body = pod("stray", "worker", 0)
     del body["metadata"]["labels"]["trainjob.dev/replica-index"]
-    index.pod_event(JOB, "stray", body)
+    index.event(PODS, body)
     assert index.pods(JOB) == []
+    unlabelled = pod("unlabelled", "worker", 0)
+    del unlabelled["metadata"]["labels"]["trainjob.dev/job-name"]
+    assert index.event(PODS, unlabelled) is None
 
 
-def test_seed_fills_what_the_watch_has_not_shown_yet() -> None:
+def test_a_list_replaces_the_namespace_and_names_every_job_to_wake() -> None:
     index = ChildIndex()
-    index.begin_seed(JOB)
-    index.finish_seed(
-        JOB,
-        [pod("mnist-chief-0", "chief", 0), pod("mnist-worker-0", "worker", 0, "Succeeded")],
-        [service("mnist-chief-0", "chief", 0)],
-    )
-    assert phases(index) == {("chief", 0): "Running", ("worker", 0): "Succeeded"}
-    assert [s.key for s in index.services(JOB)] == [("chief", 0)]
-
-
-def test_events_during_the_seed_win_over_the_list() -> None:
-    index = ChildIndex()
-    index.pod_event(JOB, "mnist-ps-0", pod("mnist-ps-0", "ps", 0))
-    index.begin_seed(JOB)
-    # While the list is in flight: the worker finishes, the chief's Pod is deleted.
-    index.pod_event(JOB, "mnist-worker-0", pod("mnist-worker-0", "worker", 0, "Succeeded"))
-    index.pod_event(JOB, "mnist-chief-0", None)
-    index.finish_seed(
-        JOB,
+    index.event(PODS, pod("mnist-ps-0", "ps", 0))  # deleted while the watch was down
+    index.event(PODS, pod("mnist-worker-0", "worker", 0, "Running"))
+    index.event(PODS, pod("mnist-chief-0", "chief", 0, job=ELSEWHERE))
+    woken = index.replace(
+        PODS,
+        "ns",
         [
-            pod("mnist-chief-0", "chief", 0),  # older than its DELETED event: not revived
-            pod("mnist-worker-0", "worker", 0, "Running"),  # older than its event
-            pod("mnist-worker-1", "worker", 1, "Pending"),  # no event yet: from the list
+            pod("mnist-worker-0", "worker", 0, "Succeeded"),
+            pod("other-worker-0", "worker", 0, "Pending", job=OTHER),
         ],
-        [],
     )
-    # The ps Pod is gone from the list and got no event since: it was deleted before.
-    assert phases(index) == {("worker", 0): "Succeeded", ("worker", 1): "Pending"}
+    assert woken == {JOB, OTHER}
+    assert phases(index) == {("worker", 0): "Succeeded"}
+    assert phases(index, OTHER) == {("worker", 0): "Pending"}
+    # Another namespace is not part of that list and stays as it was.
+    assert phases(index, ELSEWHERE) == {("chief", 0): "Running"}
+    # Services are a kind of their own.
+    assert index.services(JOB) == []
 
 
-def test_an_abandoned_seed_stops_tracking_and_a_later_one_starts_clean() -> None:
+def test_a_cluster_wide_list_replaces_everything() -> None:
     index = ChildIndex()
-    index.begin_seed(JOB)
-    index.pod_event(JOB, "mnist-worker-0", pod("mnist-worker-0", "worker", 0, "Failed"))
-    index.abandon_seed(JOB)
-    index.begin_seed(JOB)
-    index.finish_seed(JOB, [pod("mnist-worker-0", "worker", 0, "Running")], [])
-    assert phases(index) == {("worker", 0): "Running"}
+    index.event(SERVICES, service("mnist-ps-0", "ps", 0))
+    index.event(SERVICES, service("mnist-ps-0", "ps", 0, job=ELSEWHERE))
+    woken = index.replace(SERVICES, None, [service("mnist-ps-1", "ps", 1, job=ELSEWHERE)])
+    assert woken == {JOB, ELSEWHERE}
+    assert index.services(JOB) == []
+    assert [s.key for s in index.services(ELSEWHERE)] == [("ps", 1)]
+
+
+def test_forgetting_a_namespace_drops_its_children_only() -> None:
+    index = ChildIndex()
+    index.event(PODS, pod("mnist-ps-0", "ps", 0))
+    index.event(SERVICES, service("mnist-ps-0", "ps", 0))
+    index.event(PODS, pod("mnist-ps-0", "ps", 0, job=ELSEWHERE))
+    index.forget_namespace("ns")
+    assert index.pods(JOB) == [] and index.services(JOB) == []
+    assert phases(index, ELSEWHERE) == {("ps", 0): "Running"}
