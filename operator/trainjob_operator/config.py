@@ -157,7 +157,7 @@ def parser() -> argparse.ArgumentParser:
         help=f"no peering: a single replica (env {ENV_STANDALONE})",
     )
     p.add_argument("--resync-seconds", help=f"safety-net resync period (env {ENV_RESYNC})")
-    p.add_argument("--api-workers", help=f"threads for API calls (env {ENV_API_WORKERS})")
+    p.add_argument("--api-workers", help=f"API requests in flight at most (env {ENV_API_WORKERS})")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 

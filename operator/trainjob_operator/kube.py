@@ -102,10 +102,11 @@ def login(settings: kopf.OperatorSettings, logger: Any) -> kopf.ConnectionInfo:
     )
 
 
-def _session(info: kopf.ConnectionInfo, connections: int) -> aiohttp.ClientSession:
+def _session(info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
     headers = {"User-Agent": USER_AGENT, "Accept": JSON, **info.as_http_headers()}
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=connections, ssl=info.as_ssl_context()),
+        # Requests take turns (Kube._turns); long-lived watches come on top of those.
+        connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context()),
         headers=headers,
         proxy=info.proxy_url,
         trust_env=info.trust_env,
@@ -164,8 +165,9 @@ class Listing:
 class Kube:
     """Async facade over the Kubernetes API, for Pods, Services, Events, TrainJobs, PodGroups.
 
-    `connections` bounds the requests in flight (the connection pool's size); further
-    requests wait for a free connection."""
+    `connections` bounds the requests in flight; further requests wait their turn (first
+    come, first served), and a request's timeout starts only when it is sent: under a burst
+    thousands wait, which is queueing, not a failure."""
 
     def __init__(
         self,
@@ -174,17 +176,17 @@ class Kube:
         instance: str = "",
     ) -> None:
         self._credentials = credentials
-        self._connections = connections
         self._instance = instance or socket.gethostname()
         self._server = ""
         self._client: aiohttp.ClientSession | None = None
         self._retired: set[asyncio.Task[None]] = set()
+        self._turns = asyncio.Semaphore(connections)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._client is None:
             info = self._credentials()
             self._server = info.server.rstrip("/")
-            self._client = _session(info, self._connections)
+            self._client = _session(info)
         return self._client
 
     def _relogin(self, client: aiohttp.ClientSession) -> None:
@@ -222,20 +224,21 @@ class Kube:
     ) -> tuple[int, bytes]:
         """One request; returns (status, body) for 2xx and for the statuses in `accept`,
         raises as the module docstring says otherwise."""
-        client = self._http()
         data = None if body is None else json.dumps(body, separators=(",", ":"))
         headers = {"Content-Type": content_type} if data is not None else None
         try:
-            async with client.request(
-                method,
-                self._server + path,
-                data=data,
-                headers=headers,
-                params=params,
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
-            ) as response:
-                payload = await response.read()
-                status = response.status
+            async with self._turns:
+                client = self._http()
+                async with client.request(
+                    method,
+                    self._server + path,
+                    data=data,
+                    headers=headers,
+                    params=params,
+                    timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
+                ) as response:
+                    payload = await response.read()
+                    status = response.status
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise TransientError(f"{what}: API server unreachable: {exc!r}") from exc
         if 200 <= status < 300 or status in accept:
