@@ -218,16 +218,20 @@ class Kube:
         what: str,
         *,
         body: Any = None,
+        render: Callable[[], Any] | None = None,
         content_type: str = JSON,
         params: Mapping[str, str] | None = None,
         accept: tuple[int, ...] = (),
     ) -> tuple[int, bytes]:
         """One request; returns (status, body) for 2xx and for the statuses in `accept`,
-        raises as the module docstring says otherwise."""
-        data = None if body is None else json.dumps(body, separators=(",", ":"))
-        headers = {"Content-Type": content_type} if data is not None else None
+        raises as the module docstring says otherwise. The body is `body`, or what `render`
+        returns once it is this request's turn (so that a waiting request holds no body)."""
         try:
             async with self._turns:
+                if render is not None:
+                    body = render()
+                data = None if body is None else json.dumps(body, separators=(",", ":"))
+                headers = {"Content-Type": content_type} if data is not None else None
                 client = self._http()
                 async with client.request(
                     method,
@@ -249,17 +253,16 @@ class Kube:
 
     # -- create / delete children ---------------------------------------------------------
 
-    async def create(self, manifest: Obj) -> bool:
-        """Create a Pod or Service; False if it already existed (409 is success)."""
-        kind = manifest["kind"]
-        namespace = manifest["metadata"]["namespace"]
-        name = manifest["metadata"]["name"]
+    async def create(self, kind: str, namespace: str, name: str, render: Callable[[], Obj]) -> bool:
+        """Create the Pod or Service `render` returns (called when the request's turn comes:
+        a burst queues thousands of creates, and a queued one holds no manifest); False if it
+        already existed (409 is success)."""
         plural = "pods" if kind == "Pod" else "services"
         status, _ = await self._request(
             "POST",
             core_path(namespace, plural),
             f"creating {kind} {namespace}/{name}",
-            body=manifest,
+            render=render,
             accept=(409,),
         )
         if status == 409:

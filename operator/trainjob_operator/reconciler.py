@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import functools
 import logging
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, Final
@@ -231,7 +232,12 @@ async def reconcile_job(
         # API executor bounds how many run at once); the groups keep their order (Services,
         # then the PodGroup, then Pods) and each group finishes before the next starts.
         await _all(
-            rt.kube.create(render.render_service(job, rtype, index, options, owner))
+            rt.kube.create(
+                "Service",
+                namespace,
+                naming.child_name(name, rtype, index),
+                functools.partial(render.render_service, job, rtype, index, options, owner),
+            )
             for rtype, index in decision.create_services
         )
         if decision.create_pods and gang.wanted(job, rt.settings):
@@ -239,7 +245,12 @@ async def reconcile_job(
                 gang.render_pod_group(job, rt.settings, namespace, owner)
             )
         await _all(
-            rt.kube.create(render.render_pod(job, rtype, index, attempt, options, owner))
+            rt.kube.create(
+                "Pod",
+                namespace,
+                naming.child_name(name, rtype, index),
+                functools.partial(render.render_pod, job, rtype, index, attempt, options, owner),
+            )
             for rtype, index, attempt in decision.create_pods
         )
     except kube.RejectedError as exc:

@@ -157,13 +157,13 @@ def test_requests_classify_the_servers_answers(
 
     async def scenario() -> None:
         try:
-            assert await api.create(pod) is True
-            assert await api.create(pod) is False
+            assert await api.create("Pod", namespace, "mnist-worker-0", lambda: pod) is True
+            assert await api.create("Pod", namespace, "mnist-worker-0", lambda: pod) is False
             await api.delete_pod(namespace, "mnist-worker-0", uid="not-its-uid")
             assert await api.get_trainjob(namespace, "missing") is None
             bad = {**pod, "metadata": {**pod["metadata"], "name": "Not_A_Name"}}
             with pytest.raises(kube.RejectedError, match=r"metadata\.name"):
-                await api.create(bad)
+                await api.create("Pod", namespace, "Not_A_Name", lambda: bad)
         finally:
             await api.close()
 
