@@ -12,7 +12,8 @@ deletes the still-running pods (cleanPodPolicy Running). Measured per operator:
 - API requests made by the operator, per job (API Priority and Fairness dispatch counter of a
   FlowSchema that matches only the operator's service account), and by all clients
   (``apiserver_request_total``), both from the API server's /metrics before and after
-- operator peak RSS (VmHWM) and CPU seconds spent on the workload (/proc/<pid>)
+- operator peak RSS (VmHWM) and CPU seconds spent on the workload (/proc/<pid>); ours runs
+  as in its image, without the `kubernetes` package importable (see AS_IN_THE_IMAGE)
 
 The same workload then runs as TFJobs against Kubeflow's training-operator (built by
 ``bash bench/kubeflow/install.sh`` with its shipped defaults: QPS 20, burst 30, one worker

@@ -40,6 +40,12 @@ STATUS_KEYS: Final = (
 )
 
 
+def creating_jobs(api_workers: int) -> int:
+    """How many jobs may create children at once: enough that their creates (8 per replica
+    group of a typical job) keep every one of the `api_workers` request slots busy."""
+    return max(1, api_workers // 4)
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     # Seconds until a deadline / TTL needs another look; None: only events wake the job.
@@ -59,8 +65,16 @@ class Runtime:
     child_index: children.ChildIndex = dataclasses.field(default_factory=children.ChildIndex)
     # Keeps child_index current and wakes the jobs whose children changed.
     informer: informer.ChildInformer = dataclasses.field(init=False)
+    # Jobs creating children at the same time. A burst of N new jobs is served a few jobs at
+    # a time, in the order they came (asyncio's semaphore is first come, first served),
+    # instead of all N jobs' creates interleaved: the API server's throughput is the same,
+    # but each job has all its children about as soon as its turn ends (the median job in
+    # half the burst's time instead of nearly all of it), and only those few jobs hold
+    # request tasks (16 per job at 1,000 jobs x 8 was a large share of peak memory).
+    creating: asyncio.Semaphore = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
+        self.creating = asyncio.Semaphore(creating_jobs(self.settings.api_workers))
         self.informer = informer.ChildInformer(
             self.kube, self.child_index, self.wake, self.settings.clusterwide
         )
@@ -228,31 +242,9 @@ async def reconcile_job(
     events = list(decision.events)
     new_status = decision.status
     try:
-        # Each group's creates are independent of each other, so they go out together (the
-        # API executor bounds how many run at once); the groups keep their order (Services,
-        # then the PodGroup, then Pods) and each group finishes before the next starts.
-        await _all(
-            rt.kube.create(
-                "Service",
-                namespace,
-                naming.child_name(name, rtype, index),
-                functools.partial(render.render_service, job, rtype, index, options, owner),
-            )
-            for rtype, index in decision.create_services
-        )
-        if decision.create_pods and gang.wanted(job, rt.settings):
-            await rt.kube.create_pod_group(
-                gang.render_pod_group(job, rt.settings, namespace, owner)
-            )
-        await _all(
-            rt.kube.create(
-                "Pod",
-                namespace,
-                naming.child_name(name, rtype, index),
-                functools.partial(render.render_pod, job, rtype, index, attempt, options, owner),
-            )
-            for rtype, index, attempt in decision.create_pods
-        )
+        if decision.create_services or decision.create_pods:
+            async with rt.creating:
+                await _create_children(rt, job, decision, namespace, options, owner)
     except kube.RejectedError as exc:
         # The API server refused what the spec renders to (e.g. an invalid Pod template that
         # the CRD schema cannot check): the job can never run as written.
@@ -273,6 +265,39 @@ async def reconcile_job(
         rt.metrics.forget(uid)
         return Outcome(None, done=True)
     return Outcome(decision.requeue_after)
+
+
+async def _create_children(
+    rt: Runtime,
+    job: spec.TrainJob,
+    decision: policy.Decision,
+    namespace: str,
+    options: render.RenderOptions,
+    owner: render.Owner,
+) -> None:
+    # Each group's creates are independent of each other, so they go out together (the API
+    # layer bounds how many requests run at once); the groups keep their order (Services,
+    # then the PodGroup, then Pods) and each group finishes before the next starts.
+    await _all(
+        rt.kube.create(
+            "Service",
+            namespace,
+            naming.child_name(job.name, rtype, index),
+            functools.partial(render.render_service, job, rtype, index, options, owner),
+        )
+        for rtype, index in decision.create_services
+    )
+    if decision.create_pods and gang.wanted(job, rt.settings):
+        await rt.kube.create_pod_group(gang.render_pod_group(job, rt.settings, namespace, owner))
+    await _all(
+        rt.kube.create(
+            "Pod",
+            namespace,
+            naming.child_name(job.name, rtype, index),
+            functools.partial(render.render_pod, job, rtype, index, attempt, options, owner),
+        )
+        for rtype, index, attempt in decision.create_pods
+    )
 
 
 async def _all(calls: Iterable[Coroutine[Any, Any, Any]]) -> None:
