@@ -43,7 +43,7 @@ STATUS_KEYS: Final = (
 def creating_jobs(api_workers: int) -> int:
     """How many jobs may create children at once: enough that their creates (8 per replica
     group of a typical job) keep every one of the `api_workers` request slots busy."""
-    return max(1, api_workers // 4)
+    return max(1, api_workers // 2)
 
 
 @dataclasses.dataclass(frozen=True)
