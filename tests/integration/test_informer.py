@@ -23,16 +23,18 @@ from trainjob_operator import children, informer, kube
 logger = logging.getLogger(__name__)
 
 
+def child_metadata(name: str, job: str, rtype: str, index: int) -> k8s.V1ObjectMeta:
+    labels = {
+        JOB_LABEL: job,
+        "trainjob.dev/replica-type": rtype,
+        "trainjob.dev/replica-index": str(index),
+    }
+    return k8s.V1ObjectMeta(name=name, labels=labels)
+
+
 def labelled_pod(name: str, job: str, rtype: str, index: int) -> k8s.V1Pod:
     return k8s.V1Pod(
-        metadata=k8s.V1ObjectMeta(
-            name=name,
-            labels={
-                JOB_LABEL: job,
-                "trainjob.dev/replica-type": rtype,
-                "trainjob.dev/replica-index": str(index),
-            },
-        ),
+        metadata=child_metadata(name, job, rtype, index),
         spec=k8s.V1PodSpec(
             scheduler_name=NO_SCHEDULER,
             containers=[k8s.V1Container(name="tensorflow", image="trainjob:test")],
@@ -42,14 +44,7 @@ def labelled_pod(name: str, job: str, rtype: str, index: int) -> k8s.V1Pod:
 
 def labelled_service(name: str, job: str, rtype: str, index: int) -> k8s.V1Service:
     return k8s.V1Service(
-        metadata=k8s.V1ObjectMeta(
-            name=name,
-            labels={
-                JOB_LABEL: job,
-                "trainjob.dev/replica-type": rtype,
-                "trainjob.dev/replica-index": str(index),
-            },
-        ),
+        metadata=child_metadata(name, job, rtype, index),
         spec=k8s.V1ServiceSpec(cluster_ip="None", selector={JOB_LABEL: job}),
     )
 
