@@ -86,7 +86,6 @@ Obj = dict[str, Any]
 # in sys.modules makes `import kubernetes` fail exactly as if it were not installed.
 AS_IN_THE_IMAGE: Final = (
     "import runpy, sys; sys.modules['kubernetes'] = None; "
-    "sys.argv[0] = 'trainjob_operator'; "
     "runpy.run_module('trainjob_operator', run_name='__main__', alter_sys=True)"
 )
 

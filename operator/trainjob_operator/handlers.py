@@ -188,7 +188,7 @@ async def trainjob_daemon(
                 )
             except (kube.TransientError, kube.RejectedError) as exc:
                 failures += 1
-                delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1))
+                delay = kube.retry_delay(failures, BACKOFF_FIRST, BACKOFF_MAX)
                 runtime.metrics.reconcile_errors.labels(namespace).inc()
                 logger.warning(
                     "Reconcile of TrainJob %s/%s failed (%s); retrying in %.1fs",
@@ -201,7 +201,7 @@ async def trainjob_daemon(
                 continue
             except Exception:  # a bug must not stop this job's loop, nor any other job
                 failures += 1
-                delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1))
+                delay = kube.retry_delay(failures, BACKOFF_FIRST, BACKOFF_MAX)
                 runtime.metrics.reconcile_errors.labels(namespace).inc()
                 logger.exception(
                     "Reconcile of TrainJob %s/%s crashed; retrying in %.1fs", namespace, name, delay

@@ -39,7 +39,7 @@ BACKOFF_MAX: Final = 30.0
 
 def backoff(failures: int) -> float:
     """Seconds to wait after `failures` consecutive failed list/watch calls."""
-    return min(BACKOFF_MAX, BACKOFF_FIRST * 2.0 ** max(failures - 1, 0))
+    return kube.retry_delay(failures, BACKOFF_FIRST, BACKOFF_MAX)
 
 
 @dataclasses.dataclass

@@ -72,6 +72,12 @@ class GoneError(TransientError):
     """410: the resourceVersion a watch started from is too old; list again."""
 
 
+def retry_delay(failures: int, first: float, cap: float) -> float:
+    """Seconds before the next try after `failures` consecutive failures: `first`, doubling,
+    at most `cap` (the backoff every caller of this module uses)."""
+    return min(cap, first * 2.0 ** max(failures - 1, 0))
+
+
 # -- credentials ----------------------------------------------------------------------------
 
 
@@ -247,9 +253,15 @@ class Kube:
             raise TransientError(f"{what}: API server unreachable: {exc!r}") from exc
         if 200 <= status < 300 or status in accept:
             return status, payload
+        raise self._failure(client, status, payload, what)
+
+    def _failure(
+        self, client: aiohttp.ClientSession, status: int, payload: bytes, what: str
+    ) -> Exception:
+        """The error for a reply that is not a success; a 401 also retires the session."""
         if status == 401:
             self._relogin(client)
-        raise _classify(status, payload, what)
+        return _classify(status, payload, what)
 
     # -- create / delete children ---------------------------------------------------------
 
@@ -334,9 +346,7 @@ class Kube:
             ) as response:
                 if response.status != 200:
                     payload = await response.read()
-                    if response.status == 401:
-                        self._relogin(client)
-                    raise _classify(response.status, payload, what)
+                    raise self._failure(client, response.status, payload, what)
                 pending = b""
                 async for chunk in response.content.iter_any():
                     lines = (pending + chunk).split(b"\n")
