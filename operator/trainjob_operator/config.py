@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fnmatch
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -29,6 +30,7 @@ DEFAULT_METRICS_PORT: Final = 8080
 DEFAULT_PEERING_NAME: Final = "trainjob-operator"
 DEFAULT_RESYNC_SECONDS: Final = 600.0
 DEFAULT_API_WORKERS: Final = 16
+DEFAULT_SERVE_DEADLINE: Final = 60.0
 
 ENV_NAMESPACES: Final = "TRAINJOB_OPERATOR_NAMESPACES"
 ENV_CLUSTER_DOMAIN: Final = "TRAINJOB_CLUSTER_DOMAIN"
@@ -42,6 +44,7 @@ ENV_PRIORITY: Final = "TRAINJOB_PRIORITY"
 ENV_STANDALONE: Final = "TRAINJOB_STANDALONE"
 ENV_RESYNC: Final = "TRAINJOB_RESYNC_SECONDS"
 ENV_API_WORKERS: Final = "TRAINJOB_API_WORKERS"
+ENV_SERVE_DEADLINE: Final = "TRAINJOB_SERVE_DEADLINE_SECONDS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +68,9 @@ class Settings:
     # A safety net only: every change already wakes the job's reconcile.
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     api_workers: int = DEFAULT_API_WORKERS
+    # A TrainJob with no reconcile this long after it was seen is logged, counted and fails
+    # the liveness probe; so does a list+watch that keeps failing this long.
+    serve_deadline_seconds: float = DEFAULT_SERVE_DEADLINE
     verbose: bool = False
 
     @property
@@ -72,10 +78,53 @@ class Settings:
         return not self.namespaces
 
     @property
+    def kopf_namespaces(self) -> tuple[str, ...]:
+        """The namespaces kopf itself watches TrainJobs in; () means every namespace.
+
+        Given patterns (globs, negations), kopf would follow matching namespaces through its
+        own namespace observation, which drops a namespace created between its first list and
+        the start of its watch (the watch's own listing is ignored), and with it every job
+        there, for good (issue: the operator never serving a new TrainJob). So kopf then
+        watches TrainJobs in every namespace and the handlers keep only the jobs whose
+        namespace matches (`serves`): no namespace observation at all. Exact names need none.
+        """
+        if all(is_exact_namespace(ns) for ns in self.namespaces):
+            return self.namespaces
+        return ()
+
+    def serves(self, namespace: str) -> bool:
+        """Whether a TrainJob in `namespace` is this operator's to reconcile."""
+        return self.clusterwide or any(
+            namespace_matches(namespace, pattern) for pattern in self.namespaces
+        )
+
+    @property
     def effective_scheduler_name(self) -> str | None:
         if self.gang_scheduler == GANG_NONE:
             return None
         return self.scheduler_name or DEFAULT_SCHEDULER_NAMES[self.gang_scheduler]
+
+
+def is_exact_namespace(pattern: str) -> bool:
+    """A plain namespace name, not a kopf pattern (globs, `!` negations, comma lists)."""
+    return not any(char in pattern for char in "*?[!,")
+
+
+def namespace_matches(namespace: str, pattern: str) -> bool:
+    """kopf's namespace pattern semantics (`kopf run --namespace`), so a pattern selects the
+    same namespaces as it did when kopf matched them: comma-separated globs read left to right;
+    the first glob decides the initial match (a leading `!glob` implies `*` before it); `!glob`
+    removes a match; a later inclusive glob re-includes only what the first glob matched."""
+    globs = [glob.strip() for glob in pattern.split(",")]
+    if globs[0].startswith("!"):
+        globs.insert(0, "*")
+    matches = first_match = fnmatch.fnmatchcase(namespace, globs[0])
+    for glob in globs[1:]:
+        if glob.startswith("!"):
+            matches = matches and not fnmatch.fnmatchcase(namespace, glob.lstrip("!"))
+        else:
+            matches = matches or (first_match and fnmatch.fnmatchcase(namespace, glob))
+    return matches
 
 
 class ConfigError(ValueError):
@@ -158,6 +207,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--resync-seconds", help=f"safety-net resync period (env {ENV_RESYNC})")
     p.add_argument("--api-workers", help=f"API requests in flight at most (env {ENV_API_WORKERS})")
+    p.add_argument(
+        "--serve-deadline-seconds",
+        help="a TrainJob not reconciled this long after it appears, or a watch failing this "
+        f"long, is logged and fails the liveness probe (env {ENV_SERVE_DEADLINE}; default 60)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -196,6 +250,14 @@ def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             pick(args.resync_seconds, ENV_RESYNC), "resync", DEFAULT_RESYNC_SECONDS
         ),
         api_workers=DEFAULT_API_WORKERS if api_workers is None else max(1, api_workers),
+        serve_deadline_seconds=max(
+            1.0,
+            _float(
+                pick(args.serve_deadline_seconds, ENV_SERVE_DEADLINE),
+                "serve deadline",
+                DEFAULT_SERVE_DEADLINE,
+            ),
+        ),
         verbose=bool(args.verbose),
     )
 

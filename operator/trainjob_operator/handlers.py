@@ -74,6 +74,12 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     cfg = memo.get(SETTINGS_KEY)
     if not isinstance(cfg, config.Settings):
         cfg = config.from_env(os.environ)
+    # No kopf resource or namespace observation: both ignore their watch's own first listing
+    # (kopf assumes its one-shot scan before it saw everything), so a namespace created, or a
+    # CRD resolved, in that gap is never served, silently. Exact namespaces are watched as
+    # given, patterns by watching every namespace and filtering (`_in_scope`), and the CRD
+    # is awaited below before kopf's one scan of the API's resources.
+    settings.scanning.disabled = True
     settings.persistence.finalizer = constants.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
     settings.persistence.diffbase_storage = NoEssenceDiffBaseStorage(prefix=constants.GROUP)
@@ -86,13 +92,43 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     if cfg.metrics_port:
         meters.serve(cfg.metrics_port)
         logger.info("Serving Prometheus metrics on :%d/metrics", cfg.metrics_port)
-    memo[RUNTIME_KEY] = reconciler.Runtime(settings=cfg, kube=api, metrics=meters)
+    await _wait_for_crd(api)
+    runtime = reconciler.Runtime(settings=cfg, kube=api, metrics=meters)
+    runtime.watchdog.start()
+    memo[RUNTIME_KEY] = runtime
+
+
+async def _wait_for_crd(api: kube.Kube) -> None:
+    """Until the API server's discovery lists TrainJobs: kopf resolves what it serves from one
+    scan of discovery right after start-up, and a TrainJob resource missing from it (CRD not
+    installed yet, API server still starting) would never be served."""
+    failures = 0
+    while True:
+        try:
+            if await api.serves_trainjobs():
+                if failures:
+                    logger.info("The TrainJob resource is served now")
+                return
+            reason = "the TrainJob CRD is not installed or not Established yet"
+        except (kube.TransientError, kube.RejectedError) as exc:
+            reason = str(exc)
+        failures += 1
+        delay = kube.retry_delay(failures, BACKOFF_FIRST, 10.0)
+        logger.warning(
+            "Waiting for the API server to serve %s.%s (%s); again in %.1fs",
+            constants.PLURAL,
+            constants.GROUP,
+            reason,
+            delay,
+        )
+        await asyncio.sleep(delay)
 
 
 @kopf.on.cleanup()
 async def trainjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime = memo.get(RUNTIME_KEY)
     if isinstance(runtime, reconciler.Runtime):
+        await runtime.watchdog.close()
         await runtime.informer.close()
         await runtime.kube.close()
 
@@ -103,11 +139,31 @@ def trainjob_login(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> ko
     return kube.login(settings, logger)
 
 
+class UnhealthyError(Exception):
+    """The liveness probe's answer (HTTP 500) while the operator is not serving."""
+
+
 @kopf.on.probe(id="jobs")
 def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
-    """Liveness detail: how many TrainJobs have a running reconcile loop."""
+    """Liveness: how many TrainJobs have a running reconcile loop; fails while a list+watch
+    keeps failing or a job waits past the serve deadline for its first reconcile."""
     runtime = memo.get(RUNTIME_KEY)
-    return len(runtime.wakers) if isinstance(runtime, reconciler.Runtime) else 0
+    if not isinstance(runtime, reconciler.Runtime):
+        return 0
+    problems = runtime.problems()
+    if problems:
+        raise UnhealthyError("; ".join(problems))
+    return len(runtime.wakers)
+
+
+def _in_scope(namespace: str | None, memo: kopf.Memo, **_: Any) -> bool:
+    """kopf watches every namespace when given namespace patterns (see trainjob_startup);
+    only the jobs in matching namespaces are ours."""
+    cfg = memo.get(SETTINGS_KEY)
+    runtime = memo.get(RUNTIME_KEY)
+    if isinstance(runtime, reconciler.Runtime):
+        cfg = runtime.settings
+    return not isinstance(cfg, config.Settings) or cfg.serves(namespace or "")
 
 
 # -- wake-ups -------------------------------------------------------------------------------
@@ -116,7 +172,7 @@ def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
 # event; these are short and CPU-only, so they run inline.
 
 
-@kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL)
+@kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL, when=_in_scope)
 async def trainjob_event(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Created, updated (spec, suspend/resume), resumed at operator start: look again."""
     _runtime(memo).wake((namespace or "", name))
@@ -149,6 +205,7 @@ async def _sleep(
     constants.PLURAL,
     id="reconcile",
     cancellation_timeout=10.0,
+    when=_in_scope,
 )
 async def trainjob_daemon(
     namespace: str | None,
@@ -174,6 +231,7 @@ async def trainjob_daemon(
         await _sleep(stopped, listed, None)
         while not stopped:
             waker.clear()
+            runtime.begin(key)
             started = time.monotonic()
             try:
                 outcome = await reconciler.reconcile_job(

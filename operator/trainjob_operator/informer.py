@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
-from typing import Final
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final
 
 from trainjob.core import constants
 from trainjob_operator import children, kube
@@ -43,10 +44,74 @@ def backoff(failures: int) -> float:
 
 
 @dataclasses.dataclass
+class WatchHealth:
+    """Whether one list+watch is alive, for the liveness probe: since when (monotonic
+    seconds) its calls have failed without a success in between; None while it works."""
+
+    what: str
+    failing_since: float | None = None
+
+    def failing_for(self, now: float) -> float:
+        return 0.0 if self.failing_since is None else now - self.failing_since
+
+
+async def reflect(
+    what: str,
+    list_objects: Callable[[], Awaitable[kube.Listing]],
+    watch_objects: Callable[[str], AsyncIterator[dict[str, Any]]],
+    on_list: Callable[[list[dict[str, Any]]], None],
+    on_event: Callable[[str, dict[str, Any]], None],
+    health: WatchHealth,
+) -> None:
+    """List, then watch from the list's version, forever, as client-go's reflector does: a
+    dropped watch resumes from the last version seen (bookmarks keep it fresh); 410 Gone lists
+    again, and the list replaces what was known (`on_list`); other failures retry with
+    backoff and are recorded in `health`."""
+    version: str | None = None
+    failures = 0
+    while True:
+        try:
+            if version is None:
+                listing = await list_objects()
+                on_list(listing.items)
+                version = listing.resource_version
+                health.failing_since = None
+            async for event in watch_objects(version):
+                health.failing_since = None
+                body = event.get("object") or {}
+                kind = str(event.get("type"))
+                if kind != "BOOKMARK":
+                    on_event(kind, body)
+                seen = (body.get("metadata") or {}).get("resourceVersion")
+                if seen:
+                    version = str(seen)
+                failures = 0
+            health.failing_since = None  # the server ended the stream in time: alive
+        except kube.GoneError:
+            logger.info("Watch of %s expired; listing again", what)
+            version = None
+        except kube.TransientError as exc:
+            failures += 1
+            delay = backoff(failures)
+            if health.failing_since is None:
+                health.failing_since = time.monotonic()
+            logger.warning("Watching %s failed (%s); again in %.1fs", what, exc, delay)
+            await asyncio.sleep(delay)
+        except Exception:  # a bug must not end the watch for good
+            failures += 1
+            delay = backoff(failures)
+            if health.failing_since is None:
+                health.failing_since = time.monotonic()
+            logger.exception("Watching %s crashed; again in %.1fs", what, delay)
+            await asyncio.sleep(delay)
+
+
+@dataclasses.dataclass
 class _Scope:
     tasks: list[asyncio.Task[None]]
     listed: dict[str, asyncio.Event]
     ready: asyncio.Event
+    health: list[WatchHealth]
     users: int = 0
 
 
@@ -67,6 +132,10 @@ class ChildInformer:
     def _scope_of(self, namespace: str) -> str | None:
         return None if self._clusterwide else namespace
 
+    def health(self) -> list[WatchHealth]:
+        """The health of every list+watch running now."""
+        return [health for scope in self._scopes.values() for health in scope.health]
+
     def acquire(self, namespace: str) -> asyncio.Event:
         """A job in `namespace` starts: watch its scope (if nobody does yet). The returned
         event is set once the scope's Pods and Services have been listed."""
@@ -74,13 +143,16 @@ class ChildInformer:
         scope = self._scopes.get(scope_key)
         if scope is None:
             listed = {plural: asyncio.Event() for plural in KINDS}
-            scope = _Scope(tasks=[], listed=listed, ready=asyncio.Event())
-            scope.tasks = [
-                asyncio.get_running_loop().create_task(
-                    self._run(scope_key, plural, scope), name=f"informer {plural} {scope_key}"
+            scope = _Scope(tasks=[], listed=listed, ready=asyncio.Event(), health=[])
+            for plural in KINDS:
+                health = WatchHealth(f"{plural} in {scope_key or 'all namespaces'}")
+                scope.health.append(health)
+                scope.tasks.append(
+                    asyncio.get_running_loop().create_task(
+                        self._run(scope_key, plural, scope, health),
+                        name=f"informer {plural} {scope_key}",
+                    )
                 )
-                for plural in KINDS
-            ]
             self._scopes[scope_key] = scope
         scope.users += 1
         return scope.ready
@@ -106,43 +178,26 @@ class ChildInformer:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run(self, namespace: str | None, plural: str, scope: _Scope) -> None:
-        where = namespace or "all namespaces"
-        version: str | None = None
-        failures = 0
-        while True:
-            try:
-                if version is None:
-                    listing = await self._api.list_labelled(namespace, plural, SELECTOR)
-                    for listed in self._index.replace(plural, namespace, listing.items):
-                        self._wake(listed)
-                    version = listing.resource_version
-                    scope.listed[plural].set()
-                    if all(event.is_set() for event in scope.listed.values()):
-                        scope.ready.set()
-                async for event in self._api.watch_labelled(namespace, plural, SELECTOR, version):
-                    body = event.get("object") or {}
-                    kind = event.get("type")
-                    if kind != "BOOKMARK":
-                        job = self._index.event(plural, body, deleted=kind == "DELETED")
-                        if job is not None:
-                            self._wake(job)
-                    seen = (body.get("metadata") or {}).get("resourceVersion")
-                    if seen:
-                        version = str(seen)
-                    failures = 0
-            except kube.GoneError:
-                logger.info("Watch of %s in %s expired; listing again", plural, where)
-                version = None
-            except kube.TransientError as exc:
-                failures += 1
-                delay = backoff(failures)
-                logger.warning(
-                    "Watching %s in %s failed (%s); again in %.1fs", plural, where, exc, delay
-                )
-                await asyncio.sleep(delay)
-            except Exception:  # a bug must not end the watch for good
-                failures += 1
-                delay = backoff(failures)
-                logger.exception("Watching %s in %s crashed; again in %.1fs", plural, where, delay)
-                await asyncio.sleep(delay)
+    async def _run(
+        self, namespace: str | None, plural: str, scope: _Scope, health: WatchHealth
+    ) -> None:
+        def on_list(items: list[dict[str, Any]]) -> None:
+            for listed in self._index.replace(plural, namespace, items):
+                self._wake(listed)
+            scope.listed[plural].set()
+            if all(event.is_set() for event in scope.listed.values()):
+                scope.ready.set()
+
+        def on_event(kind: str, body: dict[str, Any]) -> None:
+            job = self._index.event(plural, body, deleted=kind == "DELETED")
+            if job is not None:
+                self._wake(job)
+
+        await reflect(
+            health.what,
+            lambda: self._api.list_labelled(namespace, plural, SELECTOR),
+            lambda version: self._api.watch_labelled(namespace, plural, SELECTOR, version),
+            on_list,
+            on_event,
+            health,
+        )

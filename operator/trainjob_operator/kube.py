@@ -55,6 +55,9 @@ WATCH_SECONDS: Final = 300
 LIST_PAGE: Final = 500
 
 JSON: Final = "application/json"
+# Metadata only (PartialObjectMetadata): what the first-reconcile watchdog needs of a TrainJob.
+METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
+METADATA_ONLY: Final = "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io"
 MERGE_PATCH: Final = "application/merge-patch+json"
 
 Obj = dict[str, Any]
@@ -66,6 +69,10 @@ class TransientError(Exception):
 
 class RejectedError(Exception):
     """The API server refused the object itself (400/422): retrying cannot help."""
+
+
+class ConflictError(TransientError):
+    """409 on a conditional write: the object changed since the version the caller read."""
 
 
 class GoneError(TransientError):
@@ -228,6 +235,7 @@ class Kube:
         content_type: str = JSON,
         params: Mapping[str, str] | None = None,
         accept: tuple[int, ...] = (),
+        accept_type: str = JSON,
     ) -> tuple[int, bytes]:
         """One request; returns (status, body) for 2xx and for the statuses in `accept`,
         raises as the module docstring says otherwise. The body is `body`, or what `render`
@@ -237,7 +245,9 @@ class Kube:
                 if render is not None:
                     body = render()
                 data = None if body is None else json.dumps(body, separators=(",", ":"))
-                headers = {"Content-Type": content_type} if data is not None else None
+                headers = {"Accept": accept_type}
+                if data is not None:
+                    headers["Content-Type"] = content_type
                 client = self._http()
                 async with client.request(
                     method,
@@ -308,31 +318,87 @@ class Kube:
     async def list_labelled(self, namespace: str | None, plural: str, selector: str) -> Listing:
         """Every Pod or Service (`plural`) matching `selector`, in `namespace` or in all
         namespaces (None), page by page, with the resourceVersion to watch from."""
-        path = core_path(namespace, plural)
-        what = f"listing {plural} ({selector}) in {namespace or 'all namespaces'}"
+        return await self._list(
+            core_path(namespace, plural),
+            f"listing {plural} ({selector}) in {namespace or 'all namespaces'}",
+            {"labelSelector": selector},
+        )
+
+    def watch_labelled(
+        self, namespace: str | None, plural: str, selector: str, resource_version: str
+    ) -> AsyncIterator[Obj]:
+        """Watch events ({"type", "object"}) after `resource_version`, bookmarks included,
+        until the server ends the stream (about WATCH_SECONDS). Raises GoneError when the
+        version is too old, TransientError on other trouble."""
+        return self._watch(
+            core_path(namespace, plural),
+            f"watching {plural} ({selector}) in {namespace or 'all namespaces'}",
+            {"labelSelector": selector},
+            resource_version,
+        )
+
+    async def list_trainjobs(self, namespace: str | None) -> Listing:
+        """The metadata of every TrainJob in `namespace` (None: all namespaces)."""
+        return await self._list(
+            _path(constants.GROUP, constants.VERSION, namespace, constants.PLURAL),
+            f"listing TrainJobs in {namespace or 'all namespaces'}",
+            {},
+            accept_type=METADATA_LIST,
+        )
+
+    def watch_trainjobs(self, namespace: str | None, resource_version: str) -> AsyncIterator[Obj]:
+        """Watch events of TrainJobs (metadata only) after `resource_version`."""
+        return self._watch(
+            _path(constants.GROUP, constants.VERSION, namespace, constants.PLURAL),
+            f"watching TrainJobs in {namespace or 'all namespaces'}",
+            {},
+            resource_version,
+            accept_type=METADATA_ONLY,
+        )
+
+    async def serves_trainjobs(self) -> bool:
+        """Whether the API server's discovery lists the TrainJob resource yet (its CRD is
+        installed and Established); kopf resolves the resources it serves from discovery."""
+        status, payload = await self._request(
+            "GET",
+            f"/apis/{constants.GROUP}/{constants.VERSION}",
+            f"discovering {constants.GROUP}/{constants.VERSION}",
+            accept=(404, 503),
+        )
+        if status != 200:
+            return False
+        resources = json.loads(payload).get("resources") or []
+        return any(r.get("name") == constants.PLURAL for r in resources if isinstance(r, dict))
+
+    async def _list(
+        self, path: str, what: str, params: Mapping[str, str], accept_type: str = JSON
+    ) -> Listing:
         items: list[Obj] = []
-        params = {"labelSelector": selector, "limit": str(LIST_PAGE)}
+        query = {**params, "limit": str(LIST_PAGE)}
         while True:
-            _, payload = await self._request("GET", path, what, params=params)
+            _, payload = await self._request(
+                "GET", path, what, params=query, accept_type=accept_type
+            )
             page = json.loads(payload)
             items.extend(item for item in page.get("items") or [] if isinstance(item, dict))
             metadata = page.get("metadata") or {}
             token = metadata.get("continue")
             if not token:
                 return Listing(items, str(metadata.get("resourceVersion") or ""))
-            params = {**params, "continue": str(token)}
+            query = {**query, "continue": str(token)}
 
-    async def watch_labelled(
-        self, namespace: str | None, plural: str, selector: str, resource_version: str
+    async def _watch(
+        self,
+        path: str,
+        what: str,
+        params: Mapping[str, str],
+        resource_version: str,
+        accept_type: str = JSON,
     ) -> AsyncIterator[Obj]:
-        """Watch events ({"type", "object"}) after `resource_version`, bookmarks included,
-        until the server ends the stream (about WATCH_SECONDS). Raises GoneError when the
-        version is too old, TransientError on other trouble."""
         client = self._http()
-        what = f"watching {plural} ({selector}) in {namespace or 'all namespaces'}"
-        params = {
+        query = {
+            **params,
             "watch": "1",
-            "labelSelector": selector,
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(WATCH_SECONDS),
@@ -342,7 +408,10 @@ class Kube:
         )
         try:
             async with client.get(
-                self._server + core_path(namespace, plural), params=params, timeout=timeout
+                self._server + path,
+                params=query,
+                timeout=timeout,
+                headers={"Accept": accept_type},
             ) as response:
                 if response.status != 200:
                     payload = await response.read()
@@ -378,19 +447,29 @@ class Kube:
             raise TransientError(f"reading TrainJob {namespace}/{name}: unexpected reply")
         return result
 
-    async def patch_status(self, namespace: str, name: str, status: Obj) -> Obj | None:
+    async def patch_status(
+        self, namespace: str, name: str, status: Obj, resource_version: str | None = None
+    ) -> Obj | None:
         """Merge-patch the status subresource: fields we do not write (status.progress) stay.
-        Returns the TrainJob as the patch left it (None if it is gone)."""
+        With `resource_version`, only if the TrainJob is still at that version (optimistic
+        concurrency: a decision made from an older view must not overwrite a newer status);
+        ConflictError otherwise. Returns the TrainJob as the patch left it (None if gone)."""
+        body: Obj = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        what = f"patching status of TrainJob {namespace}/{name}"
         code, payload = await self._request(
             "PATCH",
             trainjob_path(namespace, name, "status"),
-            f"patching status of TrainJob {namespace}/{name}",
-            body={"status": status},
+            what,
+            body=body,
             content_type=MERGE_PATCH,
-            accept=(404,),
+            accept=(404, 409),
         )
         if code == 404:
             return None  # deleted meanwhile: nothing left to report on
+        if code == 409:
+            raise ConflictError(f"{what}: {_message(code, payload)}")
         result = json.loads(payload)
         return result if isinstance(result, dict) else None
 
@@ -415,8 +494,11 @@ class Kube:
         reason: str,
         message: str,
         now: datetime.datetime,
+        event_id: str | None = None,
     ) -> None:
         """A core/v1 Event on the TrainJob, so `kubectl describe tj` tells the story.
+        `event_id` makes its name deterministic (`<job>.<event_id>`), so a decision posted
+        again after a crash posts its Events once (409 = already posted).
         Best effort: an Event that cannot be written is logged, never retried."""
         metadata = job.get("metadata") or {}
         namespace = str(metadata.get("namespace"))
@@ -426,7 +508,11 @@ class Kube:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "metadata": (
+                {"name": f"{name}.{event_id}", "namespace": namespace}
+                if event_id
+                else {"generateName": f"{name}.", "namespace": namespace}
+            ),
             "involvedObject": {
                 "apiVersion": constants.API_VERSION,
                 "kind": constants.KIND,
@@ -449,7 +535,11 @@ class Kube:
         }
         try:
             await self._request(
-                "POST", core_path(namespace, "events"), f"posting Event {reason}", body=body
+                "POST",
+                core_path(namespace, "events"),
+                f"posting Event {reason}",
+                body=body,
+                accept=(409,),
             )
         except (TransientError, RejectedError) as exc:
             logger.warning(

@@ -50,6 +50,16 @@ class Metrics:
         self.reconcile_errors = counter(
             "reconcile_errors", "Reconciles that failed (retried with backoff)"
         )
+        self.unserved = counter(
+            "jobs_unserved",
+            "TrainJobs found waiting longer than the serve deadline for a first reconcile",
+        )
+        self.waiting = prometheus_client.Gauge(
+            "jobs_waiting_first_reconcile",
+            "TrainJobs waiting longer than the serve deadline for a first reconcile now",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
         self._states: dict[str, tuple[str, str]] = {}  # uid -> (namespace, state)
 
     def serve(self, port: int) -> None:

@@ -3,9 +3,23 @@
 Every decision is the core's (`policy.reconcile`); this module only turns a Decision into API
 calls through `kube`, in an order that is safe to interrupt at any point (the operator may be
 killed between any two calls and the next reconcile converges):
-delete stale children → create Services → create the PodGroup → create Pods → write status →
-post Events. Creation is idempotent (deterministic names, 409 is success); the status records
-which attempt each replica is on, and a Pod of a newer attempt than recorded is adopted.
+
+    post Events → write status → delete stale children → create Services → PodGroup → Pods
+
+- The decision is recorded before it is acted on. A verdict that destroys evidence (clean-up
+  of a finished job deletes its Pods) or a restart (a new attempt, counted toward
+  backoffLimit) is durable in status before any Pod is deleted or created, so an operator
+  killed in between finds the verdict and carries it out, instead of reading the missing
+  Pods as "deleted under the job" and restarting a finished job, or creating a replacement
+  whose restart was never counted.
+- The status write is conditional on the resourceVersion the decision was made from: a
+  decision made from a stale view (an older copy of the job than our own last write) fails
+  with a conflict and is made again from a fresh read, never overwriting a newer status.
+- Events are posted first, under names derived from the job and the version decided from,
+  so a decision made again after a crash posts the same names (409: already there) and no
+  Event of a recorded transition is lost.
+Creation is idempotent (deterministic names, 409 is success); the status records which
+attempt each replica is on, and a Pod of a newer attempt than recorded is adopted.
 """
 
 from __future__ import annotations
@@ -14,13 +28,14 @@ import asyncio
 import dataclasses
 import datetime
 import functools
+import hashlib
 import logging
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, Final
 
 from trainjob.core import naming, policy, render, spec
 from trainjob.core import status as st
-from trainjob_operator import children, config, gang, informer, kube, metrics
+from trainjob_operator import children, config, gang, informer, kube, metrics, watchdog
 
 JobKey = children.JobKey
 
@@ -72,12 +87,28 @@ class Runtime:
     # creates now share the request turns with earlier jobs' status writes and clean-up, so
     # the last child of such a burst came later (176 -> ~300 s); the median barely moved.
     creating: asyncio.Semaphore = dataclasses.field(init=False)
+    # Jobs whose loop has begun reconciling; the watchdog reports the jobs that never do.
+    reconciled: set[JobKey] = dataclasses.field(default_factory=set)
+    watchdog: watchdog.Watchdog = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self.creating = asyncio.Semaphore(creating_jobs(self.settings.api_workers))
         self.informer = informer.ChildInformer(
             self.kube, self.child_index, self.wake, self.settings.clusterwide
         )
+        self.watchdog = watchdog.Watchdog(
+            self.kube, self.settings, self.metrics, self.reconciled.__contains__
+        )
+
+    def begin(self, key: JobKey) -> None:
+        """The job's loop is about to reconcile it (for the first time, or again)."""
+        if key not in self.reconciled:
+            self.reconciled.add(key)
+            self.watchdog.served(key)
+
+    def problems(self) -> list[str]:
+        """Why this operator is not healthy now (empty: it is)."""
+        return self.watchdog.problems(self.informer.health())
 
     def waker(self, key: JobKey) -> asyncio.Event:
         return self.wakers.setdefault(key, asyncio.Event())
@@ -89,19 +120,27 @@ class Runtime:
 
     def forget(self, key: JobKey) -> None:
         self.wakers.pop(key, None)
+        self.reconciled.discard(key)
 
 
 @dataclasses.dataclass
 class Seen:
     """What one job's reconcile loop knows about its TrainJob between reconciles, so that it
-    can work from kopf's copy of the object (kept current by the watch) instead of a GET per
-    reconcile. That copy lags behind our own status writes until their watch events arrive;
-    working from a copy without our last write would decide again from the old status."""
+    can work from kopf's copy of the object (kept current by kopf's watch) instead of a GET
+    per reconcile, without ever deciding from a copy older than what it already knows.
 
-    # resourceVersion of the object the last reconcile worked from.
-    read_version: str | None = None
-    # The object as our last status patch left it, until the watch shows that version.
-    written: dict[str, Any] | None = None
+    kopf's copy lags behind our own status writes until their watch events arrive, and it can
+    lag for long (a TrainJob watch that is down while the Pod informer is live): deciding from
+    it then decides again from an old status. So after every GET and every write of ours, the
+    result is the newest known version (`known`), and kopf's copy is trusted again only once
+    it shows exactly that version (watch events come in order, so from then on it is at
+    least as new). Until then each reconcile reads with a GET. resourceVersions are opaque:
+    they are only compared for equality, never ordered."""
+
+    # The newest TrainJob this loop has read or written, until kopf's copy shows it.
+    known: dict[str, Any] | None = None
+    # A conditional write of ours conflicted: the next reconcile reads afresh.
+    stale: bool = False
 
 
 def _version(obj: Mapping[str, Any]) -> str | None:
@@ -116,38 +155,68 @@ async def current_trainjob(
     live: Mapping[str, Any] | None,
     seen: Seen | None,
 ) -> dict[str, Any] | None:
-    """The TrainJob to reconcile from: kopf's live copy when it is known to include our last
-    status write, our patch's reply when the live copy is known to be older than that write
-    (it is still the version we read before writing), else (unknown order: resourceVersions
-    are opaque, never compared) a GET as before."""
-    raw: dict[str, Any] | None
-    if live is None or seen is None:
-        raw = await rt.kube.get_trainjob(namespace, name)
-    else:
+    """The TrainJob to reconcile from: kopf's live copy when it is known to be at least as
+    new as anything this loop has read or written (see `Seen`), else a GET."""
+    if live is not None and seen is not None and not seen.stale:
         # A shallow copy: kopf swaps in a new event's dict instead of changing the old one,
         # so this snapshot stays as it is while the reconcile awaits.
         snapshot = dict(live)
         version = _version(snapshot)
-        written = seen.written
-        if written is None or (version is not None and version == _version(written)):
-            raw = snapshot
-        elif version is not None and version == seen.read_version:
-            raw = written
-        else:
-            raw = await rt.kube.get_trainjob(namespace, name)
-        if raw is not written:
-            seen.written = None
+        if seen.known is None and version is not None:
+            return snapshot
+        if seen.known is not None and version is not None and version == _version(seen.known):
+            seen.known = None  # kopf's copy has caught up: trust it from now on
+            return snapshot
+    raw = await rt.kube.get_trainjob(namespace, name)
     if seen is not None:
-        seen.read_version = _version(raw) if raw is not None else None
+        seen.stale = False
+        seen.known = raw
     return raw
 
 
 async def _patch_status(
-    rt: Runtime, namespace: str, name: str, patch: dict[str, Any], seen: Seen | None
+    rt: Runtime,
+    raw: Mapping[str, Any],
+    patch: dict[str, Any],
+    seen: Seen | None,
+) -> dict[str, Any] | None:
+    """Write `patch` only if the TrainJob is still the version `raw` was read at; returns the
+    TrainJob as written (None: it is gone). kube.ConflictError: decide again from a fresh read."""
+    metadata = raw.get("metadata") or {}
+    namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
+    try:
+        result = await rt.kube.patch_status(namespace, name, patch, _version(raw))
+    except kube.ConflictError:
+        if seen is not None:
+            seen.stale = True
+        raise
+    if seen is not None and result is not None and _version(result):
+        seen.known = result
+    return result
+
+
+def event_id(uid: str, version: str | None, position: int) -> str:
+    """The name suffix of the `position`-th Event of a decision made from TrainJob `uid` at
+    `version`: the same decision made again (after a crash, before its status write) gets the
+    same names, a later decision other names."""
+    digest = hashlib.sha256(f"{uid}/{version}/{position}".encode()).hexdigest()
+    return digest[:20]
+
+
+async def _post_events(
+    rt: Runtime, raw: Mapping[str, Any], events: Iterable[policy.Event], now: datetime.datetime
 ) -> None:
-    result = await rt.kube.patch_status(namespace, name, patch)
-    if seen is not None:
-        seen.written = result if result is not None and _version(result) else None
+    uid = str((raw.get("metadata") or {}).get("uid") or "")
+    version = _version(raw)
+    for position, event in enumerate(events):
+        await rt.kube.post_event(
+            dict(raw),
+            event.type,
+            event.reason,
+            event.message,
+            now,
+            event_id(uid, version, position),
+        )
 
 
 def _conditions(status: st.JobStatus) -> list[dict[str, Any]]:
@@ -230,6 +299,28 @@ async def reconcile_job(
     owner = render.Owner(name=name, uid=uid)
     options = gang.render_options(job, rt.settings, namespace)
 
+    # Record the decision before acting on it (see the module docstring for why).
+    await _post_events(rt, raw, decision.events, now)
+    wanted = st.to_dict(job, decision.status)
+    patch = status_patch(raw_status, wanted)
+    if patch is not None:
+        try:
+            written = await _patch_status(rt, raw, patch, seen)
+        except kube.ConflictError:
+            logger.info(
+                "Status of TrainJob %s/%s changed since it was read; deciding again",
+                namespace,
+                name,
+            )
+            return Outcome(0.0)
+        if written is None:
+            return Outcome(None, done=True)
+        raw = written
+        raw_status = raw.get("status") if isinstance(raw.get("status"), Mapping) else {}
+        assert isinstance(raw_status, Mapping)
+    rt.metrics.transition(namespace, old, decision.status)
+    rt.metrics.set_state(uid, namespace, st.state_of(decision.status))
+
     for rtype, index in decision.delete_pods:
         await rt.kube.delete_pod(
             namespace, naming.child_name(name, rtype, index), pod_uids.get((rtype, index))
@@ -238,9 +329,6 @@ async def reconcile_job(
         await rt.kube.delete_service(
             namespace, naming.child_name(name, rtype, index), service_uids.get((rtype, index))
         )
-
-    events = list(decision.events)
-    new_status = decision.status
     try:
         if decision.create_services or decision.create_pods:
             async with rt.creating:
@@ -248,17 +336,8 @@ async def reconcile_job(
     except kube.RejectedError as exc:
         # The API server refused what the spec renders to (e.g. an invalid Pod template that
         # the CRD schema cannot check): the job can never run as written.
-        await _mark_invalid(rt, raw, raw_status, old, job, str(exc), now, seen)
+        await _mark_invalid(rt, raw, raw_status, decision.status, job, str(exc), now, seen)
         return Outcome(None)
-
-    wanted = st.to_dict(job, new_status)
-    patch = status_patch(raw_status, wanted)
-    if patch is not None:
-        await _patch_status(rt, namespace, name, patch, seen)
-    rt.metrics.transition(namespace, old, new_status)
-    rt.metrics.set_state(uid, namespace, st.state_of(new_status))
-    for event in events:
-        await rt.kube.post_event(raw, event.type, event.reason, event.message, now)
 
     if decision.delete_job:
         await rt.kube.delete_trainjob(namespace, name, uid)
@@ -335,9 +414,10 @@ async def _mark_invalid(
     )
     wanted = st.to_dict(job, new) if job is not None else _invalid_status_dict(new)
     patch = status_patch(raw_status, wanted)
-    if patch is not None:
-        await _patch_status(rt, namespace, name, patch, seen)
+    if patch is None:
+        return  # already marked
+    await _post_events(rt, raw, [policy.Event("Warning", policy.REASON_INVALID, message)], now)
+    await _patch_status(rt, raw, patch, seen)
     logger.warning("Marked TrainJob %s/%s Failed (InvalidSpec): %s", namespace, name, message)
     rt.metrics.transition(namespace, old, new)
     rt.metrics.set_state(uid, namespace, st.state_of(new))
-    await rt.kube.post_event(dict(raw), "Warning", policy.REASON_INVALID, message, now)

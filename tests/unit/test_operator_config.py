@@ -60,3 +60,49 @@ def test_environment_fills_in_and_flags_win() -> None:
 def test_bad_values_name_the_setting(env: dict[str, str], message: str) -> None:
     with pytest.raises(config.ConfigError, match=message):
         config.from_args([], env)
+
+
+NAMESPACES = ["team-a", "team-b", "ml-prod", "ml-pr-12", "ml-pr-123", "other-pr-123", "kube-x", ""]
+PATTERNS = [
+    "team-*",
+    "team-a",
+    "!kube-*",
+    "ml-*, !*-pr-*",
+    "ml-*, !*-pr-*, *pr-123",
+    "!*-pr-*, *pr-123",
+    "t?am-[ab]",
+    "*",
+]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_namespace_patterns_select_what_kopf_selects(pattern: str) -> None:
+    """The handlers filter jobs by the same rules kopf applied when it matched namespaces
+    (kopf's own function is the oracle), so `--namespace` patterns keep their meaning."""
+    from kopf._cogs.structs import references  # the oracle only; the product never imports it
+
+    for namespace in NAMESPACES:
+        expected = references.match_namespace(references.NamespaceName(namespace), pattern)
+        assert config.namespace_matches(namespace, pattern) == expected, (namespace, pattern)
+
+
+def test_kopf_watches_exact_namespaces_as_given_and_patterns_cluster_wide() -> None:
+    exact = config.from_args(["-n", "team-a", "-n", "team-b"], {})
+    assert exact.kopf_namespaces == ("team-a", "team-b")
+    assert exact.serves("team-a") and not exact.serves("team-c")
+    globbed = config.from_args(["-n", "team-a", "-n", "ml-*"], {})
+    assert globbed.kopf_namespaces == ()  # no kopf namespace observation: see kopf_namespaces
+    assert globbed.serves("ml-x") and globbed.serves("team-a") and not globbed.serves("team-b")
+    negated = config.from_args(["-n", "!kube-*"], {})
+    assert negated.kopf_namespaces == () and negated.serves("a") and not negated.serves("kube-s")
+    everything = config.from_args([], {})
+    assert everything.kopf_namespaces == () and everything.serves("anything")
+
+
+def test_serve_deadline_flag_and_environment() -> None:
+    assert config.from_args([], {}).serve_deadline_seconds == config.DEFAULT_SERVE_DEADLINE
+    env = {"TRAINJOB_SERVE_DEADLINE_SECONDS": "20"}
+    assert config.from_args([], env).serve_deadline_seconds == 20.0
+    assert config.from_args(["--serve-deadline-seconds", "5"], env).serve_deadline_seconds == 5.0
+    with pytest.raises(config.ConfigError, match="serve deadline"):
+        config.from_args(["--serve-deadline-seconds", "soon"], {})
