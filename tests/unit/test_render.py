@@ -153,3 +153,65 @@ def test_dtensor_job_gets_dtensor_env() -> None:
         "mnist-dtensor-worker-0.team-a.svc.cluster.local:2222,"
         "mnist-dtensor-worker-1.team-a.svc.cluster.local:2222"
     )
+
+
+def test_pods_meet_pod_security_restricted_by_default() -> None:
+    """seccomp RuntimeDefault, no privilege escalation, all capabilities dropped; the runtime's
+    own image runs as non-root; the checkpoint volume is writable through fsGroup."""
+    job = load_example("mnist-multiworker.yaml")
+    pod = render.render_pod(job, "worker", 0, 0, OPTIONS, OWNER)
+    assert pod["spec"]["securityContext"] == {
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "runAsNonRoot": True,
+        "fsGroup": 1000,
+        "fsGroupChangePolicy": "OnRootMismatch",
+    }
+    assert pod["spec"]["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def test_users_security_context_wins_and_own_images_may_run_as_root() -> None:
+    """A user's own command (no spec.runtime) gets no runAsNonRoot: most TensorFlow images run
+    as root and kubelet would refuse them. Keys the user set are kept as they are."""
+    job = spec.parse(
+        {
+            "apiVersion": "trainjob.dev/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": {"name": "own"},
+            "spec": {
+                "replicaSpecs": {
+                    "worker": {
+                        "replicas": 1,
+                        "template": {
+                            "spec": {
+                                "securityContext": {"fsGroup": 2000, "runAsUser": 0},
+                                "containers": [
+                                    {
+                                        "name": "tensorflow",
+                                        "image": "tensorflow/tensorflow:2.15.0",
+                                        "command": ["python", "train.py"],
+                                        "securityContext": {
+                                            "capabilities": {"add": ["SYS_PTRACE"]}
+                                        },
+                                    }
+                                ],
+                            }
+                        },
+                    }
+                },
+                "checkpoint": {"claimName": "ckpt", "path": "/ckpt"},
+            },
+        }
+    )
+    pod = render.render_pod(job, "worker", 0, 0, OPTIONS, None)
+    assert pod["spec"]["securityContext"] == {
+        "fsGroup": 2000,
+        "runAsUser": 0,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert pod["spec"]["containers"][0]["securityContext"] == {
+        "capabilities": {"add": ["SYS_PTRACE"]},
+        "allowPrivilegeEscalation": False,
+    }

@@ -13,6 +13,9 @@ from typing import Any
 
 from trainjob.core import constants, naming, spec, tfconfig
 
+# The user the runtime images (images/trainjob*, `USER 1000`) run as, and its group.
+RUNTIME_IMAGE_UID = 1000
+
 
 @dataclasses.dataclass(frozen=True)
 class Owner:
@@ -77,6 +80,9 @@ def render_pod(
     )
     pod_spec["containers"] = containers
     pod_spec["restartPolicy"] = "Never"
+    pod_spec["securityContext"] = _pod_security_context(
+        job, dict(pod_spec.get("securityContext") or {})
+    )
     if job.checkpoint is not None and job.checkpoint.claim_name is not None:
         volumes = list(pod_spec.get("volumes") or [])
         if not any(v.get("name") == constants.CHECKPOINT_VOLUME_NAME for v in volumes):
@@ -112,6 +118,26 @@ def render_pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
+def _pod_security_context(job: spec.TrainJob, given: dict[str, Any]) -> dict[str, Any]:
+    """Defaults that let the pod run in a namespace enforcing the Pod Security Standard
+    "restricted"; every key the user set wins.
+
+    runAsNonRoot only when the trainjob runtime runs (its images run as user 1000): forced on
+    a user's own image that runs as root (most TensorFlow images do), kubelet would refuse to
+    start the container. fsGroup makes a fresh, root-owned volume (a cloud disk, a local PV)
+    writable by the runtime's group; OnRootMismatch skips the recursive chown when the
+    volume's root already has that group (a resumed job with many checkpoint files)."""
+    result = dict(given)
+    result.setdefault("seccompProfile", {"type": "RuntimeDefault"})
+    if job.runtime is not None:
+        result.setdefault("runAsNonRoot", True)
+    has_volume = job.checkpoint is not None and job.checkpoint.claim_name is not None
+    if has_volume and "fsGroup" not in result:
+        result["fsGroup"] = RUNTIME_IMAGE_UID
+        result.setdefault("fsGroupChangePolicy", "OnRootMismatch")
+    return result
+
+
 def _tf_container_index(containers: list[dict[str, Any]]) -> int:
     for i, container in enumerate(containers):
         if container.get("name") == constants.DEFAULT_CONTAINER_NAME:
@@ -142,6 +168,12 @@ def _tf_container(
     if not any(p.get("name") == constants.DEFAULT_PORT_NAME for p in ports):
         ports.append({"name": constants.DEFAULT_PORT_NAME, "containerPort": port})
     result["ports"] = ports
+    # "restricted" also asks every container to drop all capabilities and never gain
+    # privileges; TensorFlow needs neither. The user's own settings win key by key.
+    security = dict(result.get("securityContext") or {})
+    security.setdefault("allowPrivilegeEscalation", False)
+    security.setdefault("capabilities", {"drop": ["ALL"]})
+    result["securityContext"] = security
     if job.checkpoint is not None and job.checkpoint.claim_name is not None:
         mounts = list(result.get("volumeMounts") or [])
         if not any(m.get("name") == constants.CHECKPOINT_VOLUME_NAME for m in mounts):
