@@ -1,57 +1,125 @@
-"""The `trainjob` command. This module is the edge: it reads files and prints; every decision is
-made by the pure core. Training and local execution are imported lazily, so `validate` and
-`render` never pay for TensorFlow.
+"""The `trainjob` command. This module is the edge: it parses the command line, reads files and
+prints; every decision is made by the pure core. Training and local execution are imported
+lazily, so `validate` and `render` never pay for TensorFlow.
+
+Every user mistake ends in one line on stderr naming the file or field, never a traceback, with
+the exit codes of `EXIT_CODES_HELP`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import sys
-from collections.abc import Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TextIO
 
 import yaml
 
+from trainjob import __version__
 from trainjob.core import constants, convert, render, spec
 
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1  # the job failed; validate: the manifests have problems
+EXIT_USAGE: Final = 2  # a bad command line, or input that cannot be used at all
+EXIT_SIGPIPE: Final = 141  # the reader of our output went away (`| head -1`), as 128 + SIGPIPE
 
-def _read_documents(path: str) -> list[Any]:
-    """Every YAML document of a file (`-` is stdin), empty documents dropped."""
+EXIT_CODES_HELP: Final = """\
+exit codes:
+  0    success (run: the job Succeeded)
+  1    run: the job Failed; validate: a manifest has problems
+  2    bad command line or unusable input: unreadable file, not YAML, duplicate key,
+       invalid TrainJob (render/run/convert), run directory in use, cannot run locally
+  130  run: stopped by Ctrl-C (SIGINT); 143: stopped by SIGTERM
+"""
+OUTPUT_FORMATS: Final = ("yaml", "json")
+
+
+class CliError(Exception):
+    """A user mistake: one line (or a few) for stderr, and the exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+# ----- input -----
+def read_source(path: str, stdin: TextIO) -> str:
+    """The text of a file (`-`: stdin); CliError for anything that is not readable UTF-8 text."""
+    name = "<stdin>" if path == "-" else path
     try:
         if path == "-":
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
+            return stdin.read()
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except IsADirectoryError as error:
+        raise CliError(f"cannot read {name}: it is a directory") from error
     except OSError as error:
-        raise SystemExit(f"trainjob: cannot read {path}: {error.strerror}") from error
+        raise CliError(f"cannot read {name}: {error.strerror or error}") from error
+    except UnicodeDecodeError as error:
+        raise CliError(
+            f"cannot read {name}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at "
+            f"offset {error.start}); a manifest is YAML text"
+        ) from error
+    except ValueError as error:  # e.g. NUL bytes from a binary file given as stdin
+        raise CliError(f"cannot read {name}: {error}") from error
+
+
+def load_documents(path: str, stdin: TextIO) -> list[Any]:
+    """Every YAML document of one file, at least one."""
+    name = "<stdin>" if path == "-" else path
+    text = read_source(path, stdin)
+    if "\x00" in text:
+        raise CliError(f"cannot read {name}: a binary file (NUL bytes); a manifest is YAML text")
     try:
-        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as error:
-        raise SystemExit(f"trainjob: {path} is not valid YAML: {error}") from error
-
-
-def _trainjobs(path: str) -> list[Any]:
-    documents = _read_documents(path)
+        documents = spec.load_documents(text, name)
+    except spec.YamlError as error:
+        raise CliError(str(error)) from error
     if not documents:
-        raise SystemExit(f"trainjob: {path} holds no YAML document")
+        raise CliError(f"{name} holds no YAML document")
     return documents
 
 
-def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
-    exit_code = 0
-    for number, document in enumerate(_trainjobs(args.file), start=1):
-        label = _document_label(document, number)
-        problems = spec.problems_of(document)
-        if problems:
-            exit_code = 1
-            for problem in problems:
-                out.write(f"{args.file}: {label}: {problem}\n")
-        else:
-            out.write(f"{args.file}: {label}: valid\n")
-    return exit_code
+def parse_job(document: Any, name: str, *, require_images: bool = True) -> spec.TrainJob:
+    try:
+        return spec.parse(document, require_images=require_images)
+    except spec.SpecError as error:
+        lines = "\n".join(f"{name}: {problem}" for problem in error.problems)
+        raise CliError(f"{lines}\n{name} is not a valid TrainJob") from error
 
 
+def _files(args: argparse.Namespace) -> list[str]:
+    files: list[str] = args.file or []
+    if files.count("-") > 1:
+        raise CliError("-f - (stdin) can be given only once")
+    return files
+
+
+def _dump(data: Any, out: TextIO, output: str) -> None:
+    if output == "json":
+        json.dump(data, out, indent=2)
+        out.write("\n")
+    else:
+        yaml.dump(data, out, Dumper=_DUMPER, sort_keys=False, default_flow_style=False)
+
+
+def _dump_all(documents: Sequence[Any], out: TextIO, output: str) -> None:
+    """Several objects: multi-document YAML, or a Kubernetes `List` in JSON (as kubectl)."""
+    if output == "json":
+        _dump({"apiVersion": "v1", "kind": "List", "items": list(documents)}, out, "json")
+    else:
+        yaml.dump_all(documents, out, Dumper=_DUMPER, sort_keys=False, default_flow_style=False)
+
+
+# libyaml's emitter when PyYAML has it: 100x faster on a 1,000-replica render (TF_CONFIG grows
+# with the square of the replica count, and the pure-Python emitter scans every character).
+_DUMPER: Final[Any] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+# ----- commands -----
 def _document_label(document: Any, number: int) -> str:
     if isinstance(document, dict):
         name = (document.get("metadata") or {}).get("name")
@@ -60,50 +128,298 @@ def _document_label(document: Any, number: int) -> str:
     return f"document {number}"
 
 
-def _parse_or_exit(document: Any, path: str) -> spec.TrainJob:
-    try:
-        return spec.parse(document)
-    except spec.SpecError as error:
-        lines = "\n".join(f"{path}: {problem}" for problem in error.problems)
-        raise SystemExit(f"{lines}\ntrainjob: {path} is not a valid TrainJob") from error
+def cmd_validate(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    exit_code = EXIT_OK
+    results: list[dict[str, Any]] = []
+    for path in _files(args):
+        name = "<stdin>" if path == "-" else path
+        for number, document in enumerate(load_documents(path, stdin), start=1):
+            problems = spec.problems_of(document)
+            if problems:
+                exit_code = EXIT_FAILED
+            results.append(
+                {
+                    "file": name,
+                    "document": number,
+                    "name": _document_label(document, number).removeprefix("TrainJob "),
+                    "valid": not problems,
+                    "problems": [{"field": p.path, "message": p.message} for p in problems],
+                }
+            )
+            if args.output is None:
+                label = _document_label(document, number)
+                for problem in problems:
+                    out.write(f"{name}: {label}: {problem}\n")
+                if not problems:
+                    out.write(f"{name}: {label}: valid\n")
+    if args.output is not None:
+        _dump(results, out, args.output)
+    return exit_code
 
 
-def cmd_render(args: argparse.Namespace, out: TextIO) -> int:
+def cmd_render(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     manifests: list[dict[str, Any]] = []
-    for document in _trainjobs(args.file):
-        job = _parse_or_exit(document, args.file)
-        namespace = args.namespace or job.namespace or "default"
-        owner = render.Owner(job.name, job.uid) if job.uid else None
-        options = render.RenderOptions(
-            namespace=namespace, cluster_domain=args.cluster_domain, default_image=args.image
-        )
-        manifests.extend(render.render_all(job, options, owner))
+    for path in _files(args):
+        name = "<stdin>" if path == "-" else path
+        for document in load_documents(path, stdin):
+            job = parse_job(document, name)
+            namespace = args.namespace or job.namespace or "default"
+            owner = render.Owner(job.name, job.uid) if job.uid else None
+            options = render.RenderOptions(
+                namespace=namespace, cluster_domain=args.cluster_domain, default_image=args.image
+            )
+            manifests.extend(render.render_all(job, options, owner))
+    if args.output == "json":
+        _dump_all(manifests, out, "json")
+        return EXIT_OK
     out.write(
         "# Rendered by `trainjob render`: the Services and Pods the operator creates.\n"
         "# ownerReferences are added when metadata.uid is known (on the cluster).\n"
     )
-    yaml.safe_dump_all(manifests, out, sort_keys=False, default_flow_style=False)
-    return 0
+    _dump_all(manifests, out, "yaml")
+    return EXIT_OK
 
 
-def cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
+def cmd_convert(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     results: list[dict[str, Any]] = []
-    for document in _trainjobs(args.file):
-        if not isinstance(document, dict):
-            raise SystemExit(f"trainjob: {args.file}: expected a TFJob object")
-        try:
-            conversion = convert.convert_tfjob(document)
-        except convert.ConvertError as error:
-            raise SystemExit(f"trainjob: {args.file}: {error}") from error
-        for note in conversion.notes:
-            sys.stderr.write(f"note: {note}\n")
-        problems = spec.problems_of(conversion.trainjob)
-        if problems:
-            details = "\n".join(f"  {p}" for p in problems)
-            raise SystemExit(f"trainjob: the converted TrainJob is not valid:\n{details}")
-        results.append(conversion.trainjob)
-    yaml.safe_dump_all(results, out, sort_keys=False, default_flow_style=False)
-    return 0
+    for path in _files(args):
+        name = "<stdin>" if path == "-" else path
+        for document in load_documents(path, stdin):
+            if not isinstance(document, dict):
+                raise CliError(f"{name}: expected a TFJob object, got {type(document).__name__}")
+            try:
+                conversion = convert.convert_tfjob(document)
+            except convert.ConvertError as error:
+                raise CliError(f"{name}: {error}") from error
+            for note in conversion.notes:
+                sys.stderr.write(f"note: {note}\n")
+            problems = spec.problems_of(conversion.trainjob)
+            if problems:
+                details = "\n".join(f"  {p}" for p in problems)
+                raise CliError(f"{name}: the converted TrainJob is not valid:\n{details}")
+            results.append(conversion.trainjob)
+    _dump_all(results, out, args.output or "yaml")
+    return EXIT_OK
+
+
+def cmd_completion(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    del stdin
+    out.write(completion_script(build_parser(), args.shell))
+    return EXIT_OK
+
+
+def _local(function: str) -> Callable[[argparse.Namespace, TextIO, TextIO], int]:
+    """A handler of trainjob.local.cli, imported when the command runs."""
+
+    def handler(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+        from trainjob.local import cli as local_cli
+
+        result: int = getattr(local_cli, function)(args, out, stdin)
+        return result
+
+    return handler
+
+
+# ----- completion -----
+def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
+    """A bash completion script (zsh loads it through bashcompinit) for every command's flags;
+    `-f`, `--run-dir` and `--data-dir` complete file names."""
+    commands: dict[str, list[str]] = {}
+    for action in parser._actions:  # argparse has no public API to walk sub-commands
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                commands[name] = sorted(
+                    option for act in sub._actions for option in act.option_strings
+                )
+    top = sorted(option for act in parser._actions for option in act.option_strings)
+    cases = "\n".join(
+        f'    {name}) opts="{" ".join(options)}" ;;' for name, options in commands.items()
+    )
+    script = f"""# trainjob shell completion ({shell}); load it with:
+#   source <(trainjob completion {shell})
+_trainjob() {{
+  local cur prev cmd opts
+  cur="${{COMP_WORDS[COMP_CWORD]}}"
+  prev="${{COMP_WORDS[COMP_CWORD-1]}}"
+  cmd="${{COMP_WORDS[1]}}"
+  case "$prev" in
+    -f|--file|--run-dir|--data-dir) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+    -o|--output) COMPREPLY=($(compgen -W "{" ".join(OUTPUT_FORMATS)}" -- "$cur")); return ;;
+  esac
+  if [[ $COMP_CWORD -eq 1 ]]; then
+    COMPREPLY=($(compgen -W "{" ".join(commands)} {" ".join(top)}" -- "$cur")); return
+  fi
+  case "$cmd" in
+{cases}
+    *) opts="" ;;
+  esac
+  if [[ "$cmd" == completion ]]; then opts="bash zsh"; fi
+  COMPREPLY=($(compgen -W "$opts" -- "$cur"))
+  if [[ ${{#COMPREPLY[@]}} -eq 0 ]]; then COMPREPLY=($(compgen -f -- "$cur")); fi
+}}
+complete -o filenames -F _trainjob trainjob
+"""
+    if shell == "zsh":
+        script = "autoload -Uz bashcompinit && bashcompinit\n" + script
+    return script
+
+
+# ----- the parser -----
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=30)
+
+
+def _add_file(parser: argparse.ArgumentParser, *, several: bool) -> None:
+    parser.add_argument(
+        "-f",
+        "--file",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="YAML file, or - for stdin" + (" (repeat for several files)" if several else ""),
+    )
+
+
+def _add_output(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "-o", "--output", choices=OUTPUT_FORMATS, help=f"print {what} as YAML or JSON"
+    )
+
+
+def _sub(
+    commands: Any, name: str, summary: str, description: str, examples: str
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog=f"examples:\n{examples}\n{EXIT_CODES_HELP}",
+        formatter_class=_formatter,
+    )
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from trainjob.local import cli as local_cli
+
+    parser = argparse.ArgumentParser(
+        prog="trainjob",
+        description=(
+            "Run TensorFlow multi-worker training as a TrainJob: on Kubernetes (the operator) "
+            "or on this machine (trainjob run)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  trainjob run -f examples/mnist-multiworker.yaml\n"
+            "  trainjob status\n"
+            "  trainjob render -f examples/mnist-multiworker.yaml | kubectl apply --dry-run=client -f -\n"  # noqa: E501
+            "  source <(trainjob completion bash)\n\n" + EXIT_CODES_HELP
+        ),
+        formatter_class=_formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"trainjob {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    local_cli.add_run_parser(
+        _sub(
+            commands,
+            "run",
+            "run a TrainJob on this machine, one process per replica",
+            local_cli.RUN_DESCRIPTION,
+            local_cli.RUN_EXAMPLES,
+        )
+    ).set_defaults(handler=_local("cmd_run"))
+    local_cli.add_status_parser(
+        _sub(
+            commands,
+            "status",
+            "show the state of local runs (trainjob run)",
+            local_cli.STATUS_DESCRIPTION,
+            local_cli.STATUS_EXAMPLES,
+        )
+    ).set_defaults(handler=_local("cmd_status"))
+    local_cli.add_logs_parser(
+        _sub(
+            commands,
+            "logs",
+            "print (or follow) the replica logs of a local run",
+            local_cli.LOGS_DESCRIPTION,
+            local_cli.LOGS_EXAMPLES,
+        )
+    ).set_defaults(handler=_local("cmd_logs"))
+
+    validate = _sub(
+        commands,
+        "validate",
+        "check TrainJob manifests; one line per problem, naming the field",
+        "Check TrainJob manifests with the same rules as the CRD and the operator. Prints one\n"
+        "line per document (`valid`) or per problem, naming the field.",
+        "  trainjob validate -f examples/mnist-multiworker.yaml\n"
+        "  trainjob validate -f a.yaml -f b.yaml -o json\n"
+        "  trainjob convert -f tfjob.yaml | trainjob validate -f -",
+    )
+    _add_file(validate, several=True)
+    _add_output(validate, "the results")
+    validate.set_defaults(handler=cmd_validate)
+
+    render_cmd = _sub(
+        commands,
+        "render",
+        "print the Pods and Services the operator would create (dry run)",
+        "Print, as multi-document YAML (or a JSON List), the headless Services and Pods the\n"
+        "operator creates for each TrainJob, with their TF_CONFIG.",
+        "  trainjob render -f examples/mnist-multiworker.yaml --namespace team-a\n"
+        "  trainjob render -f job.yaml -o json | jq '.items[].metadata.name'",
+    )
+    _add_file(render_cmd, several=True)
+    _add_output(render_cmd, "the manifests")
+    render_cmd.add_argument("--namespace", help="default: metadata.namespace, else 'default'")
+    render_cmd.add_argument(
+        "--cluster-domain",
+        default=constants.DEFAULT_CLUSTER_DOMAIN,
+        help="appended to <svc>.<ns>.svc in TF_CONFIG hosts (e.g. cluster.local)",
+    )
+    render_cmd.add_argument("--image", help="image for replicas that set none")
+    render_cmd.set_defaults(handler=cmd_render)
+
+    convert_cmd = _sub(
+        commands,
+        "convert",
+        "turn a Kubeflow TFJob (kubeflow.org/v1) into a TrainJob",
+        "Turn Kubeflow TFJobs (kubeflow.org/v1) into equivalent TrainJobs; notes on stderr say\n"
+        "what differs.",
+        "  trainjob convert -f tfjob.yaml > trainjob.yaml\n"
+        "  trainjob convert -f tfjob.yaml | trainjob run -f -",
+    )
+    _add_file(convert_cmd, several=True)
+    _add_output(convert_cmd, "the TrainJobs")
+    convert_cmd.set_defaults(handler=cmd_convert)
+
+    completion = _sub(
+        commands,
+        "completion",
+        "print a shell completion script (bash or zsh)",
+        "Print a completion script for the `trainjob` command.",
+        "  source <(trainjob completion bash)            # this shell\n"
+        "  trainjob completion bash > ~/.local/share/bash-completion/completions/trainjob\n"
+        "  source <(trainjob completion zsh)             # zsh",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
+    completion.set_defaults(handler=cmd_completion)
+
+    commands.add_parser(
+        "train", help="run one replica's training (inside a pod or process)", add_help=False
+    )
+    commands.add_parser(
+        "data", help="prepare datasets offline (trainjob data prepare mnist)", add_help=False
+    )
+    return parser
+
+
+_DELEGATED: Final = {
+    "train": ("trainjob.runtime.entry", "train_main"),
+    "data": ("trainjob.runtime.entry", "data_main"),
+}
 
 
 def _delegate(module: str, function: str, argv: Sequence[str]) -> int:
@@ -115,58 +431,35 @@ def _delegate(module: str, function: str, argv: Sequence[str]) -> int:
     return result
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="trainjob",
-        description="Run TensorFlow multi-worker training as a TrainJob, on Kubernetes or locally.",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    validate = commands.add_parser(
-        "validate", help="check TrainJob manifests; one line per problem, naming the field"
-    )
-    validate.add_argument("-f", "--file", required=True, help="YAML file, or - for stdin")
-
-    render_cmd = commands.add_parser(
-        "render", help="print the Pods and Services the operator would create (dry run)"
-    )
-    render_cmd.add_argument("-f", "--file", required=True, help="YAML file, or - for stdin")
-    render_cmd.add_argument("--namespace", help="default: metadata.namespace, else 'default'")
-    render_cmd.add_argument(
-        "--cluster-domain",
-        default=constants.DEFAULT_CLUSTER_DOMAIN,
-        help="appended to <svc>.<ns>.svc in TF_CONFIG hosts (e.g. cluster.local)",
-    )
-    render_cmd.add_argument("--image", help="image for replicas that set none")
-
-    convert_cmd = commands.add_parser(
-        "convert", help="turn a Kubeflow TFJob (kubeflow.org/v1) into a TrainJob"
-    )
-    convert_cmd.add_argument("-f", "--file", required=True, help="YAML file, or - for stdin")
-
-    commands.add_parser(
-        "train", help="run one replica's training (inside a pod or process)", add_help=False
-    )
-    commands.add_parser(
-        "data", help="prepare datasets offline (trainjob data prepare mnist)", add_help=False
-    )
-    commands.add_parser("run", help="run a TrainJob locally as processes", add_help=False)
-    return parser
+def _silence_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush is quiet."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
-_DELEGATED = {
-    "train": ("trainjob.runtime.entry", "train_main"),
-    "data": ("trainjob.runtime.entry", "data_main"),
-    "run": ("trainjob.local.cli", "run_main"),
-}
-
-
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    out: TextIO | None = None,
+    stdin: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments and arguments[0] in _DELEGATED:
         module, function = _DELEGATED[arguments[0]]
         return _delegate(module, function, arguments[1:])
-    args = build_parser().parse_args(arguments)
-    stream = out or sys.stdout
-    handlers = {"validate": cmd_validate, "render": cmd_render, "convert": cmd_convert}
-    return handlers[args.command](args, stream)
+    errors = err or sys.stderr
+    try:
+        args = build_parser().parse_args(arguments)
+        handler: Callable[[argparse.Namespace, TextIO, TextIO], int] = args.handler
+        return handler(args, out or sys.stdout, stdin or sys.stdin)
+    except CliError as error:
+        command = arguments[0] if arguments and not arguments[0].startswith("-") else ""
+        errors.write(f"trainjob {command}: {error.message}\n".replace("trainjob : ", "trainjob: "))
+        return error.code
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_SIGPIPE
+    except KeyboardInterrupt:
+        errors.write("\n")
+        return 130

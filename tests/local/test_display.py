@@ -1,12 +1,14 @@
-"""Display (pure): progress folding, lines, the live table, the summary and exit codes."""
+"""Display (pure): progress folding, the live table at every width, noise filtering, failure
+causes, the summary, exit codes and `trainjob status` rendering."""
 
 from __future__ import annotations
 
 import datetime
+import time
 
 import pytest
 
-from trainjob.core import spec
+from trainjob.core import policy, spec
 from trainjob.core import status as st
 from trainjob.local import display
 
@@ -17,8 +19,12 @@ pytestmark = pytest.mark.unit
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
 JOB = spec.parse(
     job_manifest(
-        "mnist",
-        {"worker": {"replicas": 2, "restartPolicy": "ExitCode"}},
+        "mnist-multiworker",
+        {
+            "chief": {"replicas": 1},
+            "worker": {"replicas": 2, "restartPolicy": "ExitCode"},
+            "ps": {"replicas": 1},
+        },
         image="img",
         runtime={
             "entrypoint": "trainjob.samples.mnist:build",
@@ -26,6 +32,30 @@ JOB = spec.parse(
         },
     )
 )
+ROWS = [
+    display.ReplicaRow(("chief", 0), "Running", 1, None, 123456),
+    display.ReplicaRow(("worker", 0), "Running", 1, None, 42),
+    display.ReplicaRow(("worker", 1), "Failed", 0, 137, None),
+    display.ReplicaRow(("ps", 0), "", 0, None, None),
+]
+PROGRESS = {
+    ("chief", 0): display.ReplicaProgress(epoch=1, step=80, loss=0.42104, examples_per_sec=1234.5),
+    ("worker", 0): display.ReplicaProgress(epoch=1, step=80, loss=0.421, examples_per_sec=1200),
+}
+CLOCK = display.StepClock(0.0, 40, 10.0, 80)
+
+
+def _table(width: int, height: int = 40, status: st.JobStatus | None = None) -> list[str]:
+    return display.table(
+        JOB,
+        status or st.JobStatus(restart_count=1),
+        ROWS,
+        PROGRESS,
+        65.0,
+        width=width,
+        height=height,
+        clock=CLOCK,
+    )
 
 
 def test_fold_keeps_the_latest_known_numbers() -> None:
@@ -47,28 +77,185 @@ def test_event_lines_for_plain_output() -> None:
         key, {"event": "end", "status": "succeeded", "export": "/r/export", "step": 120}, JOB
     )
     assert line == "[worker-0] progress: ended (succeeded), model at /r/export step 120/120"
+    # A replica trainjob stopped itself (Ctrl-C, end of job) is stopped, not "Preempted".
+    stopped = display.event_line(
+        ("ps", 0), {"event": "end", "status": "Preempted", "step": 7}, JOB, stopped=True
+    )
+    assert stopped == "[ps-0] progress: stopped step 7/120"
 
 
-def test_prefix_lines_align() -> None:
+def test_prefix_lines_align_and_cannot_move_the_cursor() -> None:
     width = display.prefix_width([("worker", 0), ("ps", 0)])
     assert display.prefix_line(("ps", 0), "hello\n", width) == "ps-0     | hello"
+    # A Keras progress bar redraws with \r; escape sequences would move the cursor under the
+    # live table: only what a terminal would leave visible is kept.
+    bar = " 1/40 [>....] - ETA: 3s\r 2/40 [=>...] - ETA: 2s\r"
+    assert display.prefix_line(("ps", 0), bar, width) == "ps-0     |  2/40 [=>...] - ETA: 2s"
+    assert display.terminal_safe("\x1b[31mred\x1b[0m\x1b[2A\x07 ok\tx") == "red ok  x"
+    colored = display.prefix_line(("ps", 0), "hi", width, color=True, style="36")
+    assert colored == "\x1b[36mps-0     |\x1b[0m hi"
 
 
-def test_table_shows_state_attempt_exit_and_progress() -> None:
-    status = st.JobStatus(restart_count=1)
+@pytest.mark.parametrize("width", [20, 40, 60, 80, 120, 200])
+def test_every_table_line_fits_the_terminal(width: int) -> None:
+    lines = _table(width)
+    assert len(lines) == 5  # the job line and one per replica
+    assert all(len(line) <= width - 1 for line in lines), lines
+    assert lines[0].startswith("TrainJob mnist-mul")
+    assert lines[3].startswith("  worker-1"[: width - 1])
+
+
+def test_the_table_drops_the_least_useful_columns_first() -> None:
+    wide = _table(200)
+    assert wide[0] == (
+        "TrainJob mnist-multiworker  Pending  1m05s  step 80/120 (66%)  ETA 10.0s  restarts 1/6"
+    )
+    assert wide[1] == (
+        "  chief-0   Running             epoch 2/3  step 80/120  loss 0.4210  1,234 ex/s"
+        "  attempt 1  pid 123456"
+    )
+    assert wide[3] == "  worker-1  Failed    exit 137" + " " * 51 + "attempt 0"
+    at_80 = _table(80)
+    assert "pid" not in "".join(at_80) and "attempt" not in "".join(at_80)
+    assert (
+        at_80[1]
+        == "  chief-0   Running             epoch 2/3  step 80/120  loss 0.4210  1,234 ex/s"
+    )
+    # restarts happened: they stay on the job line, the elapsed time goes first
+    assert (
+        at_80[0]
+        == "TrainJob mnist-multiworker  Pending  step 80/120 (66%)  ETA 10.0s  restarts 1/6"
+    )
+    at_60 = _table(60)
+    assert at_60[1] == "  chief-0   Running             step 80/120  loss 0.4210"
+    assert at_60[3] == "  worker-1  Failed    exit 137"
+
+
+def test_a_table_taller_than_the_terminal_sums_up_the_rest() -> None:
+    lines = _table(80, height=4)
+    assert len(lines) == 3  # height - 1: the cursor can always go back to the first line
+    assert lines[1].split()[:2] == ["worker-1", "Failed"]  # not running: shown first
+    assert lines[2] == "  … 3 more replicas: 2 Running, 1 Starting"
+
+
+def test_a_thousand_replicas_render_fast_and_fit() -> None:
+    job = spec.parse(
+        job_manifest("big", {"worker": {"replicas": 1000}, "ps": {"replicas": 2}}, image="i")
+    )
     rows = [
-        display.ReplicaRow(("worker", 0), "Running", 1, None, 42),
-        display.ReplicaRow(("worker", 1), "Failed", 0, 137, None),
+        display.ReplicaRow(key, "Running", 0, None, 1000 + i)
+        for i, key in enumerate(job.replica_keys())
     ]
-    lines = display.table(JOB, status, rows, {("worker", 0): display.ReplicaProgress(step=3)}, 65.0)
-    assert lines[0] == "TrainJob mnist: Pending  1m05s  restarts 1/6"
-    assert lines[1] == "  worker-0 Running    attempt 1 pid 42  step 3/120"
-    assert lines[2] == "  worker-1 Failed     attempt 0 exit 137"
-    redraw = display.redraw(3, lines, ["log"])
-    assert redraw.startswith("\x1b[3A\r\x1b[2Klog\n")
+    progress = {key: display.ReplicaProgress(step=5, loss=0.1) for key in job.replica_keys()}
+    started = time.perf_counter()
+    for _ in range(10):
+        lines = display.table(job, st.JobStatus(), rows, progress, 3.0, width=80, height=24)
+    per_frame = (time.perf_counter() - started) / 10
+    assert per_frame < 0.05, per_frame  # redrawn twice a second at most
+    assert len(lines) == 23
+    assert lines[-1] == "  … 981 more replicas: 981 Running"
 
 
-def _summary(status: st.JobStatus, interrupted: str | None = None) -> display.Summary:
+def test_redraw_goes_back_to_the_first_line_and_clears_everything_below() -> None:
+    text = display.redraw(3, ["table"], ["a log line far wider than the terminal " * 5])
+    assert text.startswith("\x1b[3A\r\x1b[J")  # one clear for all rows, wrapped ones included
+    assert text.endswith("\ntable\n")
+    assert display.redraw(0, ["t"], []) == "\r\x1b[Jt\n"
+    assert display.erase(2) == "\x1b[2A\r\x1b[J"
+    assert display.erase(0) == ""
+
+
+def test_drawn_height_follows_a_terminal_made_narrower() -> None:
+    assert display.drawn_height([79, 40, 10], 80) == 3
+    assert display.drawn_height([79, 40, 10], 60) == 4  # the 79-column line re-wraps
+    assert display.drawn_height([0], 60) == 1
+
+
+REAL_NOISE = [
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "I0000 00:00:1795439295.226345   18621 cudart_stub.cc:31] Could not find cuda drivers on "
+    "your machine, GPU will not be used.",
+    "E0000 00:00:1795439303.967021   18621 cuda_platform.cc:52] failed call to cuInit: INTERNAL:"
+    " CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
+    "2026-11-23 13:08:25,466 INFO tensorflow Enabled multi-worker collective ops with available"
+    " devices: ['/job:worker/replica:0/task:1/device:CPU:0']",
+    "2026-11-23 13:08:28,694 INFO tensorflow Collective all_reduce tensors: 8 all_reduces, "
+    "num_devices = 1, group_size = 2, implementation = CommunicationImplementation.AUTO",
+    "2026-11-23 13:08:27,092 INFO absl Load dataset info from /tmp/i14/tfds/mnist/3.0.1",
+    "INFO:tensorflow:Using MirroredStrategy with devices ('/job:worker/task:0/device:CPU:0',)",
+    "2026-11-23 13:02:27.443295: I tensorflow/core/util/port.cc:153] oneDNN custom operations",
+]
+USER_LINES = [
+    "Epoch 1/3",
+    "ValueError: Shapes (None, 10) and (None, 1) are incompatible",
+    "2026-11-23 13:08:25,466 ERROR trainjob.runtime.entry Replica worker-0 failed",
+    "2026-11-23 13:08:25,466 WARNING tensorflow Your input ran out of data",
+    "E1123 13:08:25.466000 1 grpc_server_lib.cc:1] Could not start gRPC server",
+    "my own line mentioning tensorflow",
+]
+
+
+def test_tensorflow_noise_is_recognised_and_user_lines_are_not() -> None:
+    assert [line for line in REAL_NOISE if not display.is_noise(line)] == []
+    assert [line for line in USER_LINES if display.is_noise(line)] == []
+
+
+def test_filter_hides_noise_unless_verbose_and_folds_a_stop_we_asked_for() -> None:
+    state = display.FilterState()
+    assert display.filter_line(REAL_NOISE[0], state, verbose=False, stopping=False)[0] is None
+    assert (
+        display.filter_line(REAL_NOISE[0], state, verbose=True, stopping=False)[0]
+        == (REAL_NOISE[0])
+    )
+    lines = [
+        "2026-11-23 13:09:01,000 ERROR trainjob.runtime.entry Replica worker-1 failed "
+        "(Preempted, exit 143): Traceback (most recent call last):",
+        '  File "/x/keras_runner.py", line 98, in on_train_batch_end',
+        "    raise Preempted(f'signal {stop.signum} received')",
+        "trainjob.runtime.exitcodes.Preempted: signal 15 received during epoch 1",
+        "",
+        "2026-11-23 13:09:02,000 INFO trainjob.runtime.entry Saved",
+    ]
+    shown = []
+    for line in lines:
+        text, state = display.filter_line(line, state, verbose=False, stopping=True)
+        if text is not None:
+            shown.append(text)
+    assert shown == ["stopped (exit 143)", lines[-1]]
+
+
+def test_the_last_exception_line_is_the_cause() -> None:
+    log = "\n".join(
+        [
+            "=== trainjob: job-worker-0 attempt 0 started 2026-01-01T00:00:00Z",
+            REAL_NOISE[2],
+            "Traceback (most recent call last):",
+            '  File "train.py", line 3, in <module>',
+            "ValueError: learning rate must be positive, got -1",
+            "",
+        ]
+    )
+    assert display.last_exception_line(log) == (
+        "ValueError: learning rate must be positive, got -1"
+    )
+    grpc = "E1123 13:08:25.466 1 server.cc:1] Could not start gRPC server\n"
+    assert display.last_exception_line(grpc) == grpc.strip()
+    assert display.last_exception_line("all good\n") is None
+
+
+def test_eta_from_the_rate_seen_since_the_attempt_started() -> None:
+    assert display.eta_seconds(CLOCK, 120) == pytest.approx(10.0)
+    assert display.eta_seconds(display.StepClock(0.0, 80, 0.0, 80), 120) is None
+    assert display.eta_seconds(CLOCK, None) is None
+
+
+def _summary(
+    status: st.JobStatus,
+    interrupted: str | None = None,
+    *,
+    causes: tuple[display.Cause, ...] = (),
+    has_checkpoint: bool = False,
+) -> display.Summary:
     return display.Summary(
         JOB,
         status,
@@ -79,29 +266,88 @@ def _summary(status: st.JobStatus, interrupted: str | None = None) -> display.Su
         "/r/checkpoints",
         "/r/checkpoints/export",
         {},
+        causes=causes,
+        has_checkpoint=has_checkpoint,
     )
 
 
-def test_summary_and_exit_code_of_a_failed_job() -> None:
+def test_summary_of_a_failed_job_quotes_the_cause_and_the_log() -> None:
     status = st.JobStatus(
         conditions=(
-            st.Condition(st.FAILED, True, "ReplicaFailed", "worker 0 exited with code 3", NOW),
+            st.Condition(st.FAILED, True, "ReplicaFailed", "worker 0 exited with code 1", NOW),
         ),
-        replicas={("worker", 0): st.ReplicaRecord(0, st.STATE_FAILED, 3)},
-        restart_count=0,
+        replicas={
+            ("worker", 0): st.ReplicaRecord(0, st.STATE_FAILED, 1),
+            ("worker", 1): st.ReplicaRecord(0, st.STATE_FAILED, 143),
+        },
     )
-    summary = _summary(status)
+    assert display.failed_replicas(status, JOB) == [("worker", 0)]
+    cause = display.Cause("worker-0", "ValueError: bad shape", "/r/logs/worker-0.log")
+    summary = _summary(status, causes=(cause,))
     text = display.summary_text(summary)
-    assert "TrainJob mnist Failed after 12.0s" in text
-    assert "ReplicaFailed: worker 0 exited with code 3" in text
-    assert "worker-0=3 (Failed, attempt 0)" in text
-    assert "restarts:   0 (backoffLimit 6)" in text
+    assert "TrainJob mnist-multiworker Failed after 12.0s" in text
+    assert "ReplicaFailed: worker 0 exited with code 1" in text
+    assert "  cause:      worker-0: ValueError: bad shape\n" in text
+    assert "full log: /r/logs/worker-0.log" in text
+    assert "worker-0=1 (Failed, attempt 0)" in text
     assert display.exit_code_of(summary) == 1
 
 
-def test_exit_codes() -> None:
+def test_exit_codes_and_the_word_about_resuming() -> None:
     succeeded = st.JobStatus(conditions=(st.Condition(st.SUCCEEDED, True, "r", "m", NOW),))
     assert display.exit_code_of(_summary(succeeded)) == 0
     assert display.exit_code_of(_summary(st.JobStatus(), "SIGINT")) == 130
     assert display.exit_code_of(_summary(st.JobStatus(), "SIGTERM")) == 143
-    assert "Run the same command again" in display.summary_text(_summary(st.JobStatus(), "SIGINT"))
+    with_checkpoint = display.summary_text(_summary(st.JobStatus(), "SIGINT", has_checkpoint=True))
+    assert "Run the same command again to resume from the checkpoint" in with_checkpoint
+    without = display.summary_text(_summary(st.JobStatus(), "SIGINT"))
+    assert "resume" not in without and "No checkpoint was written yet" in without
+
+
+def test_stopped_status_is_true_after_an_interruption() -> None:
+    status = st.JobStatus(
+        conditions=(st.Condition(st.RUNNING, True, "Running", "running", NOW),),
+        replicas={
+            ("worker", 0): st.ReplicaRecord(0, st.STATE_RUNNING),
+            ("worker", 1): st.ReplicaRecord(0, st.STATE_SUCCEEDED, 0),
+        },
+    )
+    stopped = display.stopped_status(status, {("worker", 0): 143, ("worker", 1): 0}, "SIGINT", NOW)
+    assert stopped.record(("worker", 0)) == st.ReplicaRecord(
+        0, st.STATE_STOPPED, 143, "Interrupted"
+    )
+    assert stopped.record(("worker", 1)).state == st.STATE_SUCCEEDED
+    assert not stopped.is_true(st.RUNNING)
+    assert stopped.condition(st.RUNNING).reason == "Interrupted"  # type: ignore[union-attr]
+    text = display.summary_text(_summary(stopped, "SIGINT"))
+    assert "worker-0=143 (Stopped, attempt 0)" in text
+
+
+def test_engine_events_are_marked() -> None:
+    warning = policy.Event("Warning", "Restarting", "worker 1 exited 137")
+    assert display.engine_event_line(warning) == "! Restarting: worker 1 exited 137"
+
+
+def test_status_of_a_run_nobody_holds_is_unknown_not_running() -> None:
+    data = {
+        "jobName": "mnist",
+        "state": "Running",
+        "ready": "2/2",
+        "restartCount": 0,
+        "replicaStatuses": {
+            "worker": {"indexes": [{"index": 0, "attempt": 0, "state": "Running"}]}
+        },
+    }
+    held = display.RunEntry("/runs/mnist", data, 4242)
+    assert display.effective_state(held) == "Running"
+    assert display.status_lines(held)[0] == "TrainJob mnist: Running (trainjob run pid 4242)"
+    lost = display.RunEntry("/runs/mnist", data, None)
+    lines = display.status_lines(lost)
+    assert lines[0] == "TrainJob mnist: Unknown"
+    assert "no trainjob run holds this run dir" in lines[2]
+    assert lines[-1].split() == ["worker-0", "Running", "0", "-"]
+    assert display.status_data(lost)["state"] == "Unknown"
+    done = display.RunEntry("/runs/b", {"state": "Succeeded", "ready": "0/2"}, None)
+    table = display.runs_table([held, done])
+    assert table[0].split() == ["NAME", "STATE", "READY", "RESTARTS", "COMPLETED", "RUN", "DIR"]
+    assert table[2].split()[:2] == ["b", "Succeeded"]

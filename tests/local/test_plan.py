@@ -177,11 +177,14 @@ def test_dry_run_from_stdin_starts_nothing(
     assert not (pathlib.Path(tmp_path) / "run").exists()
 
 
-def test_invalid_job_exits_with_every_problem(tmp_path: os.PathLike[str]) -> None:
+def test_invalid_job_exits_2_with_every_problem(
+    tmp_path: os.PathLike[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     import io
     import pathlib
 
     path = write_job(pathlib.Path(tmp_path) / "bad.yaml", job_manifest("Bad", {}))
-    with pytest.raises(SystemExit) as info:
-        run_main(["-f", str(path)], out=io.StringIO())
-    assert "metadata.name" in str(info.value)
+    assert run_main(["-f", str(path)], out=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert "metadata.name" in err and "is not a valid TrainJob" in err
+    assert "Traceback" not in err

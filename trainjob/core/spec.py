@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+import yaml
+
 from trainjob.core import constants
 
 RESTART_POLICIES: Final = ("Never", "OnFailure", "Always", "ExitCode")
@@ -203,12 +205,86 @@ def _type_name(value: object) -> str:
     )
 
 
-def parse(manifest: object) -> TrainJob:
-    """Parse a TrainJob manifest; raise SpecError listing every problem found."""
+class YamlError(ValueError):
+    """Text that is not YAML a Kubernetes client would accept; the message names the source."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping, as kubectl does (PyYAML keeps
+    the last value silently, so `worker:` twice would run with the second one)."""
+
+
+def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            duplicate = key in seen
+        except TypeError:  # an unhashable key; construct_mapping reports it
+            break
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found duplicate key {key!r} (first at line {seen[key].start_mark.line + 1})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _no_duplicate_keys,
+)
+
+
+def load_documents(text: str, source: str) -> list[Any]:
+    """Every non-empty YAML document of `text`; YamlError naming `source` (a file name, or
+    `<stdin>`) and the line when it is not valid YAML or repeats a key."""
+    loader = _StrictLoader(text)
+    # Marks in messages then say `in "job.yaml", line 3` instead of `<unicode string>`.
+    loader.name = source
+    documents: list[Any] = []
+    try:
+        while loader.check_data():  # type: ignore[no-untyped-call]
+            document = loader.get_data()
+            if document is not None:
+                documents.append(document)
+    except yaml.YAMLError as error:
+        raise YamlError(f"{source} is not valid YAML: {error}") from error
+    finally:
+        loader.dispose()
+    return documents
+
+
+def _kubeflow_hint(obj: Mapping[str, Any]) -> Problem | None:
+    """A Kubeflow TFJob is the most common wrong kind: one problem that says how to convert it,
+    instead of field errors about a spec it was never meant to match."""
+    api_version = obj.get("apiVersion")
+    if obj.get("kind") == "TFJob" or (
+        isinstance(api_version, str) and api_version.startswith("kubeflow.org/")
+    ):
+        return Problem(
+            "kind",
+            f"must be {constants.KIND}, got {obj.get('kind')!r} ({api_version}): a Kubeflow TFJob; "
+            "convert it with `trainjob convert -f FILE` (e.g. `trainjob convert -f FILE | "
+            "trainjob run -f -`)",
+        )
+    return None
+
+
+def parse(manifest: object, *, require_images: bool = True) -> TrainJob:
+    """Parse a TrainJob manifest; raise SpecError listing every problem found.
+
+    `require_images=False` for local runs, which start processes and never use an image."""
     c = _Collector()
     obj = c.mapping(manifest, "<document>")
     if c.problems:
         raise SpecError(c.problems)
+    hint = _kubeflow_hint(obj)
+    if hint is not None:
+        raise SpecError([hint])
     if obj.get("apiVersion") != constants.API_VERSION:
         c.add("apiVersion", f"must be {constants.API_VERSION}, got {obj.get('apiVersion')!r}")
     if obj.get("kind") != constants.KIND:
@@ -249,7 +325,8 @@ def parse(manifest: object) -> TrainJob:
         labels={str(k): str(v) for k, v in labels.items()},
     )
     _check_topology(c, job)
-    _check_images(c, job)
+    if require_images:
+        _check_images(c, job)
     if c.problems:
         raise SpecError(c.problems)
     return job

@@ -1,28 +1,62 @@
-"""`trainjob run`: parse the command line, read and validate the TrainJob, plan, then execute."""
+"""`trainjob run`, `trainjob status` and `trainjob logs`: arguments, checks made before anything
+starts, and wiring. The command line itself is parsed by `trainjob.cli`, which calls these."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import time
 from collections.abc import Sequence
-from typing import Any, TextIO
-
-import yaml
+from typing import Any, Final, TextIO
 
 from trainjob.core import spec
 from trainjob.local import display, executor, plan
 
+RUN_DESCRIPTION: Final = """\
+Run a TrainJob on this machine: every replica is a process on 127.0.0.1 with the same
+TF_CONFIG, restart policy, backoff and deadlines as on Kubernetes. On a terminal a live table
+shows each replica's state and progress; TensorFlow's routine messages are kept in the logs
+(--verbose shows them). Ends with a summary; the exit code says how the job ended."""
+RUN_EXAMPLES: Final = """\
+  trainjob run -f examples/mnist-multiworker.yaml
+  trainjob run -f job.yaml --run-dir /tmp/run1 --verbose
+  trainjob run -f job.yaml --dry-run          # processes, ports and TF_CONFIG; starts nothing
+  trainjob convert -f tfjob.yaml | trainjob run -f -"""
+STATUS_DESCRIPTION: Final = """\
+Show the state of local runs: without an argument every run under ./trainjob-runs, else the
+run in RUN_DIR (a directory, or a job name under ./trainjob-runs). A run whose `trainjob run`
+was killed without a chance to clean up is shown as such, not as Running."""
+STATUS_EXAMPLES: Final = """\
+  trainjob status
+  trainjob status mnist-multiworker
+  trainjob status /tmp/run1 -o json"""
+LOGS_DESCRIPTION: Final = """\
+Print the logs of a local run's replicas, prefixed with the replica name (all replicas, or
+only REPLICA such as worker-0). Logs hold everything a replica printed, TensorFlow's messages
+included. -f follows them until the run ends."""
+LOGS_EXAMPLES: Final = """\
+  trainjob logs                          # the only run under ./trainjob-runs
+  trainjob logs mnist-multiworker worker-1
+  trainjob logs /tmp/run1 -f"""
+FOLLOW_POLL_SECONDS: Final = 0.2
+_REPLICA_NAME: Final = re.compile(r"^(chief|worker|ps|evaluator)-\d+$")
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="trainjob run",
-        description=(
-            "Run a TrainJob on this machine: every replica is a process on 127.0.0.1 with the "
-            "same TF_CONFIG, restart policy, backoff and deadlines as on Kubernetes."
-        ),
-    )
-    parser.add_argument("-f", "--file", required=True, help="TrainJob YAML, or - for stdin")
+
+def _cli() -> Any:
+    """trainjob.cli (imported here: it imports this module to build its parser)."""
+    from trainjob import cli
+
+    return cli
+
+
+# ----- parsers -----
+def add_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "-f", "--file", action="append", required=True, metavar="FILE",
+        help="the TrainJob's YAML file, or - for stdin",
+    )  # fmt: skip
     parser.add_argument(
         "--run-dir",
         help=f"checkpoints, logs and status (default: ./{plan.DEFAULT_RUNS_DIR}/<job name>); "
@@ -39,51 +73,114 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the processes, ports and environment (TF_CONFIG included); start nothing",
     )
     parser.add_argument(
-        "--quiet", action="store_true", help="do not echo replica logs (still saved to files)"
+        "-q", "--quiet", action="store_true",
+        help="do not echo replica logs (still saved to files)",
+    )  # fmt: skip
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="echo every replica line, TensorFlow's routine messages included",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-tty", action="store_true", help="plain lines even on a terminal (no live table)"
     )
     parser.add_argument(
-        "--no-tty",
+        "--rerun",
         action="store_true",
-        help="plain lines even on a terminal (no live table)",
+        help="run a job that already Succeeded in this run dir again (it resumes from its last "
+        "checkpoint and overwrites the exported model)",
+    )
+    parser.add_argument(
+        "--max-processes",
+        type=int,
+        metavar="N",
+        help="refuse jobs with more replicas than this (default: "
+        f"{plan.MAX_PROCESSES_PER_CORE} per CPU core, at least {plan.MIN_MAX_PROCESSES})",
     )
     return parser
 
 
-def read_job(path: str, stdin: TextIO) -> spec.TrainJob:
-    """The one TrainJob of a file (`-`: stdin); SystemExit with every problem otherwise."""
-    try:
-        if path == "-":
-            text = stdin.read()
-        else:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-    except OSError as error:
-        raise SystemExit(f"trainjob run: cannot read {path}: {error.strerror}") from error
-    try:
-        documents: list[Any] = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as error:
-        raise SystemExit(f"trainjob run: {path} is not valid YAML: {error}") from error
-    if len(documents) != 1:
-        raise SystemExit(
-            f"trainjob run: {path} must hold exactly one TrainJob, found {len(documents)} documents"
+def add_status_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run dir or job name")
+    parser.add_argument("-o", "--output", choices=("yaml", "json"), help="print status.json data")
+    return parser
+
+
+def add_logs_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "targets", nargs="*", metavar="[RUN_DIR] [REPLICA]",
+        help="a run dir or job name, and a replica such as worker-0",
+    )  # fmt: skip
+    parser.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new lines until the run ends"
+    )
+    return parser
+
+
+# ----- run -----
+def _up_front_problems(job: spec.TrainJob, run_plan: plan.RunPlan, cwd: str) -> list[str]:
+    """What this machine lacks to run the job, found before anything starts."""
+    import importlib.util
+
+    needs_runtime = any(plan.uses_runtime(job, rtype) for rtype in job.replica_specs)
+    modules = {
+        name
+        for name in ("tensorflow", "tensorflow_estimator")
+        if needs_runtime and importlib.util.find_spec(name) is not None
+    }
+    scripts = {
+        process.key[0]: plan.script_of(process.argv, sys.executable)
+        for process in run_plan.processes
+    }
+    missing_scripts = {
+        rtype: script
+        for rtype, script in scripts.items()
+        if script is not None and not os.path.exists(os.path.join(cwd, script))
+    }
+    return plan.local_requirements(
+        job,
+        python=sys.executable,
+        modules=frozenset(modules),
+        tf_version=_tf_version() if "tensorflow" in modules else None,
+        missing_scripts=missing_scripts,
+    )
+
+
+def _tf_version() -> str | None:
+    """TensorFlow's version from package metadata (importing it takes seconds)."""
+    from importlib import metadata
+
+    for dist in ("tensorflow", "tensorflow-cpu", "tf-nightly"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    cli = _cli()
+    files: list[str] = args.file
+    if len(files) > 1:
+        raise cli.CliError(
+            f"give one -f (got {len(files)}: {', '.join(files)}); trainjob run runs one TrainJob"
         )
-    try:
-        return spec.parse(documents[0])
-    except spec.SpecError as error:
-        lines = "\n".join(f"{path}: {problem}" for problem in error.problems)
-        raise SystemExit(f"{lines}\ntrainjob run: {path} is not a valid TrainJob") from error
-
-
-def run_main(argv: list[str], *, stdin: TextIO | None = None, out: TextIO | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    stream = out or sys.stdout
-    job = read_job(args.file, stdin or sys.stdin)
-    environ = dict(os.environ)
+    path = files[0]
+    name = "<stdin>" if path == "-" else path
+    documents = cli.load_documents(path, stdin)
+    if len(documents) != 1:
+        raise cli.CliError(
+            f"{name} must hold exactly one TrainJob, found {len(documents)} documents"
+        )
+    job = cli.parse_job(documents[0], name, require_images=False)
     if job.run_policy.suspend:
-        stream.write(f"TrainJob {job.name} has runPolicy.suspend: true; nothing to run\n")
+        out.write(f"TrainJob {job.name} has runPolicy.suspend: true; nothing to run\n")
         return 0
+    environ = dict(os.environ)
+    too_many = plan.too_many_processes(job, args.max_processes, os.cpu_count() or 1)
+    if too_many is not None:
+        raise cli.CliError(f"{name}: {too_many}")
     cwd = os.getcwd()
-    run_dir = args.run_dir or plan.default_run_dir(cwd, job.name)
+    run_dir = os.path.abspath(args.run_dir or plan.default_run_dir(cwd, job.name))
     data_dir = os.path.abspath(args.data_dir or executor.default_data_dir(environ))
     ports = dict(zip(job.replica_keys(), executor.free_ports(len(job.replica_keys())), strict=True))
     try:
@@ -96,20 +193,181 @@ def run_main(argv: list[str], *, stdin: TextIO | None = None, out: TextIO | None
             python_path=executor.package_root(),
         )
     except plan.PlanError as error:
-        stream.write(f"trainjob run: {error}\n")
-        return 2
+        raise cli.CliError(f"{name}: {error}") from error
     if args.dry_run:
-        stream.write(plan.format_plan(run_plan))
+        out.write(plan.format_plan(run_plan))
         return 0
-    tty = stream.isatty() and not args.no_tty and environ.get("TERM") != "dumb"
-    runner = executor.Executor(
-        run_plan, environ=environ, out=stream, tty=tty, show_logs=not args.quiet, cwd=cwd
-    )
-    summary = runner.run()
-    stream.write(display.summary_text(summary))
-    stream.flush()
+    problems = _up_front_problems(job, run_plan, cwd)
+    if problems:
+        raise cli.CliError("\n".join(f"{name}: {problem}" for problem in problems))
+    previous = executor.read_status_file(run_plan.status_file)
+    again = plan.rerun_refusal(job, previous, run_dir) if not args.rerun else None
+    if again is not None:
+        raise cli.CliError(again)
+    try:
+        lock = executor.lock_run_dir(run_dir)
+    except executor.RunDirError as error:
+        raise cli.CliError(str(error)) from error
+    tty = out.isatty() and not args.no_tty and environ.get("TERM") != "dumb"
+    color = tty and not environ.get("NO_COLOR")
+    try:
+        runner = executor.Executor(
+            run_plan,
+            environ=environ,
+            out=out,
+            tty=tty,
+            show_logs=not args.quiet,
+            verbose=args.verbose,
+            color=color,
+            cwd=cwd,
+        )
+        try:
+            summary = runner.run()
+        except OSError as error:
+            raise cli.CliError(f"run directory {run_dir}: {error}") from error
+        out.write(display.summary_text(summary, color=color))
+        out.flush()
+    finally:
+        lock.release()
     return display.exit_code_of(summary)
+
+
+def run_main(argv: list[str], *, stdin: TextIO | None = None, out: TextIO | None = None) -> int:
+    """`trainjob run ARGV` (what `python -m trainjob run` does), for callers with a list."""
+    result: int = _cli().main(["run", *argv], out=out, stdin=stdin)
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_main(list(sys.argv[1:] if argv is None else argv))
+
+
+# ----- status and logs -----
+def _run_dirs(target: str | None, cwd: str) -> list[str]:
+    """The run dirs a command means: TARGET as a directory or a job name under ./trainjob-runs;
+    without TARGET every run under ./trainjob-runs."""
+    cli = _cli()
+    runs = os.path.join(cwd, plan.DEFAULT_RUNS_DIR)
+    if target is None:
+        if os.path.isfile(os.path.join(cwd, plan.STATUS_FILE)):
+            return [cwd]
+        try:
+            names = sorted(os.listdir(runs))
+        except OSError as error:
+            raise cli.CliError(
+                f"no runs here: {runs} does not exist; give a run dir (trainjob run --run-dir)"
+            ) from error
+        found = [
+            os.path.join(runs, n)
+            for n in names
+            if os.path.isfile(os.path.join(runs, n, plan.STATUS_FILE))
+        ]
+        if not found:
+            raise cli.CliError(f"no runs in {runs}")
+        return found
+    for candidate in (target, os.path.join(runs, target)):
+        if os.path.isfile(os.path.join(candidate, plan.STATUS_FILE)) or os.path.isdir(
+            os.path.join(candidate, plan.LOGS_DIR)
+        ):
+            return [os.path.abspath(candidate)]
+    raise cli.CliError(
+        f"{target} is not a run dir (no {plan.STATUS_FILE}) and no run named so is in {runs}"
+    )
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    del stdin
+    cli = _cli()
+    entries = []
+    for run_dir in _run_dirs(args.run_dir, os.getcwd()):
+        data = executor.read_status_file(os.path.join(run_dir, plan.STATUS_FILE)) or {}
+        holder = executor.run_dir_holder(run_dir)
+        entries.append(display.RunEntry(run_dir, data, holder))
+    if args.output is not None:
+        payload: Any = [display.status_data(e) for e in entries]
+        cli._dump(payload[0] if args.run_dir is not None else payload, out, args.output)
+        return 0
+    if args.run_dir is None and len(entries) > 1:
+        out.write("\n".join(display.runs_table(entries)) + "\n")
+    else:
+        for entry in entries:
+            out.write("\n".join(display.status_lines(entry)) + "\n")
+    return 0
+
+
+def _logs_target(targets: Sequence[str], cwd: str) -> tuple[str, str | None]:
+    cli = _cli()
+    if len(targets) > 2:
+        raise cli.CliError(f"expected [RUN_DIR] [REPLICA], got {len(targets)} arguments")
+    replica: str | None = None
+    target: str | None = None
+    if len(targets) == 2:
+        target, replica = targets
+    elif len(targets) == 1:
+        only = targets[0]
+        looks_like_replica = _REPLICA_NAME.match(only) and not os.path.isdir(only)
+        replica, target = (only, None) if looks_like_replica else (None, only)
+    dirs = _run_dirs(target, cwd)
+    if len(dirs) > 1:
+        names = ", ".join(os.path.basename(d) for d in dirs)
+        raise cli.CliError(f"several runs here ({names}); name one: trainjob logs RUN_DIR")
+    if replica is not None and not _REPLICA_NAME.match(replica):
+        raise cli.CliError(f"{replica} is not a replica name such as worker-0 or chief-0")
+    return dirs[0], replica
+
+
+def cmd_logs(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    del stdin
+    cli = _cli()
+    run_dir, replica = _logs_target(args.targets, os.getcwd())
+    log_dir = os.path.join(run_dir, plan.LOGS_DIR)
+    names = _log_names(log_dir)
+    if replica is not None:
+        if f"{replica}.log" not in names:
+            have = ", ".join(n.removesuffix(".log") for n in names) or "none yet"
+            raise cli.CliError(f"no log for {replica} in {log_dir} (replicas: {have})")
+        names = [f"{replica}.log"]
+    if not names and not args.follow:
+        raise cli.CliError(f"no logs yet in {log_dir}")
+    width = max((len(n) - len(".log") for n in names), default=8)
+    offsets: dict[str, int] = {}
+
+    def pump(final: bool = False) -> bool:
+        """Print the lines appended since the last call; whether there were any."""
+        grew = False
+        current = names if replica is not None else _log_names(log_dir)
+        for log_name in current:
+            path = os.path.join(log_dir, log_name)
+            text, offsets[log_name] = executor.read_from(
+                path, offsets.get(log_name, 0), final=final
+            )
+            grew = grew or bool(text)
+            for line in text.splitlines():
+                safe = display.terminal_safe(line)
+                label = log_name.removesuffix(".log")
+                out.write(safe + "\n" if replica is not None else f"{label:<{width}} | {safe}\n")
+        out.flush()
+        return grew
+
+    if not args.follow:
+        pump(final=True)
+        return 0
+    # Follow until the run ends: no `trainjob run` holds the run dir and nothing more came.
+    while True:
+        running = executor.run_dir_holder(run_dir) is not None
+        grew = pump()
+        if not grew and not running:
+            pump(final=True)
+            return 0
+        time.sleep(FOLLOW_POLL_SECONDS)
+
+
+def _log_names(log_dir: str) -> list[str]:
+    return sorted(n for n in _listdir(log_dir) if n.endswith(".log"))
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []

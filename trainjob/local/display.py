@@ -2,12 +2,19 @@
 
 Every function takes plain data and returns strings; the executor decides where they go (a TTY
 gets the live table redrawn below the logs, anything else gets one plain line per event).
+
+The live table is sized for the terminal it is drawn on: every line is cut to `width - 1`
+columns (a line exactly as wide as the terminal makes some terminals wrap the cursor) and the
+table never has more lines than the terminal has rows minus one, so moving the cursor up by the
+number of lines drawn always lands on the table's first row and the redraw leaves no debris.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -18,6 +25,32 @@ ReplicaKey = tuple[str, int]
 
 ANSI_CLEAR_LINE: Final = "\x1b[2K"
 ANSI_UP: Final = "\x1b[{n}A"
+ANSI_CLEAR_BELOW: Final = "\x1b[J"
+ELLIPSIS: Final = "…"
+MIN_WIDTH: Final = 20  # below this the table is cut, not laid out
+INTERRUPTED: Final = "Interrupted"
+
+# Styles (SGR parameters); only applied when color is on (a TTY without NO_COLOR).
+STYLE_BOLD: Final = "1"
+STYLE_DIM: Final = "2"
+STYLE_RED: Final = "31"
+STYLE_GREEN: Final = "32"
+STYLE_YELLOW: Final = "33"
+STYLE_CYAN: Final = "36"
+_STATE_STYLES: Final[Mapping[str, str]] = {
+    st.STATE_RUNNING: STYLE_GREEN,
+    st.STATE_SUCCEEDED: STYLE_GREEN,
+    st.STATE_FAILED: STYLE_RED,
+    st.FAILED: STYLE_RED,
+    st.RESTARTING: STYLE_YELLOW,
+    "Stopping": STYLE_YELLOW,
+    INTERRUPTED: STYLE_YELLOW,
+    st.STATE_STOPPED: STYLE_DIM,
+    st.STATE_PENDING: STYLE_DIM,
+    "Starting": STYLE_DIM,
+}
+# Replica prefixes cycle through these, as docker compose does, so interleaved logs stay legible.
+PREFIX_STYLES: Final = ("36", "33", "35", "32", "34", "96", "93", "95")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,10 +88,6 @@ def fold(current: ReplicaProgress | None, event: Mapping[str, Any]) -> ReplicaPr
     return dataclasses.replace(base, **changes)
 
 
-def _number(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 def planned_totals(job: spec.TrainJob) -> tuple[int | None, int | None]:
     """(epochs, total steps) from the runtime config when it states them: `epochs` x
     `steps_per_epoch` (Keras), else `steps` or `max_steps` (custom loops, Estimator)."""
@@ -76,25 +105,33 @@ def planned_totals(job: spec.TrainJob) -> tuple[int | None, int | None]:
     return epochs_n, number("steps") or number("max_steps")
 
 
+def _progress_fields(progress: ReplicaProgress | None, job: spec.TrainJob) -> dict[str, str]:
+    """The progress numbers of one replica as display fields (unknown ones left out)."""
+    if progress is None:
+        return {}
+    epochs, total = planned_totals(job)
+    fields: dict[str, str] = {}
+    if progress.epoch is not None:
+        fields["epoch"] = f"epoch {progress.epoch + 1}" + (f"/{epochs}" if epochs else "")
+    if progress.step is not None:
+        fields["step"] = f"step {progress.step}" + (f"/{total}" if total else "")
+    if progress.loss is not None:
+        fields["loss"] = f"loss {progress.loss:.4f}"
+    if progress.examples_per_sec is not None:
+        fields["speed"] = f"{progress.examples_per_sec:,.0f} ex/s"
+    return fields
+
+
 def progress_text(progress: ReplicaProgress | None, job: spec.TrainJob) -> str:
     """`epoch 2/3 step 80/120 loss 0.4210 1,234 ex/s` (fields unknown yet are left out)."""
-    if progress is None:
-        return ""
-    epochs, total = planned_totals(job)
-    parts: list[str] = []
-    if progress.epoch is not None:
-        parts.append(f"epoch {progress.epoch + 1}" + (f"/{epochs}" if epochs else ""))
-    if progress.step is not None:
-        parts.append(f"step {progress.step}" + (f"/{total}" if total else ""))
-    if progress.loss is not None:
-        parts.append(f"loss {progress.loss:.4f}")
-    if progress.examples_per_sec is not None:
-        parts.append(f"{progress.examples_per_sec:,.0f} ex/s")
-    return " ".join(parts)
+    return " ".join(_progress_fields(progress, job).values())
 
 
-def event_line(key: ReplicaKey, event: Mapping[str, Any], job: spec.TrainJob) -> str:
-    """One plain line for a progress event (non-TTY output)."""
+def event_line(
+    key: ReplicaKey, event: Mapping[str, Any], job: spec.TrainJob, *, stopped: bool = False
+) -> str:
+    """One plain line for a progress event (non-TTY output). `stopped`: trainjob stopped this
+    replica itself, so its preempted end is the expected one, not a failure."""
     kind = event.get("event")
     progress = fold(None, event)
     text = progress_text(progress, job)
@@ -104,30 +141,164 @@ def event_line(key: ReplicaKey, event: Mapping[str, Any], job: spec.TrainJob) ->
         return f"[{label(key)}] progress: {detail}"
     if kind == "checkpoint":
         return f"[{label(key)}] progress: checkpoint at step {event.get('step')}"
+    if kind == "end" and stopped and event.get("status") != "succeeded":
+        return f"[{label(key)}] progress: stopped {text}".rstrip()
     if kind == "end":
         export = f", model at {event['export']}" if event.get("export") else ""
         return f"[{label(key)}] progress: ended ({event.get('status')}){export} {text}".rstrip()
     return f"[{label(key)}] progress: {text}"
 
 
-def prefix_line(key: ReplicaKey, line: str, width: int) -> str:
+# ----- text for a terminal -----
+# CSI sequences (colors, cursor moves), OSC sequences (titles, links), two-byte escapes.
+_ANSI_ESCAPE: Final = re.compile(
+    r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])"
+)
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def terminal_safe(line: str) -> str:
+    """A child's line as one printable line: what a carriage return would leave visible (Keras
+    progress bars redraw with \\r), without escape sequences or control characters that would
+    move the cursor under the live table. Tabs become spaces."""
+    line = line.rstrip("\r\n")
+    line = _ANSI_ESCAPE.sub("", line)
+    if "\r" in line:
+        parts = [part for part in line.split("\r") if part.strip()]
+        line = parts[-1] if parts else ""
+    return _CONTROL.sub("", line).expandtabs(8)  # tab stops counted on what is visible
+
+
+def styled(text: str, style: str | None, color: bool) -> str:
+    if not color or not style or not text:
+        return text
+    return f"\x1b[{style}m{text}\x1b[0m"
+
+
+def prefix_line(
+    key: ReplicaKey, line: str, width: int, *, color: bool = False, style: str | None = None
+) -> str:
     """`worker-0   | <log line>`: every replica's output on one terminal, told apart."""
-    return f"{label(key):<{width}} | {line.rstrip()}"
+    prefix = styled(f"{label(key):<{width}} |", style, color)
+    return f"{prefix} {terminal_safe(line)}".rstrip()
 
 
 def prefix_width(keys: Sequence[ReplicaKey]) -> int:
     return max((len(label(key)) for key in keys), default=8)
 
 
-def engine_event_line(event: policy.Event) -> str:
-    marker = "!" if event.type == "Warning" else "*"
+def prefix_style(index: int) -> str:
+    return PREFIX_STYLES[index % len(PREFIX_STYLES)]
+
+
+def engine_event_line(event: policy.Event, color: bool = False) -> str:
+    marker = styled("!", STYLE_YELLOW, color) if event.type == "Warning" else "*"
     return f"{marker} {event.reason}: {event.message}"
 
 
-def _duration(seconds: float) -> str:
+# ----- TensorFlow's noise -----
+# Lines TensorFlow (and its C++ libraries) print that say nothing about the user's training on a
+# CPU machine. They stay in logs/<replica>.log; `--verbose` shows them. Each pattern was seen in
+# a real run of the examples (TF 2.21 / 2.15, CPU).
+_NOISE: Final = re.compile(
+    "|".join(
+        (
+            # INFO records of TensorFlow's and absl's Python loggers, in the runtime's format
+            # (`2026-11-23 13:08:25,466 INFO tensorflow ...`) and in logging's default one.
+            r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ INFO (tensorflow|absl|h5py)\b",
+            r"^INFO:(tensorflow|absl):",
+            # C++ (absl/glog) info and warning lines: `I0000 00:00:1795439295.226345 18621 x.cc:31]`
+            r"^[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [\w./-]+:\d+\]",
+            # TensorFlow's own C++ logging: `2026-11-23 13:02:27.443295: I tensorflow/...`
+            r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] ",
+            r"^WARNING: All log messages before absl::InitializeLog\(\) is called",
+            # A CPU-only machine: TensorFlow looks for CUDA and says so, at error level.
+            r"failed call to cuInit",
+            r"Could not find cuda drivers",
+            r"Unable to register cu(DNN|FFT|BLAS) factory",
+            r"TF-TRT Warning",
+            r"This TensorFlow binary is optimized to use available CPU instructions",
+            r"rebuild TensorFlow with the appropriate compiler flags",
+            r"oneDNN custom operations are on",
+        )
+    )
+)
+
+
+def is_noise(line: str) -> bool:
+    """Whether a replica's log line is TensorFlow noise (hidden on the terminal by default)."""
+    return _NOISE.search(line) is not None
+
+
+_TIMESTAMPED: Final = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
+_STOPPED_FAILURE: Final = re.compile(
+    r"Replica (?P<replica>\S+) failed \(Preempted, exit (?P<code>\d+)\)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterState:
+    """Per replica: inside a traceback that a stop we asked for produced (hidden)."""
+
+    hiding_traceback: bool = False
+
+
+def filter_line(
+    line: str, state: FilterState, *, verbose: bool, stopping: bool
+) -> tuple[str | None, FilterState]:
+    """What the terminal shows of one replica line (None: nothing), and the next state.
+
+    `stopping`: trainjob itself asked this replica to stop (Ctrl-C, a restart of its group, the
+    end of the job); its "failed (Preempted)" report and traceback are the expected way to stop,
+    so they become one line. Everything is kept in the replica's log file."""
+    if verbose:
+        return line, FilterState()
+    if state.hiding_traceback:
+        if not _TIMESTAMPED.search(line):
+            return None, state
+        state = FilterState()
+    stopped = _STOPPED_FAILURE.search(line)
+    if stopped is not None and (stopping or "Traceback" in line):
+        return f"stopped (exit {stopped['code']})", FilterState(hiding_traceback=True)
+    if is_noise(line):
+        return None, state
+    return line, state
+
+
+# An exception line as Python prints it last in a traceback: `ValueError: bad shape`,
+# `tensorflow.python.framework.errors_impl.UnavailableError: ...`, `KeyboardInterrupt`.
+_EXCEPTION_LINE: Final = re.compile(
+    r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Preempted|Warning)"
+    r"(?::\s.*)?$"
+)
+
+
+def last_exception_line(log_text: str) -> str | None:
+    """The last exception line of a log (the cause a failure summary quotes), else the last
+    error-like line (`Could not start gRPC server`, `Rejected ...`). Noise is never quoted."""
+    lines = [terminal_safe(line).strip() for line in log_text.splitlines()]
+    for line in reversed(lines):
+        if _EXCEPTION_LINE.match(line):
+            return line
+    for line in reversed(lines):
+        if re.search(r"\b(ERROR|error|Error|FATAL|cannot|Could not)\b", line) and not (
+            line.startswith("=== trainjob:") and "started" in line
+        ):
+            return line
+    return None
+
+
+# ----- the live table -----
+def duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
     minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
     return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+_duration = duration  # the summary's name for it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,39 +310,275 @@ class ReplicaRow:
     pid: int | None
 
 
+@dataclasses.dataclass(frozen=True)
+class StepClock:
+    """Two samples of the job's step (monotonic seconds): the first seen since the current
+    attempt started and the latest. Enough for a rate, hence an ETA."""
+
+    first_time: float
+    first_step: int
+    last_time: float
+    last_step: int
+
+
+def eta_seconds(clock: StepClock | None, total: int | None) -> float | None:
+    """Seconds to `total` steps at the rate seen so far; None until there is a rate."""
+    if clock is None or total is None:
+        return None
+    done = clock.last_step - clock.first_step
+    spent = clock.last_time - clock.first_time
+    if done <= 0 or spent <= 0:
+        return None
+    return max(0.0, (total - clock.last_step) * spent / done)
+
+
+def job_step(progress: Mapping[ReplicaKey, ReplicaProgress]) -> int | None:
+    """The job's global step: the highest any replica reported (all-reduce workers agree; under
+    ParameterServer only the chief counts steps)."""
+    steps = [p.step for p in progress.values() if p.step is not None]
+    return max(steps) if steps else None
+
+
+Segment = tuple[str, str | None]  # text, style
+
+
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    name: str
+    text: str
+    style: str | None = None
+
+
+# Which fields go first when the terminal is narrow (first in this list = first dropped).
+_DROP_ORDER: Final = ("pid", "attempt", "speed", "epoch", "exit", "loss")
+_FIELD_ORDER: Final = ("label", "state", "exit", "epoch", "step", "loss", "speed", "attempt", "pid")
+
+
+def _row_fields(
+    row: ReplicaRow, progress: ReplicaProgress | None, job: spec.TrainJob
+) -> dict[str, _Field]:
+    state = row.state or "Starting"
+    fields = {
+        "label": _Field("label", label(row.key)),
+        "state": _Field("state", state, _STATE_STYLES.get(state)),
+        "attempt": _Field("attempt", f"attempt {row.attempt}"),
+    }
+    if row.exit_code is not None:
+        style = STYLE_RED if row.exit_code != 0 else None
+        fields["exit"] = _Field("exit", f"exit {row.exit_code}", style)
+    if row.pid is not None:
+        fields["pid"] = _Field("pid", f"pid {row.pid}", STYLE_DIM)
+    for name, text in _progress_fields(progress, job).items():
+        fields[name] = _Field(name, text)
+    return fields
+
+
+def _fit(segments: Sequence[Segment], width: int) -> list[Segment]:
+    """Cut a line to `width` columns, ending in an ellipsis when anything was cut."""
+    total = sum(len(text) for text, _ in segments)
+    if total <= width:
+        return list(segments)
+    out: list[Segment] = []
+    room = max(0, width - 1)
+    for text, style in segments:
+        if room <= 0:
+            break
+        out.append((text[:room], style))
+        room -= len(text[:room])
+    out.append((ELLIPSIS, None))
+    return out
+
+
+def _layout_rows(rows: Sequence[dict[str, _Field]], width: int) -> list[list[Segment]]:
+    """Aligned columns; the least useful columns are dropped until the widest row fits."""
+    names = [n for n in _FIELD_ORDER if any(n in row for row in rows)]
+
+    def widths(selected: Sequence[str]) -> dict[str, int]:
+        return {n: max(len(row[n].text) if n in row else 0 for row in rows) for n in selected}
+
+    def line_width(selected: Sequence[str]) -> int:
+        w = widths(selected)
+        return 2 + sum(w.values()) + 2 * (len(selected) - 1)
+
+    for candidate in _DROP_ORDER:
+        if line_width(names) <= width:
+            break
+        if candidate in names:
+            names.remove(candidate)
+    column = widths(names)
+    lines: list[list[Segment]] = []
+    for row in rows:
+        segments: list[Segment] = [("  ", None)]
+        for position, name in enumerate(names):
+            last = position == len(names) - 1
+            field = row.get(name)
+            text = field.text if field else ""
+            segments.append((text, field.style if field else None))
+            if not last:
+                segments.append((" " * (column[name] - len(text) + 2), None))
+        while segments and not segments[-1][0].strip():
+            segments.pop()
+        lines.append(_fit(segments, width))
+    return lines
+
+
+def _job_line(
+    job: spec.TrainJob,
+    status: st.JobStatus,
+    progress: Mapping[ReplicaKey, ReplicaProgress],
+    elapsed_seconds: float,
+    clock: StepClock | None,
+    state: str,
+    width: int,
+) -> list[Segment]:
+    """`TrainJob mnist  Running  42.0s  step 80/120 (67%)  ETA 20s  restarts 0/3`."""
+    _, total = planned_totals(job)
+    step = job_step(progress)
+    parts: list[tuple[str, Segment]] = [
+        ("name", (f"TrainJob {job.name}", STYLE_BOLD)),
+        ("state", (state, _STATE_STYLES.get(state))),
+        ("time", (duration(elapsed_seconds), None)),
+    ]
+    if step is not None:
+        percent = f" ({min(100, 100 * step // total)}%)" if total else ""
+        parts.append(("step", (f"step {step}" + (f"/{total}" if total else "") + percent, None)))
+    eta = eta_seconds(clock, total)
+    if eta is not None and not status.finished:
+        parts.append(("eta", (f"ETA {duration(eta)}", None)))
+    parts.append(
+        ("restarts", (f"restarts {status.restart_count}/{job.run_policy.backoff_limit}", None))
+    )
+    # Restarts matter once there are any; until then the elapsed time and ETA go last.
+    drops = ("time", "eta", "restarts") if status.restart_count else ("restarts", "time", "eta")
+    for drop in drops:
+        if sum(len(seg[0]) for _, seg in parts) + 2 * (len(parts) - 1) <= width:
+            break
+        parts = [part for part in parts if part[0] != drop]
+    segments: list[Segment] = []
+    for position, (_, segment) in enumerate(parts):
+        if position:
+            segments.append(("  ", None))
+        segments.append(segment)
+    return _fit(segments, width)
+
+
+def table_segments(
+    job: spec.TrainJob,
+    status: st.JobStatus,
+    rows: Sequence[ReplicaRow],
+    progress: Mapping[ReplicaKey, ReplicaProgress],
+    elapsed_seconds: float,
+    *,
+    width: int = 80,
+    height: int = 24,
+    clock: StepClock | None = None,
+    state: str | None = None,
+) -> list[list[Segment]]:
+    """The live display as styled segments: a job line, then one line per replica.
+
+    Every line fits in `width - 1` columns; at most `height - 1` lines (the rest of the
+    replicas are summed up by state on the last line)."""
+    usable = max(MIN_WIDTH, width) - 1
+    max_lines = max(2, height - 1)
+    lines = [
+        _job_line(
+            job, status, progress, elapsed_seconds, clock, state or st.state_of(status), usable
+        )
+    ]
+    shown = list(rows)
+    hidden: list[ReplicaRow] = []
+    if 1 + len(rows) > max_lines:
+        # Replicas that need attention (not running) first, then the rest in order.
+        ordered = sorted(rows, key=lambda r: r.state == st.STATE_RUNNING)
+        shown, hidden = ordered[: max_lines - 2], ordered[max_lines - 2 :]
+        shown.sort(key=lambda r: (r.key[0], r.key[1]))
+    lines.extend(
+        _layout_rows([_row_fields(row, progress.get(row.key), job) for row in shown], usable)
+    )
+    if hidden:
+        counts: dict[str, int] = {}
+        for row in hidden:
+            counts[row.state or "Starting"] = counts.get(row.state or "Starting", 0) + 1
+        text = ", ".join(f"{n} {state_name}" for state_name, n in sorted(counts.items()))
+        lines.append(_fit([(f"  … {len(hidden)} more replicas: {text}", STYLE_DIM)], usable))
+    return lines
+
+
+def render_segments(segments: Sequence[Segment], color: bool) -> str:
+    return "".join(styled(text, style, color) for text, style in segments)
+
+
+def plain(segments: Sequence[Segment]) -> str:
+    return "".join(text for text, _ in segments)
+
+
 def table(
     job: spec.TrainJob,
     status: st.JobStatus,
     rows: Sequence[ReplicaRow],
     progress: Mapping[ReplicaKey, ReplicaProgress],
     elapsed_seconds: float,
+    *,
+    width: int = 200,
+    height: int = 1000,
+    clock: StepClock | None = None,
+    state: str | None = None,
+    color: bool = False,
 ) -> list[str]:
-    """The live display: a header, then one line per replica."""
-    header = (
-        f"TrainJob {job.name}: {st.state_of(status)}  {_duration(elapsed_seconds)}  "
-        f"restarts {status.restart_count}/{job.run_policy.backoff_limit}"
-    )
-    width = prefix_width([row.key for row in rows])
-    lines = [header]
-    for row in rows:
-        exit_text = f" exit {row.exit_code}" if row.exit_code is not None else ""
-        pid_text = f" pid {row.pid}" if row.pid is not None else ""
-        lines.append(
-            f"  {label(row.key):<{width}} {(row.state or 'Starting'):<10} attempt {row.attempt}"
-            f"{exit_text}{pid_text}  {progress_text(progress.get(row.key), job)}".rstrip()
+    """The live display as text lines (see `table_segments`)."""
+    return [
+        render_segments(line, color)
+        for line in table_segments(
+            job,
+            status,
+            rows,
+            progress,
+            elapsed_seconds,
+            width=width,
+            height=height,
+            clock=clock,
+            state=state,
         )
-    return lines
+    ]
+
+
+def drawn_height(line_widths: Sequence[int], width: int) -> int:
+    """Rows the lines last drawn take on a terminal `width` columns wide now: a terminal that
+    was made narrower re-wraps them (tmux, VTE, iTerm2 and Windows Terminal all do)."""
+    columns = max(1, width)
+    return sum(max(1, math.ceil(w / columns)) for w in line_widths)
 
 
 def redraw(previous_height: int, lines: Sequence[str], logs: Sequence[str]) -> str:
-    """ANSI text that erases the last table, prints new log lines, then draws the table again."""
+    """ANSI text that erases the last table, prints new log lines, then draws the table again.
+
+    The cursor goes up to the table's first row and everything from there to the end of the
+    screen is cleared at once, so a log line that wraps over several rows can never leave part
+    of an old table behind. Log lines then scroll up like normal output; the table follows."""
     out: list[str] = []
     if previous_height:
-        out.append(ANSI_UP.format(n=previous_height) + "\r")
-    for line in [*logs, *lines]:
-        out.append(ANSI_CLEAR_LINE + line + "\n")
-    out.append("\x1b[J")  # clear anything below (a table that shrank)
+        out.append(ANSI_UP.format(n=previous_height))
+    out.append("\r" + ANSI_CLEAR_BELOW)
+    out.extend(line + "\n" for line in logs)
+    out.extend(line + "\n" for line in lines)
     return "".join(out)
+
+
+def erase(previous_height: int) -> str:
+    """ANSI text that removes the table (before the summary, which replaces it)."""
+    if not previous_height:
+        return ""
+    return ANSI_UP.format(n=previous_height) + "\r" + ANSI_CLEAR_BELOW
+
+
+# ----- the end of a run -----
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """Why a replica failed, quoted from its log: the last exception line and the log's path."""
+
+    replica: str
+    line: str | None
+    log_path: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,11 +592,16 @@ class Summary:
     checkpoint_dir: str
     export: str | None
     progress: Mapping[ReplicaKey, ReplicaProgress]
+    causes: Sequence[Cause] = ()
+    has_checkpoint: bool = False
+    problem: str | None = None  # the run could not start (e.g. data preparation failed)
 
 
 def final_state(summary: Summary) -> str:
+    if summary.problem is not None and not summary.status.finished:
+        return st.FAILED
     if summary.interrupted and not summary.status.finished:
-        return "Interrupted"
+        return INTERRUPTED
     return st.state_of(summary.status)
 
 
@@ -198,25 +610,50 @@ def exit_code_of(summary: Summary) -> int:
     state = final_state(summary)
     if state == st.SUCCEEDED:
         return 0
-    if state == "Interrupted":
+    if state == INTERRUPTED:
         return 130 if summary.interrupted == "SIGINT" else 143
     return 1
 
 
-def summary_text(summary: Summary) -> str:
-    """The final summary: state, reason, duration, restarts, last exit codes, where things are."""
+def failed_replicas(status: st.JobStatus, job: spec.TrainJob) -> list[ReplicaKey]:
+    """Replicas whose last attempt failed by themselves (not stopped by us), first failure
+    first as the condition message names it."""
+    failed = [
+        key
+        for key in job.replica_keys()
+        if status.record(key).state == st.STATE_FAILED
+        and status.record(key).exit_code not in (None, 0, 137, 143)
+    ]
+    condition = status.condition(st.FAILED)
+    if condition is not None:
+        named = [key for key in failed if f"{key[0]} {key[1]} " in condition.message + " "]
+        failed = named + [key for key in failed if key not in named]
+    return failed
+
+
+def summary_text(summary: Summary, color: bool = False) -> str:
+    """The final summary: state, reason, cause, duration, restarts, last exit codes, paths."""
     job, status = summary.job, summary.status
     state = final_state(summary)
-    lines = [f"TrainJob {job.name} {state} after {_duration(summary.elapsed_seconds)}"]
+    title = f"TrainJob {job.name} {state} after {duration(summary.elapsed_seconds)}"
+    lines = [styled(title, _STATE_STYLES.get(state, STYLE_BOLD), color)]
+    if summary.problem is not None:
+        lines.append(f"  reason:     {summary.problem}")
     for ctype in (st.FAILED, st.SUCCEEDED):
         condition = status.condition(ctype)
         if condition is not None and condition.status:
             lines.append(f"  reason:     {condition.reason}: {condition.message}")
-    if state == "Interrupted":
-        lines.append(
-            f"  stopped by {summary.interrupted}; every replica was stopped. "
+    for cause in summary.causes:
+        quoted = cause.line or "(no exception in its log)"
+        lines.append(f"  cause:      {cause.replica}: {styled(quoted, STYLE_RED, color)}")
+        lines.append(f"              full log: {cause.log_path}")
+    if state == INTERRUPTED:
+        again = (
             "Run the same command again to resume from the checkpoint."
+            if summary.has_checkpoint
+            else "No checkpoint was written yet: running again starts from the beginning."
         )
+        lines.append(f"  stopped by {summary.interrupted}; every replica was stopped. {again}")
     lines.append(
         f"  restarts:   {status.restart_count} (backoffLimit {job.run_policy.backoff_limit})"
     )
@@ -227,10 +664,10 @@ def summary_text(summary: Summary) -> str:
         codes.append(
             f"{label(key)}={code} ({record.state or 'not started'}, attempt {record.attempt})"
         )
-    lines.append("  last exit:  " + ", ".join(codes))
-    steps = [p.step for p in summary.progress.values() if p.step is not None]
-    if steps:
-        lines.append(f"  steps:      {max(steps)}")
+    lines.append("  last exit:  " + _joined_limited(codes, 16))
+    step = job_step(summary.progress)
+    if step is not None:
+        lines.append(f"  steps:      {step}")
     if summary.export:
         lines.append(f"  model:      {summary.export}")
     lines.append(f"  checkpoint: {summary.checkpoint_dir}")
@@ -238,5 +675,144 @@ def summary_text(summary: Summary) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _joined_limited(items: Sequence[str], limit: int) -> str:
+    if len(items) <= limit:
+        return ", ".join(items)
+    return ", ".join(items[:limit]) + f", … ({len(items) - limit} more in status.json)"
+
+
+def stopped_status(
+    status: st.JobStatus,
+    exit_codes: Mapping[ReplicaKey, int | None],
+    signal_name: str,
+    now: datetime.datetime,
+) -> st.JobStatus:
+    """The status after the user stopped the run: every replica that was still pending or
+    running is Stopped with the exit code it stopped with, and Running turns False with reason
+    Interrupted, so status.json never claims a run that is over is still Running."""
+    replicas = dict(status.replicas)
+    for key, code in exit_codes.items():
+        record = status.record(key)
+        if record.state in (st.STATE_PENDING, st.STATE_RUNNING, st.STATE_NONE):
+            replicas[key] = dataclasses.replace(
+                record, state=st.STATE_STOPPED, exit_code=code, reason=INTERRUPTED
+            )
+    conditions = st.set_condition(
+        status.conditions,
+        st.RUNNING,
+        False,
+        INTERRUPTED,
+        f"trainjob run was stopped by {signal_name}; every replica was stopped",
+        now,
+    )
+    return dataclasses.replace(status, replicas=replicas, conditions=conditions)
+
+
 def elapsed(start: datetime.datetime | None, now: datetime.datetime) -> float:
     return 0.0 if start is None else (now - start).total_seconds()
+
+
+# ----- trainjob status -----
+UNKNOWN: Final = "Unknown"
+_ENDED: Final = (st.SUCCEEDED, st.FAILED, INTERRUPTED)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunEntry:
+    """One local run as `trainjob status` sees it: its status.json data and the pid of the
+    `trainjob run` holding it (None: no run is in progress there)."""
+
+    run_dir: str
+    data: Mapping[str, Any]
+    holder: int | None
+
+
+def effective_state(entry: RunEntry) -> str:
+    """status.json's state, except that a run nobody holds any more cannot be Running: its
+    `trainjob run` was killed before it could write the end (Unknown, as kubectl says)."""
+    state = str(entry.data.get("state") or "Pending")
+    if entry.holder is None and state not in _ENDED:
+        return UNKNOWN
+    return state
+
+
+def status_data(entry: RunEntry) -> dict[str, Any]:
+    """What `trainjob status -o json|yaml` prints for one run."""
+    return {
+        **entry.data,
+        "state": effective_state(entry),
+        "runDir": entry.run_dir,
+        "inProgress": entry.holder is not None,
+    }
+
+
+def _name_of(entry: RunEntry) -> str:
+    name = entry.data.get("jobName")
+    return str(name) if name else entry.run_dir.rstrip("/").rsplit("/", 1)[-1]
+
+
+def runs_table(entries: Sequence[RunEntry]) -> list[str]:
+    """`NAME  STATE  READY  RESTARTS  COMPLETED  RUN DIR`, kubectl style."""
+    rows = [("NAME", "STATE", "READY", "RESTARTS", "COMPLETED", "RUN DIR")]
+    for entry in entries:
+        rows.append(
+            (
+                _name_of(entry),
+                effective_state(entry),
+                str(entry.data.get("ready", "-")),
+                str(entry.data.get("restartCount", 0)),
+                str(entry.data.get("completionTime", "-")),
+                entry.run_dir,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "   ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+    ]
+
+
+def status_lines(entry: RunEntry) -> list[str]:
+    """One run in detail: state and why, times, restarts, then one line per replica."""
+    data = entry.data
+    state = effective_state(entry)
+    running = f" (trainjob run pid {entry.holder})" if entry.holder and entry.holder > 0 else ""
+    lines = [f"TrainJob {_name_of(entry)}: {state}{running}", f"  run dir:    {entry.run_dir}"]
+    if state == UNKNOWN:
+        lines.append(
+            f"  note:       status.json says {data.get('state')}, but no trainjob run holds this "
+            "run dir: it was killed before it could record the end"
+        )
+    for condition in data.get("conditions") or []:
+        if not isinstance(condition, Mapping) or condition.get("status") != "True":
+            continue
+        if condition.get("type") in (st.SUCCEEDED, st.FAILED, st.RESTARTING):
+            lines.append(f"  reason:     {condition.get('reason')}: {condition.get('message')}")
+    if data.get("state") == INTERRUPTED:
+        for condition in data.get("conditions") or []:
+            if isinstance(condition, Mapping) and condition.get("reason") == INTERRUPTED:
+                lines.append(f"  reason:     {INTERRUPTED}: {condition.get('message')}")
+    if data.get("problem"):
+        lines.append(f"  reason:     {data['problem']}")
+    for key, title in (("startTime", "started"), ("completionTime", "completed")):
+        if data.get(key):
+            lines.append(f"  {title + ':':<11} {data[key]}")
+    lines.append(f"  restarts:   {data.get('restartCount', 0)}   ready: {data.get('ready', '-')}")
+    rows = [("REPLICA", "STATE", "ATTEMPT", "EXIT")]
+    statuses = data.get("replicaStatuses") or {}
+    for rtype, per_type in statuses.items() if isinstance(statuses, Mapping) else ():
+        for index in per_type.get("indexes") or [] if isinstance(per_type, Mapping) else []:
+            code = index.get("exitCode")
+            rows.append(
+                (
+                    f"{rtype}-{index.get('index')}",
+                    str(index.get("state") or "-"),
+                    str(index.get("attempt", 0)),
+                    "-" if code is None else str(code),
+                )
+            )
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines.extend(
+        "  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+        for row in rows
+    )
+    return lines

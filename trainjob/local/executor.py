@@ -12,11 +12,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import errno
 import fcntl
 import glob
+import io
 import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,6 +39,134 @@ ReplicaKey = tuple[str, int]
 POLL_SECONDS: Final = 0.1
 REDRAW_SECONDS: Final = 0.5  # the live table refreshes at least this often on a TTY
 EXEC_FAILED_EXIT_CODE: Final = 127  # what a shell reports for a command it cannot run
+LOCK_FILE: Final = ".trainjob.lock"
+PREPARE_MNIST: Final = (sys.executable, "-m", "trainjob", "data", "prepare", "mnist")
+LOG_TAIL_BYTES: Final = 64 * 1024  # enough for the last traceback of a failed replica
+STOPPED_BY_US: Final = (137, 143)  # SIGKILL / SIGTERM that trainjob sent
+
+
+class RunDirError(OSError):
+    """The run directory cannot be used: a file, read-only, or in use by another run."""
+
+
+@dataclasses.dataclass
+class RunDirLock:
+    """An exclusive lock on a run directory, held for the whole run (released at exit)."""
+
+    path: str
+    handle: IO[str]
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+        self.handle.close()
+
+
+def lock_run_dir(run_dir: str) -> RunDirLock:
+    """Create and lock the run directory; RunDirError with a sentence when it cannot be used."""
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except FileExistsError as error:
+        raise RunDirError(f"run directory {run_dir} exists and is not a directory") from error
+    except NotADirectoryError as error:
+        raise RunDirError(f"run directory {run_dir}: a parent is not a directory") from error
+    except OSError as error:
+        raise RunDirError(f"cannot create run directory {run_dir}: {error.strerror}") from error
+    if not os.path.isdir(run_dir):
+        raise RunDirError(f"run directory {run_dir} exists and is not a directory")
+    path = os.path.join(run_dir, LOCK_FILE)
+    try:
+        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held until release()
+    except OSError as error:
+        raise RunDirError(f"cannot write in run directory {run_dir}: {error.strerror}") from error
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise RunDirError(
+            f"run directory {run_dir} is in use by another trainjob run (pid {holder}); "
+            "wait for it to end, stop it, or choose another --run-dir"
+        ) from error
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return RunDirLock(path, handle)
+
+
+def read_status_file(path: str) -> dict[str, Any] | None:
+    """A previous run's status.json, or None when there is none (or it is not readable)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_dir_holder(run_dir: str) -> int | None:
+    """The pid of the `trainjob run` that holds a run dir's lock, or None when none does."""
+    try:
+        handle = open(os.path.join(run_dir, LOCK_FILE), encoding="utf-8")  # noqa: SIM115
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            text = handle.read().strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
+
+
+def read_from(path: str, offset: int, *, final: bool = False) -> tuple[str, int]:
+    """Complete lines appended to a file since `offset` (and the unfinished last one when
+    `final`), with the offset to read from next; ('', offset) when there is nothing."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except OSError:
+        return "", offset
+    if not final:
+        end = data.rfind(b"\n")
+        data = data[: end + 1] if end >= 0 else b""
+    return data.decode("utf-8", errors="replace"), offset + len(data)
+
+
+def port_in_use(port: int) -> bool:
+    """Whether another process listens on `port` (on any interface, as a TF task binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as error:
+            return error.errno == errno.EADDRINUSE
+    return False
+
+
+def read_log_tail(path: str, limit: int = LOG_TAIL_BYTES) -> str:
+    """The end of a log file (decoded leniently), '' when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def terminal_size(stream: TextIO) -> tuple[int, int]:
+    """(columns, rows) of the terminal behind `stream`; 80x24 when it cannot be asked."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        size = shutil.get_terminal_size()
+    return size.columns or 80, size.lines or 24
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -135,8 +266,11 @@ class Executor:
         out: TextIO,
         tty: bool,
         show_logs: bool = True,
+        verbose: bool = False,
+        color: bool = False,
         cwd: str | None = None,
         now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc),
+        size: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         self.plan = run_plan
         self.job = run_plan.job
@@ -144,20 +278,32 @@ class Executor:
         self.out = out
         self.tty = tty
         self.show_logs = show_logs
+        self.verbose = verbose
+        self.color = color
         self.cwd = cwd or os.getcwd()
         self.now = now
+        self.size = size or (lambda: terminal_size(out))
         self.children: dict[ReplicaKey, Child] = {}
         self.lines: queue.Queue[Any] = queue.Queue()
         self.progress: dict[ReplicaKey, display.ReplicaProgress] = {}
         self.status = st.JobStatus()
         self.stop_signal: str | None = None
-        self.table_height = 0
         self.width = display.prefix_width(plan.all_keys(run_plan))
         self.export: str | None = None
+        self.clock: display.StepClock | None = None
+        self.problem: str | None = None
         self._written_status: dict[str, Any] | None = None
         self._pending: list[str] = []
         self._last: dict[str, dict[str, Any]] = {}
         self._drawn_at = 0.0
+        self._drawn_widths: list[int] = []  # visible width of each table line last drawn
+        self._filters: dict[ReplicaKey, display.FilterState] = {}
+        self._stopped_attempts: set[tuple[ReplicaKey, int]] = set()
+        self._exit_codes: dict[ReplicaKey, int | None] = {}
+        self._waiting_port: dict[ReplicaKey, int] = {}  # key -> attempt waiting for its port
+        self._styles = {
+            key: display.prefix_style(i) for i, key in enumerate(plan.all_keys(run_plan))
+        }
 
     # ----- output -----
     def emit(self, text: str) -> None:
@@ -168,6 +314,22 @@ class Executor:
             self.out.write(text + "\n")
             self.out.flush()
 
+    def _table_lines(self, started: datetime.datetime, width: int, height: int) -> list[str]:
+        state = display.INTERRUPTED if self.stop_signal else None
+        segments = display.table_segments(
+            self.job,
+            self.status,
+            self._rows(),
+            self.progress,
+            display.elapsed(started, self.now()),
+            width=width,
+            height=height,
+            clock=self.clock,
+            state=state,
+        )
+        self._drawn_widths = [len(display.plain(line)) for line in segments]
+        return [display.render_segments(line, self.color) for line in segments]
+
     def _flush_display(self, started: datetime.datetime, force: bool = False) -> None:
         if not self.tty:
             return
@@ -175,14 +337,23 @@ class Executor:
         if not self._pending and not force and mono - self._drawn_at < REDRAW_SECONDS:
             return
         self._drawn_at = mono
-        rows = self._rows()
-        lines = display.table(
-            self.job, self.status, rows, self.progress, display.elapsed(started, self.now())
-        )
-        self.out.write(display.redraw(self.table_height, lines, self._pending))
+        width, height = self.size()
+        previous = display.drawn_height(self._drawn_widths, width)
+        lines = self._table_lines(started, width, height)
+        self.out.write(display.redraw(previous, lines, self._pending))
         self.out.flush()
-        self.table_height = len(lines)
         self._pending = []
+
+    def _erase_display(self) -> None:
+        """Remove the live table and print what is pending: the summary takes its place."""
+        if not self.tty:
+            return
+        width, _ = self.size()
+        previous = display.drawn_height(self._drawn_widths, width)
+        self.out.write(display.redraw(previous, [], self._pending))
+        self.out.flush()
+        self._pending = []
+        self._drawn_widths = []
 
     def _rows(self) -> list[display.ReplicaRow]:
         rows = []
@@ -192,6 +363,8 @@ class Executor:
             state = record.state
             if child is not None and child.deleting and child.alive:
                 state = "Stopping"
+            elif key in self._waiting_port:
+                state = "WaitPort"
             rows.append(
                 display.ReplicaRow(
                     key=key,
@@ -203,28 +376,68 @@ class Executor:
             )
         return rows
 
+    def _note_progress(self, event: Mapping[str, Any]) -> None:
+        """Keep the job's step clock (for the ETA): reset when training (re)starts."""
+        step = event.get("step")
+        mono = time.monotonic()
+        if event.get("event") == "start":
+            self.clock = None
+            return
+        if not isinstance(step, int):
+            return
+        if self.clock is None or step < self.clock.last_step:
+            self.clock = display.StepClock(mono, step, mono, step)
+        elif step > self.clock.last_step:
+            self.clock = dataclasses.replace(self.clock, last_time=mono, last_step=step)
+
     def _drain_lines(self) -> None:
         from trainjob.runtime import progress as progress_events
 
         while True:
             try:
-                key, _attempt, text = self.lines.get_nowait()
+                key, attempt, text = self.lines.get_nowait()
             except queue.Empty:
                 return
+            stopping = (key, attempt) in self._stopped_attempts or self.stop_signal is not None
             event = progress_events.parse_line(text)
             if event is not None:
                 self.progress[key] = display.fold(self.progress.get(key), event)
+                self._note_progress(event)
                 if event.get("export") and event.get("chief"):
                     self.export = str(event["export"])
                 if not self.tty:
-                    self.emit(display.event_line(key, event, self.job))
+                    self.emit(display.event_line(key, event, self.job, stopped=stopping))
                 continue
-            if self.show_logs:
-                self.emit(display.prefix_line(key, text, self.width))
+            if not self.show_logs:
+                continue
+            shown, self._filters[key] = display.filter_line(
+                text,
+                self._filters.get(key, display.FilterState()),
+                verbose=self.verbose,
+                stopping=stopping,
+            )
+            if shown is not None:
+                self.emit(
+                    display.prefix_line(
+                        key, shown, self.width, color=self.color, style=self._styles.get(key)
+                    )
+                )
 
     # ----- processes -----
     def _start(self, key: ReplicaKey, attempt: int) -> None:
         process = self.plan.process(key)
+        if port_in_use(process.port):
+            # Like a Pod that cannot get its host port: Pending until the port is free (the
+            # startup deadline bounds the wait); starting it would fail in gRPC's bind.
+            if self._waiting_port.get(key) != attempt:
+                self.emit(
+                    f"! {process.label}: port {process.port} is in use by another process; "
+                    f"waiting for it to be free (startupDeadlineSeconds "
+                    f"{self.job.run_policy.startup_deadline_seconds})"
+                )
+            self._waiting_port[key] = attempt
+            return
+        self._waiting_port.pop(key, None)
         os.makedirs(os.path.dirname(process.log_path), exist_ok=True)
         log = open(process.log_path, "ab")  # noqa: SIM115 - closed by the reader thread
         stamp = st.format_time(self.now())
@@ -249,6 +462,7 @@ class Executor:
             self.children[key] = Child(
                 process, attempt, None, None, EXEC_FAILED_EXIT_CODE, self.now()
             )
+            self._exit_codes[key] = EXEC_FAILED_EXIT_CODE
             return
         assert popen.stdout is not None
         reader = threading.Thread(
@@ -259,7 +473,14 @@ class Executor:
         )
         reader.start()
         self.children[key] = Child(process, attempt, popen, reader)
+        self._exit_codes[key] = None
         self._write_processes()
+
+    def _cause(self, key: ReplicaKey) -> display.Cause:
+        path = self.plan.process(key).log_path
+        return display.Cause(
+            display.label(key), display.last_exception_line(read_log_tail(path)), path
+        )
 
     def _poll(self) -> None:
         mono = time.monotonic()
@@ -269,11 +490,19 @@ class Executor:
                 if code is not None:
                     child.exit_code = exit_code_of(code)
                     child.finished_at = self.now()
+                    self._exit_codes[key] = child.exit_code
                     # Whatever the leader left behind in its group goes with it.
                     _signal_group(child.popen.pid, signal.SIGKILL)
                     if child.reader is not None:
                         child.reader.join(timeout=5)
                     self._write_processes()
+                    if child.exit_code != 0 and not child.deleting and self.stop_signal is None:
+                        self._drain_lines()  # its last lines before the cause
+                        cause = self._cause(key)
+                        self.emit(
+                            f"! {cause.replica} exited with code {child.exit_code}: "
+                            f"{cause.line or '(no exception in its log)'} (log: {cause.log_path})"
+                        )
             if child.alive and child.kill_at is not None and mono >= child.kill_at:
                 assert child.popen is not None
                 _signal_group(child.popen.pid, signal.SIGKILL)
@@ -283,6 +512,8 @@ class Executor:
                 del self.children[key]
 
     def _terminate(self, key: ReplicaKey) -> None:
+        if self._waiting_port.pop(key, None) is not None:
+            return
         child = self.children.get(key)
         if child is None:
             return
@@ -292,6 +523,7 @@ class Executor:
         if child.deleting:
             return
         child.deleting = True
+        self._stopped_attempts.add((key, child.attempt))
         assert child.popen is not None
         _signal_group(child.popen.pid, signal.SIGTERM)
         child.kill_at = time.monotonic() + child.process.grace_seconds
@@ -302,10 +534,19 @@ class Executor:
                 _signal_group(child.popen.pid, signal.SIGKILL)
 
     def _observed(self) -> dict[ReplicaKey, policy.ObservedReplica]:
-        return {
+        observed = {
             key: observed_replica(child.attempt, child.exit_code, child.deleting, child.finished_at)
             for key, child in self.children.items()
         }
+        for key, attempt in self._waiting_port.items():
+            observed[key] = policy.ObservedReplica(
+                phase=policy.PHASE_PENDING,
+                attempt=attempt,
+                exit_code=None,
+                deleting=False,
+                finished_at=None,
+            )
+        return observed
 
     # ----- files -----
     def _write_json(self, path: str, data: Any) -> None:
@@ -316,7 +557,12 @@ class Executor:
         os.replace(tmp, path)
 
     def _write_status(self) -> None:
-        data = st.to_dict(self.job, self.status)
+        data = {"jobName": self.job.name, **st.to_dict(self.job, self.status)}
+        if self.stop_signal is not None and not self.status.finished:
+            data["state"] = display.INTERRUPTED
+        if self.problem is not None and not self.status.finished:
+            data["state"] = st.FAILED
+            data["problem"] = self.problem
         if data != self._written_status:
             self._write_json(self.plan.status_file, data)
             self._written_status = data
@@ -334,36 +580,50 @@ class Executor:
         self._write_json(os.path.join(self.plan.run_dir, "processes.json"), self._last)
 
     # ----- data -----
-    def prepare_data(self) -> int:
-        """Write the samples' offline MNIST into the shared data dir once (locked, idempotent)."""
+    def prepare_data(self, started: datetime.datetime) -> str | None:
+        """Write the samples' offline MNIST into the shared data dir once (locked, idempotent).
+
+        Returns None when the data is there, else one line saying why it is not."""
         data_dir = self.plan.data_dir
         if not self.plan.prepare_mnist or data_dir is None:
-            return 0
+            return None
         if glob.glob(os.path.join(data_dir, "mnist", "*", "dataset_info.json")):
-            return 0
-        os.makedirs(data_dir, exist_ok=True)
-        with open(os.path.join(data_dir, ".trainjob-prepare.lock"), "w") as lock:
+            return None
+        try:
+            os.makedirs(data_dir, exist_ok=True)
+            lock = open(  # noqa: SIM115 - closed below
+                os.path.join(data_dir, ".trainjob-prepare.lock"), "w", encoding="utf-8"
+            )
+        except OSError as error:
+            return f"cannot write the offline MNIST into data dir {data_dir}: {error.strerror}"
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if glob.glob(os.path.join(data_dir, "mnist", "*", "dataset_info.json")):
-                return 0
+                return None
             self.emit(f"Preparing the offline MNIST dataset in {data_dir} (once per machine)")
+            self._flush_display(started, force=True)
             first = self.plan.processes[0]
             env = plan.process_env(first, self.environ)
-            python = sys.executable
             result = subprocess.run(
-                [python, "-m", "trainjob", "data", "prepare", "mnist", "--data-dir", data_dir],
+                [*PREPARE_MNIST, "--data-dir", data_dir],
                 env=env,
                 cwd=self.cwd,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
+                errors="replace",
                 check=False,
             )
             if result.returncode != 0:
-                self.emit(result.stdout + result.stderr)
-                self.emit(f"trainjob run: preparing MNIST failed (exit {result.returncode})")
-                return result.returncode
-        return 0
+                log_path = os.path.join(self.plan.log_dir, "prepare-data.log")
+                with open(log_path, "w", encoding="utf-8") as handle:
+                    handle.write(result.stdout + result.stderr)
+                why = display.last_exception_line(result.stdout + result.stderr)
+                return (
+                    f"preparing the offline MNIST failed (exit {result.returncode}): "
+                    f"{why or 'no error message'} (log: {log_path})"
+                )
+        return None
 
     # ----- the loop -----
     @contextlib.contextmanager
@@ -400,9 +660,10 @@ class Executor:
                 f"Running TrainJob {self.job.name}: {len(self.plan.processes)} process(es); "
                 f"run dir {self.plan.run_dir}"
             )
-            code = 0 if self.stop_signal else self.prepare_data()
-            if code != 0:
-                return self._summary(started, "data preparation failed")
+            self.problem = None if self.stop_signal else self.prepare_data(started)
+            if self.problem is not None:
+                self._erase_display()
+                return self._summary(started)
             stopping = False
             try:
                 while True:
@@ -413,18 +674,21 @@ class Executor:
                         self.emit(f"Stopping every replica ({self.stop_signal} received)")
                         for key in list(self.children):
                             self._terminate(key)
+                        self._waiting_port.clear()
                     if stopping:
                         if not any(c.alive for c in self.children.values()):
                             break
                         self._flush_display(started)
                         time.sleep(POLL_SECONDS)
                         continue
+                    for key, attempt in list(self._waiting_port.items()):
+                        self._start(key, attempt)
                     decision = policy.reconcile(
                         self.job, self.status, self._observed(), keys, self.now()
                     )
                     self.status = decision.status
                     for event in decision.events:
-                        self.emit(display.engine_event_line(event))
+                        self.emit(display.engine_event_line(event, self.color))
                     for key in decision.delete_pods:
                         self._terminate(key)
                     for rtype, index, attempt in decision.create_pods:
@@ -433,6 +697,7 @@ class Executor:
                     self._write_status()
                     if self.status.finished:
                         # Nothing may outlive `trainjob run`, whatever cleanPodPolicy says.
+                        self._waiting_port.clear()
                         for key, child in list(self.children.items()):
                             if child.alive:
                                 self._terminate(key)
@@ -442,24 +707,45 @@ class Executor:
                     time.sleep(POLL_SECONDS)
             finally:
                 self._kill_all_now()
-                for child in self.children.values():
+                for key, child in self.children.items():
                     if child.popen is not None:
                         with contextlib.suppress(subprocess.TimeoutExpired):
                             child.popen.wait(timeout=10)
+                        if child.popen.returncode is not None and child.exit_code is None:
+                            child.exit_code = exit_code_of(child.popen.returncode)
+                            self._exit_codes[key] = child.exit_code
                     if child.reader is not None:
                         child.reader.join(timeout=5)
                 self._drain_lines()
                 self._write_processes()
-            self._flush_display(started, force=True)
-        return self._summary(started, None)
+            if self.stop_signal is not None and not self.status.finished:
+                self.status = display.stopped_status(
+                    self.status, self._exit_codes, self.stop_signal, self.now()
+                )
+            self._erase_display()
+        return self._summary(started)
 
-    def _summary(self, started: datetime.datetime, _why: str | None) -> display.Summary:
+    def _has_checkpoint(self) -> bool:
+        """Whether a new run would resume: a checkpoint was reported, or the checkpoint
+        directory holds anything but the runtime's scratch directories."""
+        if any(p.checkpoint or p.initial_step for p in self.progress.values()):
+            return True
+        try:
+            entries = os.listdir(self.plan.checkpoint_dir)
+        except OSError:
+            return False
+        return any(not name.startswith(".") for name in entries)
+
+    def _summary(self, started: datetime.datetime) -> display.Summary:
         self._write_status()
         export = self.export
         if export is None:
             candidate = os.path.join(self.plan.checkpoint_dir, "export")
             if os.path.exists(candidate):
                 export = candidate
+        causes: list[display.Cause] = []
+        if self.status.is_true(st.FAILED):
+            causes = [self._cause(key) for key in display.failed_replicas(self.status, self.job)]
         return display.Summary(
             job=self.job,
             status=self.status,
@@ -470,4 +756,7 @@ class Executor:
             checkpoint_dir=self.plan.checkpoint_dir,
             export=export,
             progress=self.progress,
+            causes=causes[:1],
+            has_checkpoint=self._has_checkpoint(),
+            problem=self.problem,
         )

@@ -283,3 +283,94 @@ def format_plan(plan: RunPlan) -> str:
 
 def all_keys(plan: RunPlan) -> Sequence[ReplicaKey]:
     return [process.key for process in plan.processes]
+
+
+# ----- checks made before a run starts -----
+MAX_PROCESSES_PER_CORE: Final = 8
+MIN_MAX_PROCESSES: Final = 16
+TF_PROCESS_GB: Final = 0.6  # resident memory of one TensorFlow process, measured here
+
+
+def too_many_processes(job: spec.TrainJob, limit: int | None, cpus: int) -> str | None:
+    """Why a job has too many replicas for this machine, or None. Every replica is a process
+    (a TensorFlow one takes ~0.6 GB and seconds of CPU to start), so 9,999 replicas on 2 cores
+    would only thrash; `--max-processes` raises the limit for those who mean it."""
+    count = job.total_replicas
+    allowed = limit if limit is not None else max(MIN_MAX_PROCESSES, MAX_PROCESSES_PER_CORE * cpus)
+    if count <= allowed:
+        return None
+    return (
+        f"{count} replicas would be {count} local processes (~{count * TF_PROCESS_GB:,.0f} GB "
+        f"for TensorFlow) on {cpus} CPU core(s); the limit here is {allowed}: lower the "
+        f"replicas, or pass --max-processes {count} to run it anyway"
+    )
+
+
+def script_of(argv: Sequence[str], python: str) -> str | None:
+    """The script file a command runs: `python [options] SCRIPT ...` or a path as the command;
+    None for `python -c`, `python -m` and commands found on PATH."""
+    if not argv:
+        return None
+    if argv[0] != python and os.path.basename(argv[0]) not in _PYTHON_NAMES:
+        return argv[0] if "/" in argv[0] else None
+    for arg in argv[1:]:
+        if arg in ("-c", "-m") or arg.startswith(("-c", "-m")):
+            return None
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
+def local_requirements(
+    job: spec.TrainJob,
+    *,
+    python: str,
+    modules: frozenset[str],
+    tf_version: str | None,
+    missing_scripts: Mapping[str, str],
+) -> list[str]:
+    """One line per thing this machine lacks to run the job, said before anything starts.
+
+    `modules`: which of tensorflow / tensorflow_estimator the Python has (checked only when a
+    replica runs the trainjob runtime); `missing_scripts`: replica type -> a script path its
+    command runs that does not exist here."""
+    problems: list[str] = []
+    runtime_types = [rtype for rtype in job.replica_specs if uses_runtime(job, rtype)]
+    if runtime_types and job.runtime is not None:
+        if "tensorflow" not in modules:
+            problems.append(
+                f"spec.runtime needs TensorFlow, which {python} does not have; install it "
+                "with: pip install 'trainjob[tf]' (or -e '.[tf]' in a checkout)"
+            )
+        elif job.runtime.framework == "Estimator" and "tensorflow_estimator" not in modules:
+            problems.append(
+                "spec.runtime.framework Estimator needs TensorFlow <= 2.15 with "
+                f"tensorflow-estimator, and {python} has TensorFlow {tf_version or '?'} without "
+                "it; run it from a TF 2.15 Python: <that python> -m trainjob run -f FILE"
+            )
+    by_script: dict[str, list[str]] = {}
+    for rtype, script in missing_scripts.items():
+        by_script.setdefault(script, []).append(rtype)
+    for script, rtypes in by_script.items():
+        container = spec.tf_container(job.replica_specs[rtypes[0]].template) or {}
+        image = container.get("image") or job.image
+        source = f" (it would come from the image {image})" if image else ""
+        problems.append(
+            f"spec.replicaSpecs.{'/'.join(rtypes)}: the command runs {script}, which does not "
+            f"exist on this machine{source}; point the command at a local script to run it here"
+        )
+    return problems
+
+
+def rerun_refusal(
+    job: spec.TrainJob, previous: Mapping[str, Any] | None, run_dir: str
+) -> str | None:
+    """The word said before a Succeeded job is run again in the same run dir, or None."""
+    if not previous or previous.get("state") != "Succeeded":
+        return None
+    when = previous.get("completionTime") or "earlier"
+    return (
+        f"TrainJob {job.name} already Succeeded in {run_dir} ({when}); running it again "
+        "trains again from its last checkpoint and overwrites its exported model. "
+        "Add --rerun to do that, or give another --run-dir"
+    )
