@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as exc:
         print(f"trainjob-operator: {exc}", file=sys.stderr)
         return 2
+    problem = config.credentials_problem(os.environ, os.path.expanduser("~"), os.path.exists)
+    if problem is not None:
+        print(f"trainjob-operator: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.DEBUG if settings.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

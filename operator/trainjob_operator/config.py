@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from trainjob.core import constants
@@ -259,6 +259,32 @@ def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             ),
         ),
         verbose=bool(args.verbose),
+    )
+
+
+SERVICE_ACCOUNT_TOKEN: Final = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+def credentials_problem(
+    env: Mapping[str, str], home: str, exists: Callable[[str], bool]
+) -> str | None:
+    """Why the operator cannot possibly log in (None: it may): no service account of a Pod
+    and no kubeconfig file where kubectl would look. Checked once at start, so a missing
+    kubeconfig is one clear line instead of a retry loop."""
+    if env.get("KUBERNETES_SERVICE_HOST") and exists(SERVICE_ACCOUNT_TOKEN):
+        return None
+    configured = env.get("KUBECONFIG")
+    if configured:
+        paths = [path for path in configured.split(":") if path]
+        if any(exists(path) for path in paths):
+            return None
+        return f"KUBECONFIG names {configured}, which does not exist"
+    default = f"{home}/.kube/config"
+    if exists(default):
+        return None
+    return (
+        f"no Kubernetes credentials: not in a Pod with a service account, no {default}, "
+        "and KUBECONFIG is not set"
     )
 
 

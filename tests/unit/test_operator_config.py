@@ -106,3 +106,17 @@ def test_serve_deadline_flag_and_environment() -> None:
     assert config.from_args(["--serve-deadline-seconds", "5"], env).serve_deadline_seconds == 5.0
     with pytest.raises(config.ConfigError, match="serve deadline"):
         config.from_args(["--serve-deadline-seconds", "soon"], {})
+
+
+def test_missing_credentials_are_one_clear_line() -> None:
+    files = {"/home/u/.kube/config", "/etc/kc", config.SERVICE_ACCOUNT_TOKEN}
+    exists = files.__contains__
+    assert config.credentials_problem({}, "/home/u", exists) is None
+    assert config.credentials_problem({"KUBECONFIG": "/nope:/etc/kc"}, "/x", exists) is None
+    assert config.credentials_problem({"KUBECONFIG": "/nope"}, "/home/u", exists) == (
+        "KUBECONFIG names /nope, which does not exist"
+    )
+    nothing = config.credentials_problem({}, "/root", exists)
+    assert nothing is not None and "no Kubernetes credentials" in nothing
+    in_pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+    assert config.credentials_problem(in_pod, "/root", exists) is None
