@@ -224,6 +224,31 @@ def test_filter_hides_noise_unless_verbose_and_folds_a_stop_we_asked_for() -> No
     assert shown == ["stopped (exit 143)", lines[-1]]
 
 
+def test_protobuf_text_that_goes_on_a_hidden_record_is_hidden_too() -> None:
+    lines = [
+        "2026-11-23 13:09:46,643 INFO absl Enabling collectives with server_def: cluster {",
+        "  job {",
+        '    name: "worker"',
+        "    tasks {",
+        "      key: 0",
+        '      value: "127.0.0.1:44563"',
+        "    }",
+        "  }",
+        "}",
+        'protocol: "grpc"',
+        "",
+        "Epoch 1/2",
+        "  indented user text",
+    ]
+    state = display.FilterState()
+    shown = []
+    for line in lines:
+        text, state = display.filter_line(line, state, verbose=False, stopping=False)
+        if text is not None:
+            shown.append(text)
+    assert shown == ["Epoch 1/2", "  indented user text"]
+
+
 def test_the_last_exception_line_is_the_cause() -> None:
     log = "\n".join(
         [

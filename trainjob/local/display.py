@@ -236,11 +236,18 @@ _STOPPED_FAILURE: Final = re.compile(
 )
 
 
+# The rest of a hidden record that spans lines: TensorFlow logs protobuf text (session configs
+# of ParameterServer and DTensor, 40-60 lines each): `key: "GPU"`, `job {`, `}`, blank.
+_PROTO_TEXT: Final = re.compile(r"^\s*(\}?|[a-z_][a-z0-9_]*(: .*| \{))\s*$")
+
+
 @dataclasses.dataclass(frozen=True)
 class FilterState:
-    """Per replica: inside a traceback that a stop we asked for produced (hidden)."""
+    """Per replica: inside a traceback that a stop we asked for produced, or inside the
+    protobuf text that a hidden record goes on with (both hidden)."""
 
     hiding_traceback: bool = False
+    continuing_noise: bool = False
 
 
 def filter_line(
@@ -261,8 +268,10 @@ def filter_line(
     if stopped is not None and (stopping or "Traceback" in line):
         return f"stopped (exit {stopped['code']})", FilterState(hiding_traceback=True)
     if is_noise(line):
+        return None, FilterState(continuing_noise=True)
+    if state.continuing_noise and _PROTO_TEXT.match(line):
         return None, state
-    return line, state
+    return line, FilterState()
 
 
 # An exception line as Python prints it last in a traceback: `ValueError: bad shape`,
