@@ -157,3 +157,66 @@ def test_train_spec_validation() -> None:
     bad = contract.TrainSpec(model_fn=lambda: None, dataset_fn=lambda ctx: None, save_freq=0)
     with pytest.raises(ConfigError, match="save_freq"):
         contract.validate_train_spec(bad, strategy="Default", framework="Keras")
+
+
+def _loop_spec(**overrides: object) -> contract.LoopTrainSpec:
+    fields: dict[str, object] = {
+        "state_fn": dict,
+        "dataset_fn": lambda ctx: None,
+        "step_fn": lambda state, batch: {},
+        "steps_per_epoch": 10,
+    }
+    fields.update(overrides)
+    return contract.LoopTrainSpec(**fields)  # type: ignore[arg-type]
+
+
+def test_a_custom_loop_spec_runs_under_every_keras_strategy_but_not_dtensor() -> None:
+    for strategy in ("MultiWorkerMirrored", "ParameterServer", "Mirrored", "OneDevice", "Default"):
+        contract.validate_train_spec(_loop_spec(), strategy=strategy, framework="Keras")
+    with pytest.raises(ConfigError, match=r"expects trainjob\.runtime\.DTensorTrainSpec"):
+        contract.validate_train_spec(_loop_spec(), strategy="DTensor", framework="Keras")
+    with pytest.raises(ConfigError, match=r"TrainSpec or trainjob\.runtime\.LoopTrainSpec"):
+        contract.validate_train_spec(object(), strategy="Default", framework="Keras")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"steps_per_epoch": 0}, "steps_per_epoch"),
+        ({"epochs": 0}, "epochs"),
+        ({"checkpoint_every_steps": 0}, "checkpoint_every_steps"),
+        ({"reduction": "max"}, "reduction"),
+        ({"step_fn": None}, "step_fn"),
+    ],
+)
+def test_an_impossible_custom_loop_spec_is_rejected_naming_its_field(
+    overrides: dict[str, object], field: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"LoopTrainSpec\.{field}"):
+        contract.validate_loop_spec(_loop_spec(**overrides))
+
+
+def test_loop_state_keys_must_not_clash_with_the_runtime_step_counter() -> None:
+    assert contract.validate_loop_state({"model": 1}) == {"model": 1}
+    with pytest.raises(ConfigError, match="'step'"):
+        contract.validate_loop_state({"step": 1})
+    with pytest.raises(ConfigError, match="non-empty mapping"):
+        contract.validate_loop_state([1])
+
+
+def test_loop_saves_at_epoch_ends_or_every_n_steps_and_only_mwms_needs_agreement() -> None:
+    from trainjob.runtime import loop_runner
+
+    assert [s for s in range(1, 25) if loop_runner.save_due(s, steps_per_epoch=10, every=None)] == [
+        10,
+        20,
+    ]
+    assert [s for s in range(1, 13) if loop_runner.save_due(s, steps_per_epoch=10, every=4)] == [
+        4,
+        8,
+        12,
+    ]
+    assert loop_runner.epoch_of(19, 10) == 1
+    assert not loop_runner.writes_alone("MultiWorkerMirrored", 2)
+    assert loop_runner.writes_alone("MultiWorkerMirrored", 1)
+    assert loop_runner.writes_alone("ParameterServer", 3)

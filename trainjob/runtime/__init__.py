@@ -20,15 +20,26 @@ User contract (details in the README, section "The runtime: your code in each re
         return runtime.TrainSpec(model_fn=model_fn, dataset_fn=dataset_fn,
                                  epochs=ctx.get_int("epochs", 3), steps_per_epoch=100)
 
+A custom training loop returns :class:`LoopTrainSpec` instead (``state_fn``, ``dataset_fn``,
+``step_fn``): the runtime runs the step under every strategy and checkpoints the state.
+
 Importing this package does not import TensorFlow; ``trainjob train`` does, lazily.
 """
 
 from trainjob.runtime.contract import (
     DTensorTrainSpec,
     EstimatorTrainSpec,
+    LoopTrainSpec,
     TrainContext,
     TrainSpec,
 )
 from trainjob.runtime.data import load_sharded
 
-__all__ = ["DTensorTrainSpec", "EstimatorTrainSpec", "TrainContext", "TrainSpec", "load_sharded"]
+__all__ = [
+    "DTensorTrainSpec",
+    "EstimatorTrainSpec",
+    "LoopTrainSpec",
+    "TrainContext",
+    "TrainSpec",
+    "load_sharded",
+]

@@ -4,6 +4,9 @@
 The runtime imports it, calls it once per replica, and runs what it returns:
 
 * :class:`TrainSpec` for ``framework: Keras`` (tf-keras ``Model.fit``),
+* :class:`LoopTrainSpec` for ``framework: Keras`` too, when you write the training step
+  yourself (a custom loop: ``strategy.run`` under every strategy, ``ClusterCoordinator.schedule``
+  under ParameterServer), as in TensorFlow's custom-training-loop guides,
 * :class:`EstimatorTrainSpec` for ``framework: Estimator`` (``tf.estimator.train_and_evaluate``).
 
 ``build`` must not create TensorFlow variables itself: the runtime calls ``TrainSpec.model_fn``
@@ -26,6 +29,10 @@ from trainjob.runtime.exitcodes import ConfigError
 
 ExportFormat = Literal["savedmodel", "keras", "none"]
 EXPORT_FORMATS: Final = ("savedmodel", "keras", "none")
+Reduction = Literal["sum", "mean"]
+REDUCTIONS: Final = ("sum", "mean")
+# The runtime's own entry in a custom loop's tf.train.Checkpoint (the global step counter).
+LOOP_STEP_KEY: Final = "step"
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,51 @@ class TrainSpec:
 
 
 @dataclass(frozen=True)
+class LoopTrainSpec:
+    """What a custom-training-loop ``build(ctx)`` returns (``framework: Keras``, any strategy
+    but DTensor). You write the step; the runtime owns the loop around it.
+
+    state_fn:        () -> {name: trackable} (model, optimizer, metrics, ...), called inside
+                     ``strategy.scope()``. Everything here goes into the runtime's
+                     ``tf.train.Checkpoint`` (next to its step counter, ``"step"``) and is
+                     restored before the first step.
+    dataset_fn:      (tf.distribute.InputContext) -> ``tf.data.Dataset`` of per-replica
+                     batches for this input pipeline, repeated (the loop counts steps, never
+                     runs a dataset dry). Under ParameterServer each worker builds its own copy.
+    step_fn:         (state, batch) -> {name: scalar tensor}: one training step on one replica
+                     (runs inside ``strategy.run``; traced once by ``tf.function``). Compute the
+                     loss over the *global* batch, e.g. ``tf.nn.compute_average_loss(...,
+                     global_batch_size=ctx.global_batch_size)``, and apply the gradients.
+    steps_per_epoch: steps of one epoch (required: the loop counts steps).
+    epochs:          total epochs; a resumed job continues at the restored step.
+    checkpoint_every_steps: save every N steps; ``None`` saves at each epoch end. Bounds the
+                     work a killed replica redoes.
+    max_to_keep:     checkpoints kept by the ``CheckpointManager``.
+    reduction:       how ``step_fn``'s values are combined over replicas: ``"sum"`` (TF's
+                     guides: per-replica losses already divided by the global batch size) or
+                     ``"mean"``.
+    epoch_end_fn:    optional (state) -> {name: number}, called on every worker at each epoch
+                     end (outside ``tf.function``): metrics for the epoch event, e.g.
+                     ``accuracy.result()``; reset your metrics here.
+    export_fn:       optional (state, path) -> None: writes the final model (the chief's
+                     ``path`` is ``<checkpoint_dir>/export``; other workers get a scratch path
+                     that is deleted). Default: ``tf.saved_model.save(state["model"], path)``
+                     when the state has a ``"model"``, else no export.
+    """
+
+    state_fn: Callable[[], Mapping[str, Any]]
+    dataset_fn: Callable[[Any], Any]
+    step_fn: Callable[[Mapping[str, Any], Any], Mapping[str, Any]]
+    steps_per_epoch: int
+    epochs: int = 1
+    checkpoint_every_steps: int | None = None
+    max_to_keep: int = 3
+    reduction: Reduction = "sum"
+    epoch_end_fn: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    export_fn: Callable[[Mapping[str, Any], str], None] | None = None
+
+
+@dataclass(frozen=True)
 class EstimatorTrainSpec:
     """What an Estimator ``build(ctx)`` returns (legacy image, TF <= 2.15).
 
@@ -141,20 +193,26 @@ class DTensorTrainSpec:
     train_fn: Callable[[Any, Callable[[int, Mapping[str, Any]], None]], Mapping[str, Any]]
 
 
+def expected_specs(strategy: str, framework: str) -> tuple[type, ...]:
+    """What ``build`` may return under a framework and (resolved) strategy (pure)."""
+    if framework == "Estimator":
+        return (EstimatorTrainSpec,)
+    if strategy == "DTensor":
+        return (DTensorTrainSpec,)
+    return (TrainSpec, LoopTrainSpec)
+
+
 def validate_train_spec(spec: object, *, strategy: str, framework: str) -> None:
     """Reject what ``build`` returned when it cannot run under the strategy (pure)."""
-    expected: type = (
-        EstimatorTrainSpec
-        if framework == "Estimator"
-        else DTensorTrainSpec
-        if strategy == "DTensor"
-        else TrainSpec
-    )
+    expected = expected_specs(strategy, framework)
     if not isinstance(spec, expected):
+        names = " or ".join(f"trainjob.runtime.{cls.__name__}" for cls in expected)
         raise ConfigError(
-            f"the entrypoint returned {type(spec).__name__}; framework {framework} expects "
-            f"trainjob.runtime.{expected.__name__}"
+            f"the entrypoint returned {type(spec).__name__}; framework {framework} with "
+            f"strategy {strategy} expects {names}"
         )
+    if isinstance(spec, LoopTrainSpec):
+        validate_loop_spec(spec)
     if isinstance(spec, TrainSpec):
         if spec.epochs < 1:
             raise ConfigError(f"TrainSpec.epochs must be >= 1, got {spec.epochs}")
@@ -172,3 +230,44 @@ def validate_train_spec(spec: object, *, strategy: str, framework: str) -> None:
             raise ConfigError(f"TrainSpec.export_format must be one of {EXPORT_FORMATS}")
     if isinstance(spec, EstimatorTrainSpec) and spec.max_steps < 1:
         raise ConfigError(f"EstimatorTrainSpec.max_steps must be >= 1, got {spec.max_steps}")
+
+
+def validate_loop_spec(spec: LoopTrainSpec) -> None:
+    """The numbers and names of a custom loop that can never work (pure)."""
+    for name in ("state_fn", "dataset_fn", "step_fn"):
+        if not callable(getattr(spec, name)):
+            raise ConfigError(f"LoopTrainSpec.{name} must be callable")
+    for name in ("steps_per_epoch", "epochs", "max_to_keep"):
+        value = getattr(spec, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"LoopTrainSpec.{name} must be an integer >= 1, got {value!r}")
+    every = spec.checkpoint_every_steps
+    if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+        raise ConfigError(
+            f"LoopTrainSpec.checkpoint_every_steps must be None or an integer >= 1, got {every!r}"
+        )
+    if spec.reduction not in REDUCTIONS:
+        raise ConfigError(
+            f"LoopTrainSpec.reduction must be one of {REDUCTIONS}, got {spec.reduction!r}"
+        )
+
+
+def validate_loop_state(state: object) -> dict[str, Any]:
+    """What ``LoopTrainSpec.state_fn`` returned, as checkpoint entries (pure)."""
+    if not isinstance(state, Mapping) or not state:
+        raise ConfigError(
+            "LoopTrainSpec.state_fn must return a non-empty mapping of name -> trackable "
+            f"(model, optimizer, ...), got {type(state).__name__}"
+        )
+    for key in state:
+        if not isinstance(key, str) or not key.isidentifier() or key.startswith("_"):
+            raise ConfigError(
+                f"LoopTrainSpec.state_fn returned the key {key!r}; keys must be identifiers "
+                "not starting with '_'"
+            )
+        if key == LOOP_STEP_KEY:
+            raise ConfigError(
+                f"LoopTrainSpec.state_fn returned the key {LOOP_STEP_KEY!r}, which the runtime "
+                "uses for its step counter; rename it"
+            )
+    return dict(state)

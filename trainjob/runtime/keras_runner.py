@@ -13,7 +13,7 @@ import shutil
 import time
 from typing import Any
 
-from trainjob.runtime import contract, layout, progress
+from trainjob.runtime import contract, layout, loop_runner, progress
 from trainjob.runtime import settings as settings_mod
 from trainjob.runtime import strategy as strategy_mod
 from trainjob.runtime.exitcodes import Preempted
@@ -183,6 +183,17 @@ def run(
     )
     spec = build(ctx)
     contract.validate_train_spec(spec, strategy=name, framework=settings.framework)
+    if isinstance(spec, contract.LoopTrainSpec):
+        return loop_runner.run(
+            tf,
+            settings,
+            spec,
+            emitter,
+            checkpoint_dir,
+            watcher,
+            strategy=strategy,
+            strategy_name=name,
+        )
     assert isinstance(spec, contract.TrainSpec)
 
     with strategy.scope():

@@ -5,6 +5,7 @@
     <TRAINJOB_CHECKPOINT_DIR>/
       backup/          Keras BackupAndRestore state (chief writes; other workers use temp dirs
                        inside it that tf-keras removes); deleted when training completes
+      loop/            a custom loop's tf.train.Checkpoint files (ckpt-<step>), chief's copy only
       export/          the final model, written by the chief only
       tensorboard/     TensorBoard logs (chief only)
       estimator/       Estimator model_dir (checkpoints, events, export/)
@@ -19,6 +20,7 @@ BACKUP: str = "backup"
 EXPORT: str = "export"
 TENSORBOARD: str = "tensorboard"
 ESTIMATOR: str = "estimator"
+LOOP: str = "loop"
 
 
 def backup_dir(checkpoint_dir: str) -> str:
@@ -31,6 +33,14 @@ def tensorboard_dir(checkpoint_dir: str) -> str:
 
 def estimator_dir(checkpoint_dir: str) -> str:
     return os.path.join(checkpoint_dir, ESTIMATOR)
+
+
+def loop_dir(checkpoint_dir: str, *, is_chief: bool = True, replica: str = "") -> str:
+    """Where a custom loop's CheckpointManager writes: the chief into ``loop/``, every other
+    worker into its scratch dir (MultiWorkerMirrored needs all workers in a save, TF's
+    multi-worker guide keeps only the chief's copy)."""
+    base = checkpoint_dir if is_chief else scratch_dir(checkpoint_dir, replica)
+    return os.path.join(base, LOOP)
 
 
 def scratch_dir(checkpoint_dir: str, replica: str) -> str:

@@ -14,6 +14,13 @@ one watcher thread receives it with ``sigwait``. Then:
   wait ``exit_delay`` seconds first, because the variables live on the ps: when a whole job is
   preempted, the chief can still read them for its last backup.
 
+Under MultiWorkerMirrored with several workers no process can save alone (a save reads synced
+variables with collectives), so TF's ``PreemptionCheckpointHandler`` makes all workers save at
+one agreed step: :func:`checkpoint_handler` builds it with a termination watcher that reads the
+runtime's stop request (TF's default would install a Python SIGTERM handler, which never runs
+while SIGTERM is blocked) and an exit function that raises ``Preempted`` (TF's default exits 42,
+which the ExitCode policy would take for a permanent failure).
+
 Processes that user code starts inherit the blocked mask: a child that must react to SIGTERM
 itself should unblock it (``signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})``).
 """
@@ -28,7 +35,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from trainjob.runtime import exitcodes
 
@@ -101,3 +108,29 @@ class StopWatcher:
         sys.stderr.flush()
         # os._exit: the main thread may be blocked in C++ (a server's join, a collective).
         os._exit(code)
+
+
+def checkpoint_handler(
+    tf: Any,
+    cluster_resolver: Any,
+    checkpoint_manager: Any,
+    stop: StopRequest,
+    *,
+    exit_fn: Callable[[], None],
+    save_fn: Callable[[], None] | None = None,
+) -> Any:
+    """TF's ``PreemptionCheckpointHandler`` driven by the runtime's stop request.
+
+    The handler polls ``stop`` (about once a second), tells its peers through the coordination
+    service, every worker saves at the agreed step (``save_fn``, else ``checkpoint_manager``)
+    and then calls ``exit_fn``. A grace period of 0: save at the first agreed step.
+    """
+    config = tf.distribute.experimental.TerminationConfig(
+        termination_watcher_fn=lambda: stop.requested,
+        exit_fn=exit_fn,
+        grace_period=0,
+        save_fn=save_fn,
+    )
+    return tf.distribute.experimental.PreemptionCheckpointHandler(
+        cluster_resolver, checkpoint_manager, termination_config=config
+    )

@@ -19,8 +19,9 @@ def _preprocess(tf: Any, image: Any, label: Any) -> tuple[Any, Any]:
     return tf.cast(image, tf.float32) / 255.0, label
 
 
-def make_model(tf: Any, kind: str, learning_rate: float) -> Any:
-    """A small compiled classifier; built (Input layer) so BackupAndRestore can restore it."""
+def make_model(tf: Any, kind: str, learning_rate: float, *, compiled: bool = True) -> Any:
+    """A small classifier, compiled unless a custom loop brings its own optimizer; built
+    (Input layer) so BackupAndRestore can restore it."""
     keras = tf.keras
     if kind == "mlp":
         layers = [keras.layers.Flatten(), keras.layers.Dense(128, activation="relu")]
@@ -34,6 +35,8 @@ def make_model(tf: Any, kind: str, learning_rate: float) -> Any:
             keras.layers.Dense(64, activation="relu"),
         ]
     model = keras.Sequential([keras.Input(shape=(28, 28, 1)), *layers, keras.layers.Dense(10)])
+    if not compiled:
+        return model
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -1,0 +1,203 @@
+"""Custom training loops (``LoopTrainSpec``) under every strategy, with real processes:
+SIGTERM saves at the next step boundary and the rerun resumes at that exact step; under
+MultiWorkerMirrored a SIGTERM to one worker makes both save at one agreed step (TF's
+PreemptionCheckpointHandler); under ParameterServer a killed worker's steps are retried by the
+coordinator."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import training_harness as harness
+
+pytestmark = [pytest.mark.training, pytest.mark.timeout(300)]
+
+ENTRYPOINT = "trainjob.samples.mnist_loop:build"
+
+
+def _config(data_dir: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "epochs": 2,
+        "steps_per_epoch": 10,
+        "batch_size": 32,
+        "data_dir": str(data_dir),
+        "progress_every_steps": 1,
+        **extra,
+    }
+
+
+def _start(
+    tmp: Path,
+    run: str,
+    roles: dict[str, int],
+    config: dict[str, Any],
+    ckpt: Path,
+    strategy: str,
+    cluster: dict[str, list[str]] | None = None,
+) -> tuple[dict[str, harness.Replica], Path]:
+    cluster = harness.cluster_spec(roles) if cluster is None else cluster
+    progress = tmp / f"{run}.progress.jsonl"
+    replicas = {
+        f"{role}-{i}": harness.start(
+            f"{run}-{role}-{i}",
+            harness.replica_env(
+                cluster if sum(roles.values()) > 1 else {},
+                role,
+                i,
+                entrypoint=ENTRYPOINT,
+                config=config,
+                checkpoint_dir=ckpt,
+                progress_file=progress,
+                strategy=strategy,
+            ),
+            tmp,
+        )
+        for role in ("ps", "worker", "chief")
+        for i in range(roles.get(role, 0))
+    }
+    return replicas, progress
+
+
+def _steps(events: list[dict[str, Any]], replica: str) -> list[int]:
+    return [e["step"] for e in harness.events_of(events, replica, "step")]
+
+
+def _wait_step(progress: Path, replica: str, step: int, replicas: list[harness.Replica]) -> None:
+    harness.wait_until(
+        lambda: any(s >= step for s in _steps(harness.read_events(progress), replica)),
+        180,
+        f"{replica} at step {step}",
+        replicas,
+    )
+
+
+@pytest.mark.parametrize("strategy", ["Auto", "OneDevice", "Mirrored"])
+def test_sigterm_saves_at_the_step_boundary_and_the_rerun_resumes_there(
+    tmp_path: Path, mnist_data_dir: Path, strategy: str
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    config = _config(mnist_data_dir, step_delay_ms=20)
+    first, progress1 = _start(tmp_path, "run1", {"worker": 1}, config, ckpt, strategy)
+    replicas = list(first.values())
+    try:
+        _wait_step(progress1, "worker-0", 13, replicas)
+        first["worker-0"].signal(signal.SIGTERM)
+        codes = harness.wait_exit(replicas, 60)
+    finally:
+        harness.stop_all(replicas)
+    assert codes == {"run1-worker-0": 143}, harness.dump_logs(replicas)
+    events1 = harness.read_events(progress1)
+    (saved,) = [e for e in harness.events_of(events1, "worker-0", "checkpoint") if e.get("reason")]
+    # Saved after the last step it ran: nothing is lost.
+    assert saved["step"] == max(_steps(events1, "worker-0")) >= 13
+    assert saved["reason"] == "preempted"
+
+    second, progress2 = _start(tmp_path, "run2", {"worker": 1}, config, ckpt, strategy)
+    try:
+        codes = harness.wait_exit(list(second.values()), 120)
+    finally:
+        harness.stop_all(list(second.values()))
+    print(f"{strategy}: lost steps 0; {harness.report(replicas + list(second.values()))}")
+    assert codes == {"run2-worker-0": 0}, harness.dump_logs(list(second.values()))
+    events2 = harness.read_events(progress2)
+    (start,) = harness.events_of(events2, "worker-0", "start")
+    assert (start["initial_step"], start["initial_epoch"]) == (saved["step"], 1)
+    assert _steps(events2, "worker-0") == list(range(saved["step"] + 1, 21))
+    (end,) = harness.events_of(events2, "worker-0", "end")
+    assert end["step"] == 20 and end["export"] == str(ckpt / "export")
+    assert (ckpt / "export" / "saved_model.pb").is_file()
+    (epoch,) = harness.events_of(events2, "worker-0", "epoch")
+    assert epoch["examples_per_sec"] > 0 and 0 <= epoch["metrics"]["accuracy"] <= 1
+
+
+def test_multiworker_sigterm_to_one_worker_saves_both_at_one_step_and_resumes_there(
+    tmp_path: Path, mnist_data_dir: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    # Slow steps: TF's handler polls the stop request once a second, then agrees on a step.
+    config = _config(mnist_data_dir, epochs=3, step_delay_ms=200)
+    first, progress1 = _start(tmp_path, "run1", {"worker": 2}, config, ckpt, "MultiWorkerMirrored")
+    replicas = list(first.values())
+    try:
+        _wait_step(progress1, "worker-0", 13, replicas)
+        first["worker-1"].signal(signal.SIGTERM)
+        codes = harness.wait_exit(replicas, 60)
+    finally:
+        harness.stop_all(replicas)
+    # Both stop as preempted (retryable), the signalled one and its peer.
+    assert codes == {"run1-worker-0": 143, "run1-worker-1": 143}, harness.dump_logs(replicas)
+    events1 = harness.read_events(progress1)
+    saves = {
+        name: [e["step"] for e in harness.events_of(events1, name, "checkpoint") if e.get("reason")]
+        for name in ("worker-0", "worker-1")
+    }
+    (step,) = saves["worker-0"]
+    assert saves["worker-1"] == [step], saves
+    ran = max(_steps(events1, "worker-0"))
+    print(f"MWMS SIGTERM: saved at step {step}, last step run {ran}, lost {ran - step}")
+    assert ran == step, "steps ran after the preemption save"
+    # Only the chief's copy is kept.
+    assert not list(ckpt.glob(".tmp-*"))
+
+    # The rerun needs no slow input.
+    second, progress2 = _start(
+        tmp_path, "run2", {"worker": 2}, {**config, "step_delay_ms": 0}, ckpt, "MultiWorkerMirrored"
+    )
+    replicas2 = list(second.values())
+    try:
+        codes = harness.wait_exit(replicas2, 180)
+    finally:
+        harness.stop_all(replicas2)
+    print("MWMS:", harness.report(replicas + replicas2))
+    assert codes == {"run2-worker-0": 0, "run2-worker-1": 0}, harness.dump_logs(replicas2)
+    events2 = harness.read_events(progress2)
+    for name in ("worker-0", "worker-1"):
+        (start,) = harness.events_of(events2, name, "start")
+        assert start["initial_step"] == step
+    ends = {n: harness.events_of(events2, n, "end")[0] for n in ("worker-0", "worker-1")}
+    assert ends["worker-0"]["step"] == ends["worker-1"]["step"] == 30
+    assert ends["worker-0"]["export"] == str(ckpt / "export") and ends["worker-1"]["export"] is None
+    assert (ckpt / "export" / "saved_model.pb").is_file()
+    assert not list(ckpt.glob(".tmp-*"))
+
+
+def test_parameter_server_coordinator_survives_a_killed_worker_and_resumes_after_sigterm(
+    tmp_path: Path, mnist_data_dir: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    roles = {"chief": 1, "ps": 1, "worker": 2}
+    config = _config(mnist_data_dir, epochs=3, step_delay_ms=30, server_stop_delay_seconds=3)
+    first, progress1 = _start(tmp_path, "run1", roles, config, ckpt, "ParameterServer")
+    replicas = list(first.values())
+    try:
+        _wait_step(progress1, "chief-0", 5, replicas)
+        first["worker-1"].kill()
+        # The coordinator retries the lost worker's steps on worker 0 and goes on.
+        _wait_step(progress1, "chief-0", 15, replicas)
+        for replica in replicas:
+            replica.signal(signal.SIGTERM)
+        codes = harness.wait_exit(replicas, 60)
+    finally:
+        harness.stop_all(replicas)
+    assert codes["run1-chief-0"] == 143, harness.dump_logs(replicas)
+    events1 = harness.read_events(progress1)
+    (saved,) = [e for e in harness.events_of(events1, "chief-0", "checkpoint") if e.get("reason")]
+    assert saved["step"] == max(_steps(events1, "chief-0")) >= 15
+
+    second, progress2 = _start(tmp_path, "run2", roles, config, ckpt, "ParameterServer")
+    replicas2 = list(second.values())
+    try:
+        codes = harness.wait_exit([second["chief-0"]], 180)
+    finally:
+        harness.stop_all(replicas2)
+    print("PS:", harness.report(replicas + replicas2))
+    assert codes == {"run2-chief-0": 0}, harness.dump_logs(replicas2)
+    events2 = harness.read_events(progress2)
+    (start,) = harness.events_of(events2, "chief-0", "start")
+    assert start["initial_step"] == saved["step"]
+    (end,) = harness.events_of(events2, "chief-0", "end")
+    assert end["step"] == 30 and end["export"] == str(ckpt / "export")
+    assert (ckpt / "export" / "saved_model.pb").is_file()
