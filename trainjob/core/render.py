@@ -50,6 +50,13 @@ def checkpoint_dir(job: spec.TrainJob) -> str | None:
     return job.checkpoint.path if job.checkpoint else None
 
 
+def cluster_of(job: spec.TrainJob, options: RenderOptions) -> tfconfig.ClusterSpec:
+    """The job's cluster spec with Kubernetes hosts (the same for every pod)."""
+    return tfconfig.cluster_spec(
+        job, tfconfig.kubernetes_host(job, options.namespace, options.cluster_domain)
+    )
+
+
 def render_pod(
     job: spec.TrainJob,
     replica_type: str,
@@ -57,17 +64,20 @@ def render_pod(
     attempt: int,
     options: RenderOptions,
     owner: Owner | None,
+    cluster: tfconfig.ClusterSpec | None = None,
 ) -> dict[str, Any]:
     """The Pod of one replica. Pods never restart in place (restartPolicy Never): the policy
-    engine decides every restart, the same way in the operator and in local mode."""
+    engine decides every restart, the same way in the operator and in local mode.
+
+    `cluster`: the job's cluster spec when the caller renders many pods (computing it per pod
+    made rendering a 1,000-replica job quadratic in time, 61 s)."""
     replica = job.replica_specs[replica_type]
     template = copy.deepcopy(dict(replica.template))
     meta = dict(template.get("metadata") or {})
     pod_spec: dict[str, Any] = dict(template.get("spec") or {})
     name = naming.child_name(job.name, replica_type, index)
-    cluster = tfconfig.cluster_spec(
-        job, tfconfig.kubernetes_host(job, options.namespace, options.cluster_domain)
-    )
+    if cluster is None:
+        cluster = cluster_of(job, options)
     env = tfconfig.replica_env(
         job, cluster, replica_type, index, options.namespace, checkpoint_dir(job)
     )
@@ -220,5 +230,6 @@ def render_all(
     """Every Service and Pod of a fresh job (attempt 0), Services first so DNS exists early."""
     keys = job.replica_keys()
     services = [render_service(job, rtype, index, options, owner) for rtype, index in keys]
-    pods = [render_pod(job, rtype, index, 0, options, owner) for rtype, index in keys]
+    cluster = cluster_of(job, options)
+    pods = [render_pod(job, rtype, index, 0, options, owner, cluster) for rtype, index in keys]
     return services + pods
