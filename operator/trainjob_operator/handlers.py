@@ -87,7 +87,11 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.posting.level = logging.WARNING
     # Stop a deleted job's daemon promptly so its finalizer goes away.
     settings.background.instant_exit_timeout = 1.0
-    api = kube.Kube(functools.partial(kube.login, settings, logger), cfg.api_workers)
+    api = kube.Kube(
+        functools.partial(kube.login, settings, logger),
+        cfg.api_workers,
+        crash_after=os.environ.get(kube.ENV_CRASH),
+    )
     meters = metrics.Metrics()
     if cfg.metrics_port:
         meters.serve(cfg.metrics_port)

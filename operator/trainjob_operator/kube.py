@@ -23,6 +23,8 @@ import dataclasses
 import datetime
 import json
 import logging
+import os
+import signal
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
@@ -47,6 +49,7 @@ PODGROUP_PLURAL: Final = "podgroups"
 
 # A request that takes longer than this is treated as failed (and retried by the caller).
 REQUEST_TIMEOUT: Final = 60.0
+ENV_CRASH: Final = "TRAINJOB_TEST_CRASH_AFTER"
 # Watches ask the server to end the stream after about this long (it adds jitter); the
 # caller then watches again from the last resourceVersion, as client-go's reflector does.
 WATCH_SECONDS: Final = 300
@@ -169,6 +172,32 @@ def _delete_options(uid: str | None) -> Obj:
     return options
 
 
+@dataclasses.dataclass
+class CrashAfter:
+    """For crash tests only (`TRAINJOB_TEST_CRASH_AFTER="METHOD PATH-PART N"`): the operator
+    SIGKILLs itself right after the reply to its N-th request whose method is METHOD and
+    whose path contains PATH-PART, so a test can stop it between any two API calls, as a node
+    failure would, at a chosen point of a reconcile."""
+
+    method: str
+    path_part: str
+    remaining: int
+
+    @classmethod
+    def parse(cls, value: str | None) -> CrashAfter | None:
+        if not value:
+            return None
+        method, path_part, count = value.split()
+        return cls(method.upper(), path_part, int(count))
+
+    def after(self, method: str, path: str) -> None:
+        if method == self.method and self.path_part in path:
+            self.remaining -= 1
+            if self.remaining <= 0:
+                logger.warning("Crashing on purpose after %s %s (%s)", method, path, ENV_CRASH)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
 @dataclasses.dataclass(frozen=True)
 class Listing:
     items: list[Obj]
@@ -187,6 +216,7 @@ class Kube:
         credentials: Callable[[], kopf.ConnectionInfo],
         connections: int,
         instance: str = "",
+        crash_after: str | None = None,
     ) -> None:
         self._credentials = credentials
         self._instance = instance or socket.gethostname()
@@ -194,6 +224,7 @@ class Kube:
         self._client: aiohttp.ClientSession | None = None
         self._retired: set[asyncio.Task[None]] = set()
         self._turns = asyncio.Semaphore(connections)
+        self._crash = CrashAfter.parse(crash_after)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._client is None:
@@ -261,6 +292,8 @@ class Kube:
                     status = response.status
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise TransientError(f"{what}: API server unreachable: {exc!r}") from exc
+        if self._crash is not None:
+            self._crash.after(method, path)
         if 200 <= status < 300 or status in accept:
             return status, payload
         raise self._failure(client, status, payload, what)

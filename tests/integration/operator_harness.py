@@ -58,8 +58,16 @@ def wait_until(
 class Operator:
     """The operator as a subprocess (what a Deployment runs), logging to a file."""
 
-    def __init__(self, kubeconfig: Path, log: Path, *args: str, standalone: bool = True) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log: Path,
+        *args: str,
+        standalone: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.standalone = standalone
+        self.extra_env = env or {}
         self.kubeconfig = kubeconfig
         self.log = log
         self.args = args
@@ -73,6 +81,7 @@ class Operator:
             "KUBECONFIG": str(self.kubeconfig),
             "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "operator")]),
             "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
         }
         argv = [
             PYTHON,

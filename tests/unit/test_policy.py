@@ -200,15 +200,35 @@ def test_always_restarts_a_replica_that_exits_zero_unless_it_decides_success() -
 def test_every_restart_counts_toward_backoff_limit() -> None:
     world = started(make_job({"worker": 1, "ps": 1, "chief": 1}, "OnFailure", {"backoffLimit": 2}))
     for attempt in range(2):
-        world.set_phase(("worker", 0), "Failed", 1, None, at(10 + attempt))
-        world.reconcile(at(10 + attempt))
+        failed_at = 10.0 * (attempt + 1)
+        world.set_phase(("worker", 0), "Failed", 1, None, at(failed_at))
+        world.reconcile(at(failed_at))
         assert world.status.restart_count == attempt + 1
-        world.settle(at(10 + attempt))
-    world.set_phase(("worker", 0), "Failed", 1, None, at(20))
-    world.reconcile(at(20))
+        world.settle(at(failed_at + policy.restart_delay(attempt + 1)))
+    world.set_phase(("worker", 0), "Failed", 1, None, at(40))
+    world.reconcile(at(40))
     assert world.state() == "Failed"
     assert world.condition("Failed").reason == "BackoffLimitExceeded"
     assert world.status.restart_count == 2
+
+
+def test_restarts_after_the_first_wait_a_doubling_delay() -> None:
+    """A Pod deleted in a loop must not use up backoffLimit in seconds (the Job controller's
+    answer: an exponential delay before the next attempt). The first restart is immediate."""
+    assert [policy.restart_delay(n) for n in range(1, 9)] == [0, 2, 4, 8, 16, 32, 60, 60]
+    world = started(make_job({"worker": 2}, "ExitCode", {"backoffLimit": 6}))
+    world.set_phase(("worker", 1), "Failed", 137, None, at(5))
+    world.reconcile(at(5))
+    world.finish_deletions()
+    assert len(world.reconcile(at(5)).create_pods) == 2  # first restart: at once
+    world.run_all(at(6))
+    world.set_phase(("worker", 0), "Failed", 137, None, at(10))
+    world.reconcile(at(10))
+    world.finish_deletions()
+    held = world.reconcile(at(10.5))
+    assert held.create_pods == () and held.requeue_after == pytest.approx(1.5)
+    assert world.status.restart_count == 2
+    assert len(world.reconcile(at(12)).create_pods) == 2
 
 
 def test_backoff_limit_zero_fails_on_first_retryable_failure() -> None:

@@ -48,6 +48,21 @@ REASON_INVALID: Final = "InvalidSpec"
 # Exit codes 1-127 are the program's own verdict; >= 128 means killed by a signal (128 + n).
 FIRST_SIGNAL_EXIT_CODE: Final = 128
 
+# Restarts after the first wait before their replicas are created again, doubling each time
+# (as the Job controller backs off): a replica that fails at once, or a Pod deleted in a loop,
+# must not use up backoffLimit in a few seconds (6 restarts took 2.7 s without a delay).
+RESTART_DELAY_FIRST: Final = 2.0
+RESTART_DELAY_MAX: Final = 60.0
+
+
+def restart_delay(restart_count: int) -> float:
+    """Seconds between the `restart_count`-th restart decision and its new replicas: none for
+    the first restart (a preemption or one lost worker resumes at once), then 2 s, 4 s, ...
+    up to RESTART_DELAY_MAX."""
+    if restart_count <= 1:
+        return 0.0
+    return float(min(RESTART_DELAY_MAX, RESTART_DELAY_FIRST * 2 ** (restart_count - 2)))
+
 
 @dataclasses.dataclass(frozen=True)
 class ObservedReplica:
@@ -235,11 +250,18 @@ def reconcile(
             else:
                 work.requeue.append(remaining)
     else:
+        hold = 0.0
+        if work.is_true(st.RESTARTING) and attempt_start is not None:
+            ready_at = attempt_start + datetime.timedelta(seconds=restart_delay(restart_count))
+            hold = (ready_at - now).total_seconds()
         for key in job.replica_keys():
             record = work.replicas[key]
             if key not in existing_services:
                 create_services.append(key)
             if key not in pods and record.state != st.STATE_SUCCEEDED:
+                if hold > 0 and record.state == st.STATE_NONE:
+                    work.requeue.append(hold)  # a restarted replica waits out its delay
+                    continue
                 create_pods.append((key[0], key[1], record.attempt))
         _update_running(work)
 

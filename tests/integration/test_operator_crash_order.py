@@ -1,0 +1,162 @@
+"""An operator killed between two API calls of a reconcile leaves nothing the next operator
+misreads: each test SIGKILLs the operator right after a chosen API call (its test hook
+TRAINJOB_TEST_CRASH_AFTER, a real SIGKILL of the process), then starts a fresh one and checks
+the job's outcome. Each failed before the decision was recorded ahead of the actions:
+
+- clean-up before the verdict: Pods deleted under cleanPodPolicy All before Succeeded was
+  written, so the next operator read the missing Pods as deleted and re-ran the job;
+- a restart not counted: the replacement Pod created before the status write that counts the
+  restart, so the next operator adopted it with restartCount 0 and no Restarting Event;
+- a lost Event: Events posted after the status write, so the Created Event never came.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from tests.integration.operator_harness import (
+    Cluster,
+    Operator,
+    WaitTimeoutError,
+    attempt,
+    trainjob,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+T = 30.0
+
+
+@pytest.fixture
+def cluster(api_client: k8s.ApiClient, namespace: str) -> Cluster:
+    return Cluster(api_client, namespace)
+
+
+class Operators:
+    """Operators started one after another on the test's namespace, each logging to a file."""
+
+    def __init__(self, kubeconfig: Path, logs: Path, namespace: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.logs = logs
+        self.namespace = namespace
+        self.started: list[Operator] = []
+
+    def start(self, crash_after: str | None = None) -> Operator:
+        env = {"TRAINJOB_TEST_CRASH_AFTER": crash_after} if crash_after else {}
+        log = self.logs / f"operator-{len(self.started)}.log"
+        operator = Operator(self.kubeconfig, log, f"--namespace={self.namespace}", env=env).start()
+        self.started.append(operator)
+        return operator
+
+    def tails(self) -> str:
+        return "\n".join(f"--- {op.log}\n{op.log_tail(25)}" for op in self.started)
+
+    def stop_all(self) -> None:
+        for operator in self.started:
+            operator.stop()
+
+
+@pytest.fixture
+def operators(kubeconfig: Path, tmp_path: Path, namespace: str) -> Iterator[Operators]:
+    ops = Operators(kubeconfig, tmp_path, namespace)
+    try:
+        yield ops
+    finally:
+        ops.stop_all()
+        print(ops.tails())
+
+
+def crashed(operator: Operator) -> None:
+    """Wait until the operator has killed itself at its crash point."""
+    wait_until(lambda: not operator.running(), timeout=T, what="the operator's crash")
+    assert operator.process is not None and operator.process.returncode == -9, operator.log_tail()
+
+
+def running_job(cluster: Cluster, operators: Operators, body: dict[str, object]) -> str:
+    """A job whose Pods all run, then no operator."""
+    name = str(body["metadata"]["name"])  # type: ignore[index]
+    operator = operators.start()
+    cluster.create_job(body)
+    replicas = body["spec"]["replicaSpecs"]  # type: ignore[index]
+    names = {
+        f"{name}-{rtype}-{i}"
+        for rtype, group in replicas.items()  # type: ignore[attr-defined]
+        for i in range(group["replicas"])
+    }
+    cluster.run_all(name, names)
+    cluster.wait_condition(name, "Running")
+    operator.stop()
+    return name
+
+
+def test_a_crash_during_clean_up_never_re_runs_a_succeeded_job(
+    cluster: Cluster, operators: Operators
+) -> None:
+    name = running_job(
+        cluster,
+        operators,
+        trainjob(
+            "done",
+            chief=1,
+            workers=1,
+            restart_policy="ExitCode",
+            run_policy={"cleanPodPolicy": "All"},
+        ),
+    )
+    crashing = operators.start(crash_after="DELETE /pods/ 1")
+    cluster.set_exited("done-chief-0", 0)
+    crashed(crashing)
+    operators.start()
+    cluster.wait_condition(name, "Succeeded")
+    wait_until(lambda: not cluster.pods(name), timeout=T, what="the job's Pods deleted")
+    job = cluster.job(name) or {}
+    assert job["status"]["restartCount"] == 0, job["status"]
+    assert not cluster.condition(name, "Restarting"), job["status"]
+    # No Pod of a new attempt ever appears (a re-run would create attempt 1 at once).
+    with pytest.raises(WaitTimeoutError):
+        wait_until(lambda: cluster.pods(name), timeout=3, what="a re-run's Pods")
+
+
+def test_a_crash_right_after_creating_a_replacement_still_counts_the_restart(
+    cluster: Cluster, operators: Operators
+) -> None:
+    name = running_job(cluster, operators, trainjob("lost", chief=0, workers=2))
+    crashing = operators.start(crash_after="POST /pods 1")
+    cluster.core.delete_namespaced_pod("lost-worker-1", cluster.namespace)
+    crashed(crashing)
+    operators.start()
+
+    def both_on_attempt_one() -> bool:
+        pods = cluster.pods(name)
+        return set(pods) == {"lost-worker-0", "lost-worker-1"} and all(
+            attempt(pod) == 1 and not pod.metadata.deletion_timestamp for pod in pods.values()
+        )
+
+    wait_until(both_on_attempt_one, timeout=T, what="both workers on attempt 1")
+    job = cluster.job(name) or {}
+    assert job["status"]["restartCount"] == 1, job["status"]
+    reasons = [event.reason for event in cluster.events(name)]
+    assert reasons.count("Restarting") == 1, reasons
+
+
+def test_a_crash_right_after_the_first_status_write_loses_no_event(
+    cluster: Cluster, operators: Operators
+) -> None:
+    crashing = operators.start(crash_after="PATCH /status 1")
+    cluster.create_job(trainjob("fresh", chief=1, workers=1))
+    crashed(crashing)
+    operators.start()
+    cluster.wait_pods("fresh", {"fresh-chief-0", "fresh-worker-0"})
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # give a duplicate the chance to show up
+        reasons = [event.reason for event in cluster.events("fresh")]
+        if reasons.count("Created") > 1:
+            break
+        time.sleep(0.5)
+    assert reasons.count("Created") == 1, reasons
