@@ -1,8 +1,8 @@
 """Custom training loops (``LoopTrainSpec``) under every strategy, with real processes:
 SIGTERM saves at the next step boundary and the rerun resumes at that exact step; under
-MultiWorkerMirrored a SIGTERM to one worker makes both save at one agreed step (TF's
-PreemptionCheckpointHandler); under ParameterServer a killed worker's steps are retried by the
-coordinator."""
+ParameterServer a killed worker's steps are retried by the coordinator. MultiWorkerMirrored
+(kill and SIGTERM of one worker) runs through `trainjob run` in
+tests/local/test_custom_loop_examples.py."""
 
 from __future__ import annotations
 
@@ -111,57 +111,6 @@ def test_sigterm_saves_at_the_step_boundary_and_the_rerun_resumes_there(
     assert (ckpt / "export" / "saved_model.pb").is_file()
     (epoch,) = harness.events_of(events2, "worker-0", "epoch")
     assert epoch["examples_per_sec"] > 0 and 0 <= epoch["metrics"]["accuracy"] <= 1
-
-
-def test_multiworker_sigterm_to_one_worker_saves_both_at_one_step_and_resumes_there(
-    tmp_path: Path, mnist_data_dir: Path
-) -> None:
-    ckpt = tmp_path / "ckpt"
-    # Slow steps: TF's handler polls the stop request once a second, then agrees on a step.
-    config = _config(mnist_data_dir, epochs=3, step_delay_ms=200)
-    first, progress1 = _start(tmp_path, "run1", {"worker": 2}, config, ckpt, "MultiWorkerMirrored")
-    replicas = list(first.values())
-    try:
-        _wait_step(progress1, "worker-0", 13, replicas)
-        first["worker-1"].signal(signal.SIGTERM)
-        codes = harness.wait_exit(replicas, 60)
-    finally:
-        harness.stop_all(replicas)
-    # Both stop as preempted (retryable), the signalled one and its peer.
-    assert codes == {"run1-worker-0": 143, "run1-worker-1": 143}, harness.dump_logs(replicas)
-    events1 = harness.read_events(progress1)
-    saves = {
-        name: [e["step"] for e in harness.events_of(events1, name, "checkpoint") if e.get("reason")]
-        for name in ("worker-0", "worker-1")
-    }
-    (step,) = saves["worker-0"]
-    assert saves["worker-1"] == [step], saves
-    ran = max(_steps(events1, "worker-0"))
-    print(f"MWMS SIGTERM: saved at step {step}, last step run {ran}, lost {ran - step}")
-    assert ran == step, "steps ran after the preemption save"
-    # Only the chief's copy is kept.
-    assert not list(ckpt.glob(".tmp-*"))
-
-    # The rerun needs no slow input.
-    second, progress2 = _start(
-        tmp_path, "run2", {"worker": 2}, {**config, "step_delay_ms": 0}, ckpt, "MultiWorkerMirrored"
-    )
-    replicas2 = list(second.values())
-    try:
-        codes = harness.wait_exit(replicas2, 180)
-    finally:
-        harness.stop_all(replicas2)
-    print("MWMS:", harness.report(replicas + replicas2))
-    assert codes == {"run2-worker-0": 0, "run2-worker-1": 0}, harness.dump_logs(replicas2)
-    events2 = harness.read_events(progress2)
-    for name in ("worker-0", "worker-1"):
-        (start,) = harness.events_of(events2, name, "start")
-        assert start["initial_step"] == step
-    ends = {n: harness.events_of(events2, n, "end")[0] for n in ("worker-0", "worker-1")}
-    assert ends["worker-0"]["step"] == ends["worker-1"]["step"] == 30
-    assert ends["worker-0"]["export"] == str(ckpt / "export") and ends["worker-1"]["export"] is None
-    assert (ckpt / "export" / "saved_model.pb").is_file()
-    assert not list(ckpt.glob(".tmp-*"))
 
 
 def test_parameter_server_coordinator_survives_a_killed_worker_and_resumes_after_sigterm(
