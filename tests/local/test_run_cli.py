@@ -299,3 +299,28 @@ def _bound(sock: socket.socket, port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_a_local_run_needs_no_image_and_an_unwritable_data_dir_is_one_line(
+    tmp_path: Path,
+) -> None:
+    manifest = job_manifest(
+        "noimage",
+        {"worker": {"replicas": 2}},
+        runtime={"entrypoint": "trainjob.samples.mnist:build"},
+    )
+    write_job(tmp_path / "job.yaml", manifest)
+    dry = trainjob("run", "-f", "job.yaml", "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0, _clean(dry)
+    assert "worker-1  (noimage-worker-1)" in dry.stdout
+    if os.geteuid() == 0:
+        data_dir = "/proc/trainjob-data"
+    else:
+        (tmp_path / "ro").mkdir(mode=0o500)
+        data_dir = str(tmp_path / "ro" / "data")
+    result = trainjob("run", "-f", "job.yaml", "--data-dir", data_dir, cwd=tmp_path)
+    text = _clean(result)
+    assert result.returncode == 2, text
+    assert f"reason:     cannot write the offline MNIST into data dir {data_dir}" in text
+    saved = read_json(tmp_path / "trainjob-runs" / "noimage" / "status.json")
+    assert saved["state"] == "Failed" and "cannot write" in saved["problem"]

@@ -158,3 +158,25 @@ def test_no_table_and_no_escape_codes_when_output_is_not_a_terminal(tmp_path: Pa
     assert "\x1b[" not in text
     assert "[worker-0] progress: epoch 1 step 24 loss 0.0417 12,346 ex/s" in text
     assert os.path.exists(tmp_path / "run" / "logs" / "worker-0.log")
+
+
+def test_color_on_a_terminal_and_none_with_no_color(tmp_path: Path) -> None:
+    manifest = job_manifest("hue", {"worker": command_replica("print('hi', flush=True)")})
+    write_job(tmp_path / "job.yaml", manifest)
+    sgr = re.compile(rb"\x1b\[[0-9;]*m")
+    outputs = {}
+    for name, extra in (("color", {}), ("plain", {"NO_COLOR": "1"})):
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "trainjob", "run", "-f", "job.yaml", "--run-dir", name, "--rerun"],
+            cwd=str(tmp_path),
+            env={**cli_env(), "TERM": "xterm", **extra},
+            dimensions=(ROWS, 80),
+            timeout=DEADLINE_S,
+        )
+        outputs[name] = child.read()
+        child.close()
+        assert child.exitstatus == 0, outputs[name]
+    assert sgr.search(outputs["color"]), outputs["color"]
+    assert b"\x1b[32mTrainJob hue Succeeded" in outputs["color"]
+    assert not sgr.search(outputs["plain"]), outputs["plain"]
