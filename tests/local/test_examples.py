@@ -127,6 +127,10 @@ def test_sigint_leaves_no_process_and_a_second_run_resumes(tmp_path: Path, data_
     code, out = _finish(run, log)
     assert code == 130, out
     assert "Interrupted" in out
+    # Stopping is expected: one line per replica, no traceback, and a true word on resuming.
+    assert "Traceback" not in out and "Preempted" not in out, out
+    assert "Run the same command again to resume from the checkpoint" in out
+    assert read_json(run_dir / "status.json")["state"] == "Interrupted"
     for info in read_json(run_dir / "processes.json").values():
         assert group_alive(info["pid"]) == [], out
 
@@ -152,6 +156,7 @@ def test_parameter_server_example_runs_to_success_and_stops_ps(
     assert code == 0, out
     assert "TrainJob mnist-parameter-server Succeeded" in out
     assert "ps-0=- (Stopped, attempt 0)" in out
+    assert "[ps-0] progress: stopped" in out and "ended (Preempted)" not in out, out
     for info in read_json(tmp_path / "run" / "processes.json").values():
         assert group_alive(info["pid"]) == [], out
 
@@ -164,6 +169,14 @@ def test_dtensor_example_runs_to_success(tmp_path: Path, data_dir: Path) -> None
     assert "worker-0=0 (Succeeded, attempt 0)" in out
     ends = [e for e in read_events(tmp_path / "run") if e["event"] == "end"]
     assert any(e["replica"] == "worker-0" and e["step"] == 60 for e in ends), ends
+
+
+def test_custom_command_example_runs_its_own_script(tmp_path: Path, data_dir: Path) -> None:
+    code, out = _run_example("custom-command.yaml", tmp_path, data_dir)
+    assert code == 0, out
+    assert "TrainJob custom-command Succeeded" in out
+    assert "chief-0=0 (Succeeded, attempt 0)" in out
+    assert "chief-0 trained: loss" in (tmp_path / "run" / "logs" / "chief-0.log").read_text()
 
 
 def legacy_python() -> Path:
