@@ -84,6 +84,15 @@ def test_event_lines_for_plain_output() -> None:
     assert stopped == "[ps-0] progress: stopped step 7/120"
 
 
+def test_on_a_terminal_the_lead_replica_keeps_one_line_per_epoch() -> None:
+    epoch = {"event": "epoch", "epoch": 0, "step": 40}
+    assert display.keeps_line(("chief", 0), epoch, JOB)
+    assert not display.keeps_line(("worker", 0), epoch, JOB)  # the chief speaks for this job
+    assert not display.keeps_line(("chief", 0), {"event": "step", "step": 3}, JOB)
+    no_chief = spec.parse(job_manifest("w", {"worker": {"replicas": 2}}, image="i"))
+    assert display.keeps_line(("worker", 0), epoch, no_chief)
+
+
 def test_prefix_lines_align_and_cannot_move_the_cursor() -> None:
     width = display.prefix_width([("worker", 0), ("ps", 0)])
     assert display.prefix_line(("ps", 0), "hello\n", width) == "ps-0     | hello"

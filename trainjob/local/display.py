@@ -149,6 +149,18 @@ def event_line(
     return f"[{label(key)}] progress: {text}"
 
 
+def lead_replica(job: spec.TrainJob) -> ReplicaKey:
+    """The replica whose numbers speak for the job: the chief, else worker 0."""
+    return ("chief", 0) if job.replicas("chief") else ("worker", 0)
+
+
+def keeps_line(key: ReplicaKey, event: Mapping[str, Any], job: spec.TrainJob) -> bool:
+    """On a terminal the table shows live progress; the lead replica's start, epoch and end
+    events also stay as lines above it (as Keras leaves one line per epoch), so the scrollback
+    keeps the history of the run."""
+    return key == lead_replica(job) and event.get("event") in ("start", "epoch", "end")
+
+
 # ----- text for a terminal -----
 # CSI sequences (colors, cursor moves), OSC sequences (titles, links), two-byte escapes.
 _ANSI_ESCAPE: Final = re.compile(
