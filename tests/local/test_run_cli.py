@@ -153,14 +153,18 @@ def test_tensorflow_noise_is_hidden_unless_verbose_and_always_logged(tmp_path: P
         "print('E0000 00:00:1795439303.967021   18621 cuda_platform.cc:52] failed call to "
         "cuInit: INTERNAL: CUDA error')\n"
         "print('my training line', flush=True)\n"
+        'print(\'TRAINJOB_PROGRESS {"event": "end", "status": "succeeded"}\')\n'
+        "print('peer heartbeat lost after my own end', flush=True)\n"
     )
     write_job(tmp_path / "job.yaml", job_manifest("noisy", {"worker": command_replica(noisy)}))
     plain = _clean(trainjob("run", "-f", "job.yaml", "--run-dir", "a", cwd=tmp_path))
     assert "worker-0 | my training line" in plain
     assert "cuInit" not in plain and "absl::InitializeLog" not in plain
+    assert "heartbeat" not in plain  # a replica's teardown after its own successful end
     verbose = _clean(trainjob("run", "-f", "job.yaml", "--run-dir", "b", "--verbose", cwd=tmp_path))
-    assert "cuInit" in verbose and "absl::InitializeLog" in verbose
-    assert "cuInit" in (tmp_path / "a" / "logs" / "worker-0.log").read_text()
+    assert "cuInit" in verbose and "absl::InitializeLog" in verbose and "heartbeat" in verbose
+    log = (tmp_path / "a" / "logs" / "worker-0.log").read_text()
+    assert "cuInit" in log and "heartbeat" in log
 
 
 def test_a_succeeded_job_is_not_rerun_without_a_word(tmp_path: Path) -> None:

@@ -299,6 +299,7 @@ class Executor:
         self._drawn_widths: list[int] = []  # visible width of each table line last drawn
         self._filters: dict[ReplicaKey, display.FilterState] = {}
         self._stopped_attempts: set[tuple[ReplicaKey, int]] = set()
+        self._finished_attempts: set[tuple[ReplicaKey, int]] = set()
         self._exit_codes: dict[ReplicaKey, int | None] = {}
         self._waiting_port: dict[ReplicaKey, int] = {}  # key -> attempt waiting for its port
         self._styles = {
@@ -401,6 +402,8 @@ class Executor:
             stopping = (key, attempt) in self._stopped_attempts or self.stop_signal is not None
             event = progress_events.parse_line(text)
             if event is not None:
+                if event.get("event") == "end" and event.get("status") == "succeeded":
+                    self._finished_attempts.add((key, attempt))
                 self.progress[key] = display.fold(self.progress.get(key), event)
                 self._note_progress(event)
                 if event.get("export") and event.get("chief"):
@@ -409,6 +412,10 @@ class Executor:
                     self.emit(display.event_line(key, event, self.job, stopped=stopping))
                 continue
             if not self.show_logs:
+                continue
+            if (key, attempt) in self._finished_attempts and not self.verbose:
+                # After its own successful end a replica only tears down; under
+                # MultiWorkerMirrored the last one out logs its peers' "crash" (heartbeats).
                 continue
             shown, self._filters[key] = display.filter_line(
                 text,
