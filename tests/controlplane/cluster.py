@@ -222,9 +222,12 @@ class Pki:
     serving_key: Path
     sa_key: Path
     sa_pub: Path
+    # The API server's client certificate towards kubelets (logs, exec, port-forward).
+    kubelet_client_cert: Path
+    kubelet_client_key: Path
 
     @classmethod
-    def generate(cls, directory: Path) -> Pki:
+    def generate(cls, directory: Path, extra_ips: Sequence[str] = ()) -> Pki:
         directory.mkdir(parents=True, exist_ok=True)
         now = datetime.datetime.now(datetime.timezone.utc)
         start = now - datetime.timedelta(hours=1)
@@ -268,6 +271,7 @@ class Pki:
             x509.DNSName("kubernetes.default.svc.cluster.local"),
             x509.IPAddress(ipaddress.IPv4Address(LOOPBACK)),
             x509.IPAddress(first_service_ip),
+            *(x509.IPAddress(ipaddress.IPv4Address(ip)) for ip in extra_ips),
         ]
         serving_cert = (
             x509.CertificateBuilder()
@@ -294,6 +298,8 @@ class Pki:
             serving_key=directory / "apiserver.key",
             sa_key=directory / "sa.key",
             sa_pub=directory / "sa.pub",
+            kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
+            kubelet_client_key=directory / "apiserver-kubelet-client.key",
         )
         pki.ca_cert.write_bytes(_pem_cert(ca_cert))
         pki.ca_key.write_bytes(_pem_key(ca_key))
@@ -303,7 +309,43 @@ class Pki:
         pki.sa_pub.write_bytes(sa_pub)
         for key_file in (pki.ca_key, pki.serving_key, pki.sa_key):
             key_file.chmod(0o600)
+        pki.client_cert(
+            "kube-apiserver-kubelet-client",
+            "system:masters",
+            pki.kubelet_client_cert,
+            pki.kubelet_client_key,
+        )
         return pki
+
+    def client_cert(self, common_name: str, organization: str, cert: Path, key: Path) -> None:
+        """Write a client certificate signed by the CA: the API server maps CN to the user
+        and O to the group (a kubelet is CN=system:node:<name>, O=system:nodes)."""
+        ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), password=None)
+        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+            raise ControlPlaneError(f"{self.ca_key} is not an EC key")
+        ca_cert = x509.load_pem_x509_certificate(self.ca_cert.read_bytes())
+        now = datetime.datetime.now(datetime.timezone.utc)
+        client_key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization),
+                x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+            ]
+        )
+        signed = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(ca_cert.subject)
+            .public_key(client_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=7))
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        cert.write_bytes(_pem_cert(signed))
+        key.write_bytes(_pem_key(client_key))
+        key.chmod(0o600)
 
 
 @dataclass
@@ -366,6 +408,10 @@ class ControlPlane:
     workdir: Path | None = None
     crds: Sequence[Path] = ()
     start_timeout: float = 90.0
+    # The API server's address. A real node's pods reach the API server through the
+    # `kubernetes` Service, whose endpoint is this address: it must not be loopback then
+    # (tests/controlplane/node.py puts the node's address on an interface of its own).
+    address: str = LOOPBACK
 
     admin_token: str = field(default_factory=lambda: secrets.token_hex(24), repr=False)
     components: list[Component] = field(default_factory=list)
@@ -422,7 +468,8 @@ class ControlPlane:
         else:
             self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            self._pki = Pki.generate(self.root / "pki")
+            extra_ips = [self.address] if self.address != LOOPBACK else []
+            self._pki = Pki.generate(self.root / "pki", extra_ips)
             self._with_port_retry(self._start_etcd)
             self._with_port_retry(self._start_apiserver)
             self._write_kubeconfig()
@@ -542,7 +589,7 @@ class ControlPlane:
     def _start_apiserver(self) -> None:
         pki = self._require_pki()
         port = free_port()
-        self.apiserver_url = f"https://{LOOPBACK}:{port}"
+        self.apiserver_url = f"https://{self.address}:{port}"
         tokens = self.root / "tokens.csv"
         # token,user,uid,"group1,group2"
         tokens.write_text(
@@ -554,13 +601,16 @@ class ControlPlane:
             [
                 self.tools.kube_apiserver,
                 f"--etcd-servers={self.etcd_url}",
-                f"--bind-address={LOOPBACK}",
-                f"--advertise-address={LOOPBACK}",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={port}",
                 f"--cert-dir={self.root / 'apiserver-certs'}",
                 f"--tls-cert-file={pki.serving_cert}",
                 f"--tls-private-key-file={pki.serving_key}",
                 f"--client-ca-file={pki.ca_cert}",
+                f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+                f"--kubelet-client-key={pki.kubelet_client_key}",
+                "--kubelet-preferred-address-types=InternalIP",
                 f"--token-auth-file={tokens}",
                 "--authorization-mode=Node,RBAC",
                 f"--service-account-key-file={pki.sa_pub}",
@@ -573,14 +623,20 @@ class ControlPlane:
                 # without a node-lifecycle controller removing the not-ready taint.
                 "--enable-admission-plugins=NodeRestriction",
                 "--disable-admission-plugins=TaintNodesByCondition",
-                # The 'kubernetes' Service endpoints cannot point at loopback: don't reconcile.
-                "--endpoint-reconciler-type=none",
+                # The 'kubernetes' Service endpoints cannot point at loopback: don't reconcile
+                # unless the API server has a real address (a node's pods reach it there).
+                "--endpoint-reconciler-type=" + ("none" if self.address == LOOPBACK else "lease"),
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
             ],
         )
         self._wait_healthy(apiserver, lambda: self._https_ok(f"{self.apiserver_url}/readyz"))
+
+    @property
+    def pki(self) -> Pki:
+        """The throw-away PKI (CA, serving and client certificates) of the running plane."""
+        return self._require_pki()
 
     def _require_pki(self) -> Pki:
         if self._pki is None:
