@@ -108,3 +108,85 @@ def test_kill_worker_mid_epoch_then_resume_from_backup(
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith(".tmp")) == []
     # BackupAndRestore removes its backup once training completed.
     assert not list((ckpt / "backup").glob("**/checkpoint"))
+
+
+def test_sigterm_to_one_worker_saves_both_at_one_step_and_the_job_resumes_there(
+    tmp_path: Path, mnist_data_dir: Path
+) -> None:
+    """Keras fit: TF's PreemptionCheckpointHandler, driven by the runtime's stop watcher, makes
+    both workers back up at one agreed step (tf-keras enables it only on Google Cloud)."""
+    ckpt = tmp_path / "ckpt"
+    cluster = harness.cluster_spec({"worker": 2})
+    config = {
+        "epochs": 3,
+        "steps_per_epoch": 10,
+        "batch_size": 32,
+        "model": "mlp",
+        "data_dir": str(mnist_data_dir),
+        "progress_every_steps": 1,
+        # Slow steps: the handler polls the stop request once a second, then agrees on a step.
+        "step_delay_ms": 200,
+    }
+
+    def start(run: str, delay_ms: int) -> tuple[list[harness.Replica], Path]:
+        progress = tmp_path / f"{run}.progress.jsonl"
+        replicas = [
+            harness.start(
+                f"{run}-worker-{i}",
+                harness.replica_env(
+                    cluster,
+                    "worker",
+                    i,
+                    entrypoint="trainjob.samples.mnist:build",
+                    config={**config, "step_delay_ms": delay_ms},
+                    checkpoint_dir=ckpt,
+                    progress_file=progress,
+                    strategy="MultiWorkerMirrored",
+                ),
+                tmp_path,
+            )
+            for i in range(2)
+        ]
+        return replicas, progress
+
+    first, progress1 = start("run1", 200)
+    try:
+        harness.wait_until(
+            lambda: [
+                e
+                for e in harness.events_of(harness.read_events(progress1), "worker-0", "step")
+                if e["step"] >= 13
+            ],
+            180,
+            "step 13",
+            first,
+        )
+        first[1].signal(signal.SIGTERM)
+        codes = harness.wait_exit(first, 60)
+    finally:
+        harness.stop_all(first)
+    assert codes == {"run1-worker-0": 143, "run1-worker-1": 143}, harness.dump_logs(first)
+    events1 = harness.read_events(progress1)
+    saves = {
+        name: [e["step"] for e in harness.events_of(events1, name, "checkpoint") if e.get("reason")]
+        for name in ("worker-0", "worker-1")
+    }
+    (saved,) = saves["worker-0"]
+    assert saves["worker-1"] == [saved], saves
+    reported = max(e["step"] for e in harness.events_of(events1, "worker-0", "step"))
+    # The save is taken at the step boundary after the last step that ran.
+    assert saved >= reported > 13 - 1
+
+    second, progress2 = start("run2", 0)
+    try:
+        codes = harness.wait_exit(second, 180)
+    finally:
+        harness.stop_all(second)
+    print(f"Keras MWMS SIGTERM: saved at step {saved}; {harness.report(first + second)}")
+    assert codes == {"run2-worker-0": 0, "run2-worker-1": 0}, harness.dump_logs(second)
+    events2 = harness.read_events(progress2)
+    for name in ("worker-0", "worker-1"):
+        (start_event,) = harness.events_of(events2, name, "start")
+        assert start_event["initial_step"] == saved, start_event
+        (end,) = harness.events_of(events2, name, "end")
+        assert end["step"] == 30
