@@ -45,8 +45,8 @@ DEFAULT_TF_ENV: Final[Mapping[str, str]] = {
     "PYTHONUNBUFFERED": "1",
 }
 _PYTHON_NAMES: Final = frozenset({"python", "python3"})
-# Entry points whose dataset is the offline MNIST that `trainjob data prepare mnist` writes.
-SAMPLE_PREFIX: Final = "trainjob.samples."
+# tensorflow-datasets' own variable for its default data_dir.
+TFDS_DATA_DIR: Final = "TFDS_DATA_DIR"
 
 
 class PlanError(ValueError):
@@ -80,7 +80,7 @@ class RunPlan:
     progress_file: str
     status_file: str
     data_dir: str | None
-    prepare_mnist: bool  # whether the bundled samples' offline MNIST must exist in data_dir
+    prepare_mnist: bool  # whether the offline MNIST must exist in data_dir (runtime jobs)
     processes: tuple[ProcessPlan, ...]
     notes: tuple[str, ...] = ()
 
@@ -154,10 +154,9 @@ def grace_seconds(job: spec.TrainJob, replica_type: str, default: float) -> floa
 
 
 def needs_mnist(job: spec.TrainJob) -> bool:
-    """The bundled samples read tfds `mnist`; local mode prepares it offline for them."""
-    if job.runtime is None or not job.runtime.entrypoint.startswith(SAMPLE_PREFIX):
-        return False
-    return "data_dir" not in job.runtime.config
+    """Local mode prepares the offline tfds `mnist` for every runtime entrypoint (the samples
+    and a user's own `tfds.load("mnist")`, which would otherwise try to download for minutes)."""
+    return job.runtime is not None and "data_dir" not in job.runtime.config
 
 
 def make_plan(
@@ -201,8 +200,14 @@ def make_plan(
         env[constants.ENV_PROGRESS_FILE] = progress_file
         if data_dir is not None and job.runtime is not None:
             env[constants.ENV_DATA_DIR] = data_dir
+        if data_dir is not None and TFDS_DATA_DIR not in template_env:
+            # An unchanged tfds.load(...) in any replica (a script too) finds the offline data.
+            env[TFDS_DATA_DIR] = data_dir
         if python_path:
-            env["PYTHONPATH"] = python_path
+            # The template's PYTHONPATH stays first, as in its Pod; ours makes -m trainjob work.
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (template_env.get("PYTHONPATH"), python_path) if p
+            )
         processes.append(
             ProcessPlan(
                 key=(rtype, index),
