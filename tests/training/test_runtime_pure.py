@@ -220,3 +220,15 @@ def test_loop_saves_at_epoch_ends_or_every_n_steps_and_only_mwms_needs_agreement
     assert not loop_runner.writes_alone("MultiWorkerMirrored", 2)
     assert loop_runner.writes_alone("MultiWorkerMirrored", 1)
     assert loop_runner.writes_alone("ParameterServer", 3)
+
+
+def test_the_data_dir_becomes_tfds_default_unless_the_user_set_one() -> None:
+    from trainjob.runtime import entry
+
+    parsed = settings.from_env(_env(**{settings.ENV_DATA_DIR: "/data"}))
+    env: dict[str, str] = {}
+    entry.prepare_process_env(env, parsed)
+    assert env["TFDS_DATA_DIR"] == "/data"
+    own = {"TFDS_DATA_DIR": "/mine"}
+    entry.prepare_process_env(own, parsed)
+    assert own["TFDS_DATA_DIR"] == "/mine"

@@ -28,6 +28,8 @@ from trainjob.runtime.settings import RuntimeSettings
 
 log = logging.getLogger("trainjob.runtime")
 
+TFDS_DATA_DIR = "TFDS_DATA_DIR"
+
 
 def prepare_process_env(env: MutableMapping[str, str], settings: RuntimeSettings) -> None:
     """Env that must be in place before TensorFlow is imported (setdefault: users may override)."""
@@ -35,6 +37,10 @@ def prepare_process_env(env: MutableMapping[str, str], settings: RuntimeSettings
         # Keras 3 fit fails under multi-worker strategies; tf-keras is what `tf.keras` must be.
         env.setdefault("TF_USE_LEGACY_KERAS", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if settings.data_dir:
+        # tensorflow-datasets reads it when imported: an unchanged tfds.load("mnist") of the
+        # tutorials then finds the offline data the image or `trainjob run` prepared.
+        env.setdefault(TFDS_DATA_DIR, settings.data_dir)
     if settings.cluster.get(constants.PS):
         # Lets the coordinator see a lost worker/ps as an error instead of retrying forever.
         env.setdefault("GRPC_FAIL_FAST", "use_caller")
