@@ -4,6 +4,8 @@ Prints the KUBECONFIG path (and an ``export`` line), then waits. Options:
   --kwok          also start kwok with the fake nodes and TrainJob pod stages
   --crds          apply crds/ (waits until Established) before the controllers start
   --workdir DIR   keep state and logs in DIR instead of a temp dir (kept after exit)
+  --node          a real node (containerd, kubelet, kube-proxy, CoreDNS; root; see
+                  tests/controlplane/node.py) with the images of images/build.sh; implies --crds
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 
 from tests.controlplane.cluster import REPO_ROOT, ControlPlane, ControlPlaneError, ToolsMissingError
+from tests.controlplane.node import NODE_NAME, running_node
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--kwok", action="store_true", help="start kwok and its fake nodes")
     up.add_argument("--crds", action="store_true", help="apply crds/ before the controllers")
     up.add_argument("--workdir", type=Path, default=None, help="state/log dir (kept)")
+    up.add_argument("--node", action="store_true", help="a real node (kubelet, containerd)")
     args = parser.parse_args(argv)
+    if args.node:
+        return _up_node(args.workdir)
 
     crds = sorted((REPO_ROOT / "crds").glob("*.yaml")) if args.crds else []
     plane = ControlPlane(workdir=args.workdir, crds=crds)
@@ -57,6 +63,36 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         plane.stop()
+        print("stopped", flush=True)
+
+
+def _up_node(workdir: Path | None) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    crds = sorted((REPO_ROOT / "crds").glob("*.yaml"))
+    try:
+        with running_node(workdir=workdir, crds=crds) as node:
+            plane = node.plane
+            print(f"kube-apiserver {plane.version()} at {plane.apiserver_url}")
+            print(f"node {NODE_NAME} Ready; logs in {plane.root / 'logs'}")
+            print(f"kubectl: {plane.kubectl_path}")
+            print(f"export KUBECONFIG={plane.kubeconfig}")
+            print("Ctrl-C to stop (removes every process, mount, interface and rule)", flush=True)
+            while not stop.wait(1.0):
+                dead = [c.name for c in [*plane.components, *node.components] if not c.running()]
+                if dead:
+                    print(f"error: component(s) exited: {', '.join(dead)}", file=sys.stderr)
+                    return 1
+            return 0
+    except (ToolsMissingError, ControlPlaneError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
         print("stopped", flush=True)
 
 

@@ -5,6 +5,13 @@
 #   etcd   built from its Go module (wrapper module in tests/controlplane/etcd)
 #   kwok   go install sigs.k8s.io/kwok/cmd/kwok
 #   helm   go install helm.sh/helm/v3/cmd/helm
+# and, with --node, the parts of a real node (tests/controlplane/node.py), in a cache folder of
+# their own so that the control plane's stays valid:
+#   kubelet, kube-proxy   from the same k8s.io/kubernetes module and version as the control plane
+#   coredns               CoreDNS with the node's plugins (wrapper module tests/controlplane/coredns)
+#   pause                 the pause container's binary, compiled from k8s.io/kubernetes's pause.c
+#   Debian packages: containerd, runc, containernetworking-plugins, buildah, debootstrap,
+#   iptables, gcc + libc6-dev (for pause)   -- installed with apt-get when missing (root)
 #
 # Binaries are cached outside the clone, one folder per tool and version:
 #   ${TRAINJOB_TOOLS_DIR:-$HOME/.cache/trainjob-tools}/<name>-<version>/
@@ -13,8 +20,9 @@
 # places. Needs only Go (>= 1.25; /usr/local/go/bin is searched) and network access
 # to the Go module proxy. No stdin, no Docker, no root.
 #
-# Usage: bash tests/controlplane/install.sh [--print-dir]
+# Usage: bash tests/controlplane/install.sh [--print-dir] [--node]
 #   --print-dir   print the tools directory and exit
+#   --node        also install the node's parts (see above)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,10 +38,21 @@ ETCD_VERSION="$(modversion "$HERE/etcd/go.mod" go.etcd.io/etcd/server/v3)"
 KWOK_VERSION="v0.8.0"
 HELM_VERSION="v3.22.0"
 
-if [[ "${1:-}" == "--print-dir" ]]; then
-    echo "$TOOLS_DIR"
-    exit 0
-fi
+COREDNS_VERSION="$(modversion "$HERE/coredns/go.mod" github.com/coredns/coredns)"
+NODE=""
+for arg in "$@"; do
+    case "$arg" in
+    --print-dir)
+        echo "$TOOLS_DIR"
+        exit 0
+        ;;
+    --node) NODE=1 ;;
+    *)
+        echo "install.sh: unknown argument $arg" >&2
+        exit 2
+        ;;
+    esac
+done
 
 if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" ]]; then
     echo "install.sh: cannot read versions from $HERE/k8s/go.mod or $HERE/etcd/go.mod" >&2
@@ -96,8 +115,9 @@ build_into() {
     SUMMARY+=("$name $version: built in $((SECONDS - start))s -> $dest")
 }
 
-build_kubernetes() {
-    local out="$1" version="$2"
+# kube_ldflags VERSION: the version stamp of a Kubernetes binary (what `--version` prints)
+kube_ldflags() {
+    local version="$1"
     local v="${version#v}"
     local major="${v%%.*}" rest="${v#*.}"
     local minor="${rest%%.*}"
@@ -108,6 +128,13 @@ build_kubernetes() {
         ldflags+=" -X $x.gitTreeState=clean -X $x.gitCommit=unknown"
         ldflags+=" -X $x.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     done
+    echo "$ldflags"
+}
+
+build_kubernetes() {
+    local out="$1" version="$2"
+    local ldflags
+    ldflags="$(kube_ldflags "$version")"
     local bin t0
     for bin in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
         t0=$SECONDS
@@ -136,11 +163,67 @@ build_helm() {
         "helm.sh/helm/v3/cmd/helm@$version"
 }
 
+# The node's Debian packages: binary -> package.
+NODE_PACKAGES=(
+    /usr/bin/containerd:containerd
+    /usr/sbin/runc:runc
+    /usr/lib/cni/bridge:containernetworking-plugins
+    /usr/bin/buildah:buildah
+    /usr/sbin/debootstrap:debootstrap
+    /usr/sbin/iptables:iptables
+    /usr/bin/gcc:gcc
+    /usr/lib/x86_64-linux-gnu/libc.a:libc6-dev
+)
+
+install_node_packages() {
+    local missing=() entry
+    for entry in "${NODE_PACKAGES[@]}"; do
+        [[ -e "${entry%%:*}" ]] || missing+=("${entry#*:}")
+    done
+    if ((${#missing[@]} == 0)); then
+        SUMMARY+=("node packages: installed")
+        return 0
+    fi
+    if [[ "$(id -u)" != 0 ]]; then
+        echo "install.sh: the node needs Debian packages (${missing[*]}): run as root" >&2
+        exit 1
+    fi
+    local t0=$SECONDS
+    echo "==> apt-get install ${missing[*]}"
+    # No service is started: the node runs its own containerd with its own config.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null \
+        || { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
+    SUMMARY+=("node packages: ${missing[*]} installed in $((SECONDS - t0))s")
+}
+
+build_node() {
+    local out="$1" _version="$2"
+    local ldflags t0
+    ldflags="$(kube_ldflags "$K8S_VERSION")"
+    t0=$SECONDS
+    # One go build for both: they share most packages (and the control plane's build cache).
+    (cd "$HERE/k8s" && "$GO" build -trimpath -ldflags "$ldflags" -o "$out/" \
+        k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
+    SUMMARY+=("  kubelet + kube-proxy: $((SECONDS - t0))s")
+    t0=$SECONDS
+    (cd "$HERE/coredns" && "$GO" build -trimpath -ldflags "-s -w" -o "$out/coredns" .)
+    SUMMARY+=("  coredns: $((SECONDS - t0))s")
+    local src
+    src="$(cd "$HERE/k8s" && "$GO" list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
+    gcc -Os -Wall -Werror -static -DVERSION="$K8S_VERSION-trainjob" -o "$out/pause" "$src"
+    strip "$out/pause"
+}
+
 total_start=$SECONDS
 build_into etcd "$ETCD_VERSION" build_etcd etcd
 build_into kwok "$KWOK_VERSION" build_kwok kwok
 build_into helm "$HELM_VERSION" build_helm helm
 build_into kubernetes "$K8S_VERSION" build_kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl
+if [[ -n "$NODE" ]]; then
+    install_node_packages
+    build_into node "$K8S_VERSION-coredns-$COREDNS_VERSION" build_node kubelet kube-proxy coredns pause
+fi
 
 echo "==> trainjob test tools ($("$GO" version)), total $((SECONDS - total_start))s"
 for line in "${SUMMARY[@]}"; do

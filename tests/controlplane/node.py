@@ -1,0 +1,912 @@
+"""A real Kubernetes node on this machine, joined to the test control plane.
+
+Parts (all run as child processes of the test, as root):
+
+- **containerd** (Debian's package) with **runc** and the CRI plugin; its own socket, config,
+  state and root (the root, with its imported images, persists in the tools cache so a warm
+  start does not import again);
+- **CNI**: Debian's containernetworking-plugins ``bridge`` + ``host-local`` + ``loopback`` on a
+  bridge of our own (``tj-cni0``, pods ``10.244.0.0/24``) whose only routes lead to the node's
+  address and the Service range: pods get no route or NAT beyond this machine, and a FORWARD
+  rule drops anything from or to the pod range that is not pod-to-pod;
+- **kubelet** and **kube-proxy** (iptables mode) built from the control plane's Kubernetes
+  module (install.sh), cgroupfs driver on the v1 hierarchy, image garbage collection off;
+- **CoreDNS** (kubernetes plugin only, no upstream) on the node's address, the pods'
+  nameserver; cluster domain ``cluster.local``;
+- the **pause** image built here, and the images of ``images/build.sh`` imported into
+  containerd (no registry);
+- storage: a default StorageClass ``standard`` with local PersistentVolumes in the work dir
+  (root-owned, like a fresh disk: pods write there through ``fsGroup``).
+
+The node's address ``10.243.0.1`` lives on an interface of its own (``tj-node0``); the API server binds
+there (``ControlPlane(address=NODE_IP)``) so that pods reach it through the ``kubernetes``
+Service. ``Node.stop()`` removes every process, mount, network namespace, interface, cgroup and
+iptables rule the node made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import yaml
+
+from tests.controlplane.cluster import (
+    HERE,
+    LOOPBACK,
+    REPO_ROOT,
+    Component,
+    ControlPlane,
+    ControlPlaneError,
+    ToolsMissingError,
+    _go_mod_version,
+    free_port,
+    tools_dir,
+    wait_for,
+)
+
+NODE_NAME: Final = "trainjob-node"
+NODE_IP: Final = "10.243.0.1"
+NODE_LINK: Final = "tj-node0"
+BRIDGE: Final = "tj-cni0"
+POD_CIDR: Final = "10.244.0.0/24"
+SERVICE_CIDR: Final = "10.0.0.0/24"
+CLUSTER_DOMAIN: Final = "cluster.local"
+FORWARD_CHAIN: Final = "TRAINJOB-NODE"
+PAUSE_IMAGE: Final = "localhost/trainjob/pause:3.10"
+CRI_NAMESPACE: Final = "k8s.io"
+IMPORTED_FROM_LABEL: Final = "trainjob.dev/buildah-image-id"
+STORAGE_CLASS: Final = "standard"
+LOCAL_VOLUMES: Final = 24
+CNI_BIN_DIR: Final = Path("/usr/lib/cni")
+STATE_DIR: Final = Path("/run/trainjob-node")
+IPTABLES_TABLES: Final = ("filter", "nat", "mangle", "raw")
+IPTABLES_TOOLS: Final = ("iptables", "ip6tables")
+NODE_INSTALL_COMMAND: Final = "bash tests/controlplane/install.sh --node"
+# images/build.sh names them so; the examples and the chart's defaults use these references.
+PRODUCT_IMAGES: Final = (
+    "docker.io/trainjob/trainjob-operator",
+    "docker.io/trainjob/trainjob",
+    "docker.io/trainjob/trainjob-legacy",
+)
+
+
+def coredns_version() -> str:
+    return _go_mod_version(HERE / "coredns" / "go.mod", "github.com/coredns/coredns")
+
+
+def kubernetes_version() -> str:
+    return _go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
+
+
+@dataclass(frozen=True)
+class NodeTools:
+    """Binaries of the node: built ones from install.sh --node, the rest from Debian."""
+
+    kubelet: Path
+    kube_proxy: Path
+    coredns: Path
+    pause: Path
+    containerd: Path = Path("/usr/bin/containerd")
+    ctr: Path = Path("/usr/bin/ctr")
+    runc: Path = Path("/usr/sbin/runc")
+    buildah: Path = Path("/usr/bin/buildah")
+
+    @classmethod
+    def locate(cls, root: Path | None = None) -> NodeTools:
+        base = root if root is not None else tools_dir()
+        built = base / f"node-{kubernetes_version()}-coredns-{coredns_version()}"
+        return cls(
+            kubelet=built / "kubelet",
+            kube_proxy=built / "kube-proxy",
+            coredns=built / "coredns",
+            pause=built / "pause",
+        )
+
+    def require(self) -> NodeTools:
+        paths = [
+            self.kubelet,
+            self.kube_proxy,
+            self.coredns,
+            self.pause,
+            self.containerd,
+            self.ctr,
+            self.runc,
+            self.buildah,
+            *(CNI_BIN_DIR / p for p in ("bridge", "host-local", "loopback")),
+        ]
+        missing = [p for p in paths if not os.access(p, os.X_OK)]
+        for tool in ("ip", "iptables", "ip6tables", "iptables-save", "mount", "umount"):
+            if shutil.which(tool) is None:
+                missing.append(Path(tool))
+        if missing:
+            listed = "\n  ".join(map(str, missing))
+            raise ToolsMissingError(
+                f"node parts are missing:\n  {listed}\nInstall them (Debian packages + "
+                f"kubelet, kube-proxy, CoreDNS built from Go modules, cached) with:\n"
+                f"  {NODE_INSTALL_COMMAND}"
+            )
+        if os.geteuid() != 0:
+            raise ToolsMissingError("a real node needs root (containerd, CNI, iptables)")
+        return self
+
+
+# --------------------------------------------------------------------------- host helpers
+
+
+def _run(argv: Sequence[str | Path], *, check: bool = True, timeout: float = 120.0) -> str:
+    result = subprocess.run(
+        [str(a) for a in argv], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise ControlPlaneError(
+            f"{' '.join(map(str, argv))} failed ({result.returncode}):\n"
+            f"{result.stdout}{result.stderr}"
+        )
+    return result.stdout
+
+
+def _link_exists(name: str) -> bool:
+    return Path("/sys/class/net", name).exists()
+
+
+def _mounts_under(prefixes: Sequence[Path]) -> list[str]:
+    """Mount points below any of ``prefixes``, deepest first (the order to unmount in)."""
+    points: list[str] = []
+    roots = [str(p).rstrip("/") + "/" for p in prefixes]
+    with open("/proc/self/mountinfo", encoding="utf-8") as mountinfo:
+        for line in mountinfo:
+            point = line.split()[4].replace("\\040", " ")
+            if any((point + "/").startswith(root) for root in roots):
+                points.append(point)
+    return sorted(set(points), key=lambda p: p.count("/"), reverse=True)
+
+
+def unmount_all(prefixes: Sequence[Path]) -> list[str]:
+    """Unmount everything mounted below ``prefixes``; returns what stays mounted."""
+    for _ in range(3):
+        points = _mounts_under(prefixes)
+        if not points:
+            return []
+        for point in points:
+            _run(["umount", point], check=False)
+    for point in _mounts_under(prefixes):  # busy after three passes: detach lazily
+        _run(["umount", "-l", point], check=False)
+    return _mounts_under(prefixes)
+
+
+@dataclass
+class IptablesSnapshot:
+    """The chains of each table before the node started, to remove what it added."""
+
+    chains: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+
+    @classmethod
+    def take(cls) -> IptablesSnapshot:
+        snap = cls()
+        for tool in IPTABLES_TOOLS:
+            for table in IPTABLES_TABLES:
+                snap.chains[(tool, table)] = set(_chains(tool, table))
+        return snap
+
+    def restore(self) -> list[str]:
+        """Delete every rule jumping to a chain created since the snapshot, then the chains.
+        Returns the chains that could not be removed."""
+        left: list[str] = []
+        for (tool, table), before in self.chains.items():
+            new = [c for c in _chains(tool, table) if c not in before]
+            if not new:
+                continue
+            rules = _run([tool, "-w", "-t", table, "-S"], check=False).splitlines()
+            for rule in rules:
+                parts = rule.split()
+                if len(parts) < 2 or parts[0] != "-A" or parts[1] in new:
+                    continue
+                if any(f"-j {c}" in rule or f"-g {c}" in rule for c in new):
+                    _run([tool, "-w", "-t", table, "-D", *parts[1:]], check=False)
+            for chain in new:
+                _run([tool, "-w", "-t", table, "-F", chain], check=False)
+            for chain in new:
+                _run([tool, "-w", "-t", table, "-X", chain], check=False)
+            left += [f"{tool} {table} {c}" for c in _chains(tool, table) if c in new]
+        return left
+
+
+def _chains(tool: str, table: str) -> list[str]:
+    out = _run([tool, "-w", "-t", table, "-S"], check=False)
+    return [line.split()[1] for line in out.splitlines() if line.startswith("-N ")]
+
+
+# --------------------------------------------------------------------------- the node
+
+
+@dataclass
+class Node:
+    """containerd + CNI + kubelet + kube-proxy + CoreDNS, joined to ``plane``.
+
+    The control plane must run with ``address=NODE_IP`` (see ``host_network_up``)."""
+
+    plane: ControlPlane
+    tools: NodeTools = field(default_factory=NodeTools.locate)
+    images: Sequence[str] = PRODUCT_IMAGES
+    start_timeout: float = 180.0
+    components: list[Component] = field(default_factory=list)
+    _iptables: IptablesSnapshot | None = None
+    _ip_forward: str | None = None
+
+    # -- paths ---------------------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        return self.plane.root / "node"
+
+    @property
+    def containerd_socket(self) -> Path:
+        return STATE_DIR / "containerd.sock"
+
+    @property
+    def containerd_root(self) -> Path:
+        """Persistent across runs: imported images stay, so a warm start imports nothing."""
+        return tools_dir() / "node-state" / "containerd"
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def volumes_dir(self) -> Path:
+        return self.root / "volumes"
+
+    # -- host network (before the control plane starts) ----------------------------------
+
+    @staticmethod
+    def host_network_up() -> None:
+        """The node's address on an interface of its own: the API server binds there."""
+        if not _link_exists(NODE_LINK):
+            # A bridge without ports: this kernel has no dummy driver, and an address on any
+            # interface that is up is a local address of the host.
+            _run(["ip", "link", "add", NODE_LINK, "type", "bridge"])
+        _run(["ip", "addr", "replace", f"{NODE_IP}/32", "dev", NODE_LINK])
+        _run(["ip", "link", "set", NODE_LINK, "up"])
+
+    @staticmethod
+    def host_network_down() -> None:
+        for link in (BRIDGE, NODE_LINK):
+            if _link_exists(link):
+                _run(["ip", "link", "delete", link], check=False)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> Node:
+        self.tools.require()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._iptables = IptablesSnapshot.take()
+            self._isolate_pods()
+            self._start_containerd()
+            self._import_images()
+            self._start_coredns()
+            self._start_kube_proxy()
+            self._start_kubelet()
+            self._create_storage()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the node and remove everything it made (see the module docstring)."""
+        errors: list[str] = []
+        kubelet = self._component("kubelet")
+        if kubelet is not None and kubelet.running() and self.plane.components:
+            with contextlib.suppress(ControlPlaneError, subprocess.TimeoutExpired):
+                self._drain()
+        for name in ("kubelet", "kube-proxy", "coredns"):
+            component = self._component(name)
+            if component is not None:
+                try:
+                    component.stop()
+                except ControlPlaneError as exc:
+                    errors.append(str(exc))
+                self.components.remove(component)
+        containerd = self._component("containerd")
+        netns: list[str] = []
+        if containerd is not None and containerd.running():
+            netns = self._remove_cri_containers()
+        if containerd is not None:
+            try:
+                containerd.stop()
+            except ControlPlaneError as exc:
+                errors.append(str(exc))
+            self.components.remove(containerd)
+        self._kill_shims()
+        for path in netns:
+            _run(["umount", path], check=False)
+            with contextlib.suppress(OSError):
+                Path(path).unlink()
+        left = unmount_all([STATE_DIR, self.root, self.containerd_root])
+        if left:
+            errors.append(f"still mounted: {left}")
+        if self.tools.kube_proxy.exists():
+            _run([self.tools.kube_proxy, "--cleanup"], check=False)
+        if self._iptables is not None:
+            left_chains = self._iptables.restore()
+            if left_chains:
+                errors.append(f"iptables chains left: {left_chains}")
+            self._iptables = None
+        self._remove_cgroups()
+        if self._ip_forward is not None:
+            Path("/proc/sys/net/ipv4/ip_forward").write_text(self._ip_forward)
+            self._ip_forward = None
+        if _link_exists(BRIDGE):
+            _run(["ip", "link", "delete", BRIDGE], check=False)
+        shutil.rmtree(STATE_DIR, ignore_errors=True)
+        if errors:
+            raise ControlPlaneError("; ".join(errors))
+
+    def _component(self, name: str) -> Component | None:
+        return next((c for c in self.components if c.name == name), None)
+
+    def _spawn(self, name: str, argv: Sequence[str | Path]) -> Component:
+        component = self.plane._spawn(name, argv)  # logs next to the control plane's
+        self.plane.components.remove(component)  # the node stops its own processes
+        self.components.append(component)
+        return component
+
+    # -- network isolation ---------------------------------------------------------------
+
+    def _isolate_pods(self) -> None:
+        """Pods talk to each other, the node's address and Services, nothing else: the only
+        FORWARD traffic allowed to or from the pod range is pod to pod. Forwarding is on
+        while the node runs (kube-proxy's DNAT to a pod is routed), and restored after."""
+        forward = Path("/proc/sys/net/ipv4/ip_forward")
+        self._ip_forward = forward.read_text().strip()
+        forward.write_text("1")
+        _run(["iptables", "-w", "-N", FORWARD_CHAIN])
+        for rule in (
+            ["-s", POD_CIDR, "-d", POD_CIDR, "-j", "ACCEPT"],
+            ["-s", POD_CIDR, "-j", "DROP"],
+            ["-d", POD_CIDR, "-j", "DROP"],
+        ):
+            _run(["iptables", "-w", "-A", FORWARD_CHAIN, *rule])
+        _run(["iptables", "-w", "-I", "FORWARD", "1", "-j", FORWARD_CHAIN])
+
+    # -- containerd ----------------------------------------------------------------------
+
+    def _write_cni_config(self) -> Path:
+        conf_dir = self.root / "cni" / "net.d"
+        conf_dir.mkdir(parents=True, exist_ok=True)
+        config = {
+            "cniVersion": "0.4.0",
+            "name": "trainjob",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    "isGateway": True,
+                    # No masquerade and no default route: nothing leaves the machine.
+                    "ipMasq": False,
+                    "hairpinMode": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": POD_CIDR}]],
+                        "routes": [{"dst": SERVICE_CIDR}, {"dst": f"{NODE_IP}/32"}],
+                        "dataDir": str(self.root / "cni" / "ipam"),
+                    },
+                },
+            ],
+        }
+        (conf_dir / "10-trainjob.conflist").write_text(json.dumps(config, indent=2))
+        return conf_dir
+
+    def _start_containerd(self) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        self.containerd_root.mkdir(parents=True, exist_ok=True)
+        conf_dir = self._write_cni_config()
+        config = self.root / "containerd.toml"
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        config.write_text(
+            f"""version = 2
+root = "{self.containerd_root}"
+state = "{STATE_DIR / "containerd"}"
+disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = "{STATE_DIR / "containerd-ttrpc.sock"}"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  enable_selinux = false
+  # This machine withholds CAP_SYS_RESOURCE: no process may lower its OOM score below ours,
+  # so the sandbox's -998 (and a Guaranteed pod's -997) are raised to containerd's own.
+  restrict_oom_score_adj = true
+  max_container_log_line_size = 16384
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+  discard_unpacked_layers = false
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.runc.options]
+  BinaryName = "{self.tools.runc}"
+  SystemdCgroup = false
+[{cri}.cni]
+  bin_dir = "{CNI_BIN_DIR}"
+  conf_dir = "{conf_dir}"
+  max_conf_num = 1
+""",
+            encoding="utf-8",
+        )
+        containerd = self._spawn(
+            "containerd", [self.tools.containerd, f"--config={config}", "--log-level=warn"]
+        )
+        self.plane._wait_healthy(
+            containerd,
+            lambda: self._ctr("version", check=False) is not None,
+        )
+        # Containers a crashed run left in the persistent root: kubelet would adopt them.
+        self._remove_cri_containers()
+
+    def _ctr(self, *args: str | Path, check: bool = True, timeout: float = 600.0) -> str | None:
+        argv = [self.tools.ctr, f"--address={self.containerd_socket}", "-n", CRI_NAMESPACE, *args]
+        result = subprocess.run(
+            [str(a) for a in argv], capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if result.returncode != 0:
+            if check:
+                raise ControlPlaneError(
+                    f"ctr {' '.join(map(str, args))} failed:\n{result.stdout}{result.stderr}"
+                )
+            return None
+        return result.stdout
+
+    def _remove_cri_containers(self) -> list[str]:
+        """Kill and delete every container in the CRI namespace; returns the network
+        namespaces of the pod sandboxes (to unmount once containerd is gone)."""
+        netns: list[str] = []
+        ids = (self._ctr("containers", "list", "-q", check=False) or "").split()
+        for cid in ids:
+            info = self._ctr("containers", "info", cid, check=False) or "{}"
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                spec = json.loads(info)["Spec"]
+                for ns in spec["linux"]["namespaces"]:
+                    if ns.get("type") == "network" and ns.get("path"):
+                        netns.append(ns["path"])
+            self._ctr("tasks", "kill", "-s", "SIGKILL", cid, check=False, timeout=30)
+            self._ctr("tasks", "delete", "-f", cid, check=False, timeout=30)
+            self._ctr("containers", "delete", cid, check=False, timeout=30)
+        return sorted(set(netns))
+
+    def _kill_shims(self) -> None:
+        """containerd-shim-runc-v2 processes outlive containerd by design: end ours."""
+        address = str(self.containerd_socket)
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (
+                cmdline
+                and cmdline[0].endswith(b"containerd-shim-runc-v2")
+                and any(arg.decode(errors="replace") == address for arg in cmdline)
+            ):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(proc.name), signal.SIGKILL)
+
+    # -- images --------------------------------------------------------------------------
+
+    def _buildah(self, *args: str | Path, timeout: float = 900.0) -> str:
+        flags = _run(["bash", REPO_ROOT / "images" / "build.sh", "--storage-flags"]).split()
+        return _run([self.tools.buildah, *flags, *args], timeout=timeout)
+
+    def _import_images(self) -> None:
+        """The pause image and the product images, from buildah's store into containerd,
+        each only when containerd does not hold that very image already."""
+        self._build_pause_image()
+        have = self._imported()
+        for ref in [PAUSE_IMAGE, *self._product_refs()]:
+            image_id = self._buildah("images", "--no-trunc", "--format", "{{.ID}}", ref)
+            image_id = image_id.split()[0].removeprefix("sha256:")
+            if have.get(ref) == image_id:
+                continue
+            archive = self.root / "image.tar"
+            self._buildah("push", "--quiet", ref, f"docker-archive:{archive}:{ref}")
+            self._ctr("images", "import", "--no-unpack=false", archive, timeout=900)
+            archive.unlink()
+            # Pinned: kubelet never garbage-collects it (it cannot be pulled again).
+            self._ctr(
+                "images",
+                "label",
+                ref,
+                "io.cri-containerd.pinned=pinned",
+                f"{IMPORTED_FROM_LABEL}={image_id}",
+            )
+
+    def _imported(self) -> dict[str, str]:
+        """Image reference -> the buildah image ID it was imported from (an image label: the
+        docker-archive conversion changes the config digest, so digests cannot be compared)."""
+        found: dict[str, str] = {}
+        out = self._ctr("images", "list", check=False) or ""
+        for line in out.splitlines()[1:]:
+            fields = line.split()
+            match = re.search(rf"{IMPORTED_FROM_LABEL}=([0-9a-f]+)", line)
+            if fields and match:
+                found[fields[0]] = match.group(1)
+        return found
+
+    def _product_refs(self) -> list[str]:
+        version = _pyproject_version()
+        refs = [f"{name}:{version}" for name in self.images]
+        listed = self._buildah("images", "--format", "{{.Name}}:{{.Tag}}")
+        missing = [r for r in refs if r not in listed.split()]
+        if missing:
+            raise ToolsMissingError(
+                f"images not built: {missing}; build them with `bash images/build.sh`"
+            )
+        return refs
+
+    def _build_pause_image(self) -> None:
+        listed = self._buildah("images", "--format", "{{.Name}}:{{.Tag}}").split()
+        if PAUSE_IMAGE in listed:
+            return
+        container = self._buildah("from", "scratch").strip()
+        try:
+            self._buildah("copy", container, self.tools.pause, "/pause")
+            self._buildah(
+                "config", "--entrypoint", '["/pause"]', "--user", "65535:65535", container
+            )
+            self._buildah("commit", "--quiet", container, PAUSE_IMAGE)
+        finally:
+            self._buildah("rm", container)
+
+    # -- CoreDNS, kube-proxy, kubelet ----------------------------------------------------
+
+    def _node_kubeconfig(self, user: str, cert: Path, key: Path, path: Path) -> Path:
+        ca = self.plane.pki.ca_cert
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "trainjob-test",
+                    "cluster": {
+                        "server": self.plane.apiserver_url,
+                        "certificate-authority": str(ca),
+                    },
+                }
+            ],
+            "users": [
+                {"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}
+            ],
+            "contexts": [{"name": "node", "context": {"cluster": "trainjob-test", "user": user}}],
+            "current-context": "node",
+        }
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        path.chmod(0o600)
+        return path
+
+    def _start_coredns(self) -> None:
+        ready_port = free_port()
+        corefile = self.root / "Corefile"
+        # Only the cluster's names: no `forward`, so no query leaves the machine.
+        corefile.write_text(
+            f""".:53 {{
+    bind {NODE_IP}
+    ready {LOOPBACK}:{ready_port}
+    errors
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {self.plane.kubeconfig} trainjob-test
+        pods insecure
+        ttl 5
+    }}
+}}
+""",
+            encoding="utf-8",
+        )
+        coredns = self._spawn("coredns", [self.tools.coredns, "-conf", corefile])
+        self.plane._wait_healthy(
+            coredns, lambda: self.plane._http_ok(f"http://{LOOPBACK}:{ready_port}/ready")
+        )
+
+    def _start_kube_proxy(self) -> None:
+        config = self.root / "kube-proxy.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+                    "kind": "KubeProxyConfiguration",
+                    "clientConnection": {"kubeconfig": str(self.plane.kubeconfig)},
+                    "hostnameOverride": NODE_NAME,
+                    "mode": "iptables",
+                    "clusterCIDR": POD_CIDR,
+                    "bindAddress": NODE_IP,
+                    "healthzBindAddress": f"{LOOPBACK}:{free_port()}",
+                    "metricsBindAddress": f"{LOOPBACK}:{free_port()}",
+                    # The host's conntrack sysctls stay as they are.
+                    "conntrack": {"maxPerCore": 0, "min": 0},
+                    # NodePorts only on the node's address; no route_localnet sysctl.
+                    "nodePortAddresses": [f"{NODE_IP}/32"],
+                    "iptables": {"localhostNodePorts": False},
+                }
+            ),
+            encoding="utf-8",
+        )
+        self._spawn("kube-proxy", [self.tools.kube_proxy, f"--config={config}", "--v=1"])
+
+    def _start_kubelet(self) -> None:
+        pki_dir = self.root / "pki"
+        pki_dir.mkdir(parents=True, exist_ok=True)
+        cert, key = pki_dir / "kubelet-client.crt", pki_dir / "kubelet-client.key"
+        self.plane.pki.client_cert(f"system:node:{NODE_NAME}", "system:nodes", cert, key)
+        kubeconfig = self._node_kubeconfig(
+            f"system:node:{NODE_NAME}", cert, key, self.root / "kubelet.kubeconfig"
+        )
+        self.kubelet_root.mkdir(parents=True, exist_ok=True)
+        config = self.root / "kubelet.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubelet.config.k8s.io/v1beta1",
+                    "kind": "KubeletConfiguration",
+                    # cgroup v1 controllers + an empty cgroup2 mount: v1 to kubelet. 1.35
+                    # flips the default to true (refuse v1); say it explicitly.
+                    "failCgroupV1": False,
+                    "cgroupDriver": "cgroupfs",
+                    "failSwapOn": False,
+                    "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+                    "address": NODE_IP,
+                    "port": 10250,
+                    "readOnlyPort": 0,
+                    "healthzBindAddress": LOOPBACK,
+                    "healthzPort": free_port(),
+                    "authentication": {
+                        "anonymous": {"enabled": False},
+                        "webhook": {"enabled": True},
+                        "x509": {"clientCAFile": str(self.plane.pki.ca_cert)},
+                    },
+                    "authorization": {"mode": "Webhook"},
+                    "clusterDNS": [NODE_IP],
+                    "clusterDomain": CLUSTER_DOMAIN,
+                    # Not the host's resolver: pods resolve cluster names only.
+                    "resolvConf": "",
+                    # Images come from images/build.sh and cannot be pulled again: never
+                    # garbage-collect them, and never evict for disk on a shared machine.
+                    "imageGCHighThresholdPercent": 100,
+                    "imageGCLowThresholdPercent": 99,
+                    "evictionHard": {
+                        "memory.available": "100Mi",
+                        "nodefs.available": "1%",
+                        "nodefs.inodesFree": "1%",
+                        "imagefs.available": "1%",
+                        "imagefs.inodesFree": "1%",
+                    },
+                    "podLogsDir": str(self.root / "pod-logs"),
+                    "maxPods": 110,
+                    "serializeImagePulls": False,
+                    "registerNode": True,
+                    "syncFrequency": "10s",
+                    "nodeStatusUpdateFrequency": "5s",
+                    "fileCheckFrequency": "20s",
+                    "shutdownGracePeriod": "0s",
+                }
+            ),
+            encoding="utf-8",
+        )
+        kubelet = self._spawn(
+            "kubelet",
+            [
+                self.tools.kubelet,
+                f"--config={config}",
+                f"--kubeconfig={kubeconfig}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-ip={NODE_IP}",
+                f"--root-dir={self.kubelet_root}",
+                f"--cert-dir={pki_dir}",
+                "--v=1",
+            ],
+        )
+
+        def ready() -> bool:
+            if not kubelet.running():
+                raise ControlPlaneError(f"kubelet exited{kubelet.describe_failure()}")
+            out = self.plane.kubectl(
+                "get",
+                "node",
+                NODE_NAME,
+                "-o",
+                'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
+                check=False,
+            )
+            return out.returncode == 0 and out.stdout.strip() == "True"
+
+        wait_for(
+            ready,
+            timeout=self.start_timeout,
+            what=f"node {NODE_NAME} Ready",
+            interval=0.5,
+            on_timeout=kubelet.describe_failure,
+        )
+
+    # -- storage -------------------------------------------------------------------------
+
+    def _create_storage(self) -> None:
+        """A default StorageClass with local volumes, bound when a pod is scheduled. Each
+        volume is a root-owned directory, like a fresh file system: pods write to it through
+        their fsGroup, as on a cloud disk."""
+        objects: list[dict[str, object]] = [
+            {
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "StorageClass",
+                "metadata": {
+                    "name": STORAGE_CLASS,
+                    "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+                },
+                "provisioner": "kubernetes.io/no-provisioner",
+                "volumeBindingMode": "WaitForFirstConsumer",
+                "reclaimPolicy": "Retain",
+            }
+        ]
+        for i in range(LOCAL_VOLUMES):
+            path = self.volumes_dir / f"pv-{i:02d}"
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o755)
+            objects.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {"name": f"{NODE_NAME}-pv-{i:02d}"},
+                    "spec": {
+                        "capacity": {"storage": "10Gi"},
+                        "accessModes": ["ReadWriteOnce"],
+                        "persistentVolumeReclaimPolicy": "Retain",
+                        "storageClassName": STORAGE_CLASS,
+                        "local": {"path": str(path)},
+                        "nodeAffinity": {
+                            "required": {
+                                "nodeSelectorTerms": [
+                                    {
+                                        "matchExpressions": [
+                                            {
+                                                "key": "kubernetes.io/hostname",
+                                                "operator": "In",
+                                                "values": [NODE_NAME],
+                                            }
+                                        ]
+                                    }
+                                ]
+                            }
+                        },
+                    },
+                }
+            )
+        manifest = "\n---\n".join(yaml.safe_dump(o) for o in objects)
+        self.plane.kubectl("apply", "-f", "-", stdin=manifest)
+
+    # -- stop ----------------------------------------------------------------------------
+
+    def _drain(self, timeout: float = 90.0) -> None:
+        """Delete every pod and wait until kubelet has stopped their containers and torn
+        down their networks (CNI DEL, volume unmounts) the regular way."""
+        # Cordoned first: pods that controllers recreate stay Pending, off the node.
+        self.plane.kubectl("cordon", NODE_NAME, check=False)
+        self.plane.kubectl(
+            "delete",
+            "pods",
+            "--all",
+            "--all-namespaces",
+            "--grace-period=1",
+            "--wait=false",
+            check=False,
+        )
+
+        def quiet() -> bool:
+            pods = self.plane.kubectl(
+                "get",
+                "pods",
+                "-A",
+                "-o",
+                "name",
+                "--field-selector",
+                f"spec.nodeName={NODE_NAME}",
+                check=False,
+            )
+            tasks = self._ctr("tasks", "list", "-q", check=False, timeout=30) or ""
+            return pods.returncode == 0 and not pods.stdout.strip() and not tasks.strip()
+
+        wait_for(quiet, timeout=timeout, what="the node's pods to stop", interval=1.0)
+
+    def _remove_cgroups(self) -> None:
+        """kubelet's cgroups (cgroupfs driver): /kubepods in each v1 hierarchy."""
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            top = hierarchy / "kubepods"
+            if not top.is_dir():
+                continue
+            for directory in sorted(_dirs(top), key=lambda p: len(p.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+
+
+def _dirs(top: Path) -> Iterator[Path]:
+    yield top
+    for dirpath, dirnames, _ in os.walk(top):
+        for name in dirnames:
+            yield Path(dirpath) / name
+
+
+def _pyproject_version() -> str:
+    text = (REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    match = re.search(r'^version = "([^"]+)"', text, re.MULTILINE)
+    if match is None:
+        raise ToolsMissingError("no version in pyproject.toml")
+    return match.group(1)
+
+
+@contextlib.contextmanager
+def running_node(
+    workdir: Path | None = None, crds: Sequence[Path] = (), images: Sequence[str] = PRODUCT_IMAGES
+) -> Iterator[Node]:
+    """The control plane on the node's address plus the node, stopped and cleaned up on exit
+    (also when starting fails half-way)."""
+    NodeTools.locate().require()
+    Node.host_network_up()
+    plane = ControlPlane(workdir=workdir, crds=crds, address=NODE_IP)
+    node: Node | None = None
+    try:
+        plane.start()
+        node = Node(plane, images=images)
+        node.start()
+        yield node
+    finally:
+        errors: list[str] = []
+        for stop in ((node.stop if node is not None else None), plane.stop):
+            if stop is None:
+                continue
+            try:
+                stop()
+            except ControlPlaneError as exc:
+                errors.append(str(exc))
+        Node.host_network_down()
+        errors += leftovers()
+        if errors:
+            raise ControlPlaneError("; ".join(errors))
+
+
+def leftovers() -> list[str]:
+    """What a stopped node must not leave behind: its interfaces, state mounts, kubelet
+    cgroups, FORWARD rule, and processes of its containerd (shims included)."""
+    found = [f"interface {link}" for link in (NODE_LINK, BRIDGE) if _link_exists(link)]
+    found += [f"mount {m}" for m in _mounts_under([STATE_DIR])]
+    found += [
+        f"cgroup {h / 'kubepods'}"
+        for h in Path("/sys/fs/cgroup").iterdir()
+        if (h / "kubepods").is_dir()
+    ]
+    if FORWARD_CHAIN in _chains("iptables", "filter"):
+        found.append(f"iptables chain {FORWARD_CHAIN}")
+    socket = str(STATE_DIR / "containerd.sock").encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if socket in cmdline or STATE_DIR.name.encode() + b"/containerd" in cmdline:
+                found.append(f"process {proc.name}: {cmdline.replace(bytes(1), b' ')[:120]!r}")
+    return found
