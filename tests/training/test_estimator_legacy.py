@@ -122,3 +122,28 @@ def test_two_workers_restart_resume_and_evaluate(tmp_path: Path, mnist_data_dir:
     assert not list((ckpt / "estimator").glob("tmp_worker_*"))
     (evaluated,) = harness.events_of(events, "evaluator-0", "end")
     assert evaluated["step"] == MAX_STEPS and evaluated["metrics"]["accuracy"] > 0.5, evaluated
+
+
+def test_tutorial_model_fn_without_params_trains(tmp_path: Path, mnist_data_dir: Path) -> None:
+    """TF's Estimator tutorial writes model_fn(features, labels, mode); no params are passed."""
+    env = harness.replica_env(
+        {},
+        "worker",
+        0,
+        entrypoint="tutorial_entrypoints:estimator_without_params",
+        config={"data_dir": str(mnist_data_dir)},
+        checkpoint_dir=tmp_path / "ckpt",
+        progress_file=tmp_path / "progress.jsonl",
+        framework="Estimator",
+    )
+    env["PYTHONPATH"] = f"{harness.REPO_ROOT}:{Path(__file__).parent}"
+    replica = harness.start(
+        "worker-0", env, tmp_path, [str(legacy_python()), "-m", "trainjob.runtime", "train"]
+    )
+    try:
+        codes = harness.wait_exit([replica], 180)
+    finally:
+        harness.stop_all([replica])
+    assert codes == {"worker-0": 0}, harness.dump_logs([replica])
+    (end,) = harness.events_of(harness.read_events(tmp_path / "progress.jsonl"), "worker-0", "end")
+    assert end["step"] == 5

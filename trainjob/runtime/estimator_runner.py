@@ -128,7 +128,11 @@ def run(
         log_step_count_steps=spec.log_step_count_steps,
     )
     estimator = estimator_mod.Estimator(
-        model_fn=spec.model_fn, config=run_config, params=dict(spec.params)
+        model_fn=spec.model_fn,
+        config=run_config,
+        # None, not {}: Estimator rejects any params (even empty ones) for a model_fn without
+        # a params argument, as TF's tutorials write it; with one it still gets {}.
+        params=dict(spec.params) or None,
     )
     hook = _hooks(
         tf,

@@ -1,0 +1,54 @@
+"""Entrypoints written as TensorFlow's tutorials write them (for the training tests): their own
+batch size, a finite dataset and no steps_per_epoch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainjob import runtime
+from trainjob.samples import mnist
+
+BATCH = 16  # not config.batch_size (64 by default)
+
+
+def finite_test_split(ctx: runtime.TrainContext) -> runtime.TrainSpec:
+    import tensorflow as tf
+
+    def dataset_fn(input_context: Any) -> Any:
+        ds = runtime.load_sharded(
+            "mnist", split="test", data_dir=ctx.data_dir, input_context=input_context
+        )
+        return ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y)).batch(BATCH)
+
+    return runtime.TrainSpec(
+        model_fn=lambda: mnist.make_model(tf, "mlp", 0.001),
+        dataset_fn=dataset_fn,
+        epochs=2,
+        export_format="none",
+    )
+
+
+def estimator_without_params(ctx: runtime.TrainContext) -> runtime.EstimatorTrainSpec:
+    """TF's multi-worker Estimator tutorial: ``model_fn(features, labels, mode)``, no params."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+
+    def input_fn(input_context: Any = None) -> Any:
+        ds = runtime.load_sharded(
+            "mnist", split="train", data_dir=ctx.data_dir, input_context=input_context
+        )
+        ds = ds.map(lambda x, y: (tf.reshape(tf.cast(x, tf.float32) / 255.0, [784]), y))
+        return ds.repeat().batch(BATCH)
+
+    def model_fn(features: Any, labels: Any, mode: Any) -> Any:
+        logits = v1.layers.dense(features, 10)
+        loss = v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
+        train_op = v1.train.GradientDescentOptimizer(0.05).minimize(
+            loss, global_step=v1.train.get_global_step()
+        )
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    return runtime.EstimatorTrainSpec(
+        model_fn=model_fn, train_input_fn=input_fn, max_steps=5, eval_steps=1
+    )
