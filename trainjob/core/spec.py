@@ -571,6 +571,13 @@ def _check_topology(c: _Collector, job: TrainJob) -> None:
         )
     if job.runtime.framework == "Estimator" and strategy == "DTensor":
         c.add("spec.runtime.framework", "Estimator cannot run with the DTensor strategy")
+    if (
+        job.runtime.framework == "Estimator"
+        and job.replicas(constants.EVALUATOR) > 0
+        and chief == 0
+    ):
+        # TF 2.15 refuses such a cluster on every task ('it must have one "chief" node').
+        c.add(f"{path}.chief", "Estimator with an evaluator needs a chief replica")
 
 
 def _check_images(c: _Collector, job: TrainJob) -> None:
