@@ -183,3 +183,23 @@ def test_auto_strategy(cluster: dict[str, tuple[str, ...]], gpus: int, expected:
         settings.resolve_strategy(settings.AUTO, cluster, num_gpus=gpus, has_tpu=True)
         == settings.TPU
     )
+
+
+def test_finite_dataset_without_steps_per_epoch_and_examples_per_sec_from_the_data(
+    tmp_path: Path, mnist_data_dir: Path
+) -> None:
+    """A tutorial-style dataset (720 test digits in batches of 16, not config.batch_size) and no
+    steps_per_epoch, under MirroredStrategy, where tf-keras wants a step count."""
+    env = {
+        constants.ENV_ENTRYPOINT: "tutorial_entrypoints:finite_test_split",
+        constants.ENV_STRATEGY: "Mirrored",
+        constants.ENV_CONFIG: json.dumps({"data_dir": str(mnist_data_dir)}),
+        "PYTHONPATH": f"{harness.REPO_ROOT}:{Path(__file__).parent}",
+    }
+    code, events, out = _run(tmp_path, env)
+    assert code == 0, out
+    epochs = [e for e in events if e["event"] == "epoch"]
+    assert [e["step"] for e in epochs] == [45, 90]  # one pass of 720 / 16 per epoch
+    # The rate times the epoch's duration is about the 720 examples it read, not 45 x 64.
+    duration = epochs[1]["time"] - epochs[0]["time"]
+    assert 400 < epochs[1]["examples_per_sec"] * duration < 1100, epochs

@@ -232,3 +232,11 @@ def test_the_data_dir_becomes_tfds_default_unless_the_user_set_one() -> None:
     own = {"TFDS_DATA_DIR": "/mine"}
     entry.prepare_process_env(own, parsed)
     assert own["TFDS_DATA_DIR"] == "/mine"
+
+
+def test_steps_per_epoch_none_is_rejected_only_for_several_mwms_workers() -> None:
+    spec = contract.TrainSpec(model_fn=dict, dataset_fn=lambda ctx: None)
+    with pytest.raises(ConfigError, match=r"TrainSpec\.steps_per_epoch is required"):
+        contract.validate_steps_per_epoch(spec, strategy="MultiWorkerMirrored", num_workers=2)
+    contract.validate_steps_per_epoch(spec, strategy="MultiWorkerMirrored", num_workers=1)
+    contract.validate_steps_per_epoch(spec, strategy="Mirrored", num_workers=1)

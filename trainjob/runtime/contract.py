@@ -90,7 +90,9 @@ class TrainSpec:
                      this input pipeline, batched per replica and repeated if
                      ``steps_per_epoch`` is set.
     epochs:          total epochs; a resumed run continues where the backup left off.
-    steps_per_epoch: required for ParameterServer (its datasets are infinite).
+    steps_per_epoch: required under ParameterServer (its datasets are infinite) and under
+                     MultiWorkerMirrored with several workers; elsewhere ``None`` means one
+                     pass over a finite dataset (its length is read from the dataset).
     validation_fn:   optional () -> ``tf.data.Dataset`` (batched globally) for ``fit``'s
                      validation; not used under ParameterServer.
     save_freq:       ``"epoch"`` or every N steps: how often BackupAndRestore backs up (and so how
@@ -230,6 +232,21 @@ def validate_train_spec(spec: object, *, strategy: str, framework: str) -> None:
             raise ConfigError(f"TrainSpec.export_format must be one of {EXPORT_FORMATS}")
     if isinstance(spec, EstimatorTrainSpec) and spec.max_steps < 1:
         raise ConfigError(f"EstimatorTrainSpec.max_steps must be >= 1, got {spec.max_steps}")
+
+
+def validate_steps_per_epoch(spec: TrainSpec, *, strategy: str, num_workers: int) -> None:
+    """``steps_per_epoch=None`` (one pass over a finite dataset) where ``fit`` can count (pure).
+
+    Several MultiWorkerMirrored workers cannot: each reads its own shard, the shards' lengths
+    may differ by a batch, and a worker that runs out first leaves the others blocked in a
+    collective, which is why tf-keras refuses distributed datasets without a step count.
+    """
+    if spec.steps_per_epoch is None and strategy == "MultiWorkerMirrored" and num_workers > 1:
+        raise ConfigError(
+            "TrainSpec.steps_per_epoch is required under MultiWorkerMirrored with "
+            f"{num_workers} workers (each worker reads its own shard; fit must know how many "
+            "steps make an epoch): set it and repeat() the dataset"
+        )
 
 
 def validate_loop_spec(spec: LoopTrainSpec) -> None:

@@ -11,12 +11,13 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trainjob.runtime import contract, layout, loop_runner, preemption, progress
 from trainjob.runtime import settings as settings_mod
 from trainjob.runtime import strategy as strategy_mod
-from trainjob.runtime.exitcodes import Preempted
+from trainjob.runtime.exitcodes import ConfigError, Preempted
 from trainjob.runtime.preemption import StopRequest, StopWatcher
 from trainjob.runtime.settings import RuntimeSettings
 
@@ -46,6 +47,7 @@ def _progress_callback(
     stop: StopRequest,
     *,
     examples_per_step: int,
+    examples_seen: Callable[[], int] | None,
     every_steps: int,
     save_freq: str | int,
     backup_dir: str,
@@ -71,6 +73,7 @@ def _progress_callback(
             self._epoch = 0
             self._epoch_start = 0.0
             self._epoch_step0 = 0
+            self._epoch_examples0 = 0
             self._batches = 0
 
         def _global_step(self) -> int:
@@ -79,6 +82,7 @@ def _progress_callback(
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self._epoch = epoch
             self._epoch_step0 = self._global_step()
+            self._epoch_examples0 = examples_seen() if examples_seen is not None else 0
             self._epoch_start = time.perf_counter()
             if not self._started:
                 # BackupAndRestore has restored by now: this is where training really resumes.
@@ -108,7 +112,10 @@ def _progress_callback(
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             step = self._global_step()
             elapsed = max(time.perf_counter() - self._epoch_start, 1e-9)
-            rate = (step - self._epoch_step0) * examples_per_step / elapsed
+            if examples_seen is not None:
+                rate = (examples_seen() - self._epoch_examples0) / elapsed
+            else:
+                rate = (step - self._epoch_step0) * examples_per_step / elapsed
             emitter.emit("epoch", epoch=epoch, step=step, logs=_logs(logs), examples_per_sec=rate)
             if save_freq == "epoch":
                 # BackupAndRestore (earlier in the callback list) has just written this epoch.
@@ -220,6 +227,47 @@ def _backup_callback(
     return RuntimeBackupAndRestore(backup_dir, save_freq=save_freq)
 
 
+def counting_dataset_fn(tf: Any, dataset_fn: Callable[[Any], Any], counter: Any) -> Any:
+    """``dataset_fn`` whose batches add their size to ``counter`` as the input reads them.
+
+    examples/s is measured from the data, whatever batch size the user's dataset has. Each
+    worker counts its own input pipeline and scales by the number of pipelines (all-reduce
+    workers run in step, one batch each per step), so the chief reports the job's rate.
+    """
+
+    def wrapped(input_context: Any) -> Any:
+        pipelines = int(input_context.num_input_pipelines)
+
+        def count(*element: Any) -> Any:
+            first = tf.nest.flatten(element)[0]
+            counter.assign_add(tf.cast(tf.shape(first)[0], tf.int64) * pipelines)
+            return element if len(element) > 1 else element[0]
+
+        return dataset_fn(input_context).map(count)
+
+    return wrapped
+
+
+def finite_steps(tf: Any, dataset_fn: Any, replicas: int, strategy_name: str) -> int:
+    """Steps of one pass over this worker's dataset, for ``steps_per_epoch=None``.
+
+    tf-keras refuses a distributed dataset without a step count, even a finite one; with one
+    input pipeline the dataset's own length (its cardinality) is that count.
+    """
+    context = tf.distribute.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=replicas
+    )
+    steps = int(dataset_fn(context).cardinality())
+    if steps <= 0:
+        reason = "infinite" if steps == -1 else "unknown" if steps == -2 else "empty"
+        raise ConfigError(
+            f"TrainSpec.steps_per_epoch is None but the dataset's length is {reason} under "
+            f"{strategy_name}: set steps_per_epoch (and repeat() the dataset), or return a "
+            "finite dataset whose length tf.data knows"
+        )
+    return steps
+
+
 def run(
     tf: Any,
     settings: RuntimeSettings,
@@ -252,13 +300,32 @@ def run(
             strategy_name=name,
         )
     assert isinstance(spec, contract.TrainSpec)
+    contract.validate_steps_per_epoch(spec, strategy=name, num_workers=settings.num_workers)
+    steps_per_epoch, dataset_fn = spec.steps_per_epoch, spec.dataset_fn
+    if steps_per_epoch is None and name not in (
+        settings_mod.DEFAULT,
+        settings_mod.PARAMETER_SERVER,
+    ):
+        steps_per_epoch = finite_steps(tf, spec.dataset_fn, strategy.num_replicas_in_sync, name)
+
+        def dataset_fn(input_context: Any) -> Any:
+            # fit keeps one iterator over all epochs once it has a step count: one pass each.
+            return spec.dataset_fn(input_context).repeat()
 
     with strategy.scope():
         model = spec.model_fn()
+    examples_seen: Callable[[], int] | None = None
     if is_ps:
+        # The datasets live on the workers: examples/s is estimated from config.batch_size.
         data = tf.keras.utils.experimental.DatasetCreator(spec.dataset_fn)
     else:
-        data = strategy.distribute_datasets_from_function(spec.dataset_fn)
+        counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="trainjob_examples")
+        data = strategy.distribute_datasets_from_function(
+            counting_dataset_fn(tf, dataset_fn, counter)
+        )
+
+        def examples_seen() -> int:
+            return int(counter.numpy())
 
     backup = layout.backup_dir(checkpoint_dir)
     every = int(settings.config.get("progress_every_steps", 100))
@@ -275,6 +342,7 @@ def run(
             emitter,
             stop,
             examples_per_step=ctx.global_batch_size,
+            examples_seen=examples_seen,
             every_steps=every,
             save_freq=spec.save_freq,
             backup_dir=backup,
@@ -299,7 +367,7 @@ def run(
         history = model.fit(
             data,
             epochs=spec.epochs,
-            steps_per_epoch=spec.steps_per_epoch,
+            steps_per_epoch=steps_per_epoch,
             validation_data=validation,
             validation_steps=spec.validation_steps,
             callbacks=callbacks,
