@@ -256,7 +256,7 @@ BINDS_PORT = (
     "if marker.exists():\n"
     "    print('second attempt', flush=True); sys.exit(0)\n"
     "marker.write_text('1')\n"
-    "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.5), sys.exit(143)))\n"
+    "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(3), sys.exit(143)))\n"
     "print('first attempt', flush=True)\n"
     "while True: time.sleep(0.1)\n"
 )
@@ -276,7 +276,7 @@ def test_a_port_taken_at_a_restart_waits_instead_of_failing_the_job(tmp_path: Pa
         wait_until(lambda: out.read_text().count("first attempt") == 2, TIMEOUT, "both bound")
         port = procs["worker-0"]["port"]
         os.kill(procs["worker-0"]["pid"], signal.SIGKILL)  # 137: retryable, the group restarts
-        # worker-1 takes 1.5 s to stop: enough to take worker-0's port before the restart.
+        # worker-1 takes 3 s to stop: time enough to take worker-0's port before the restart.
         blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         wait_until(lambda: _bound(blocker, port), 5, f"port {port} free")
         blocker.listen()

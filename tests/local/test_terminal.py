@@ -34,7 +34,7 @@ CHATTY = (
     "    event = {'event': 'step', 'epoch': 0, 'step': i + 1, 'loss': 1.0 / (i + 1),\n"
     "             'examples_per_sec': 12345.6}\n"
     "    print('TRAINJOB_PROGRESS ' + json.dumps(event), flush=True)\n"
-    "    time.sleep(0.06)\n"
+    "    time.sleep(1.5 if i == 8 else 0.06)  # a quiet moment: the resize test resizes then\n"
 )
 JOB_LINE = re.compile(r"^TrainJob tty  ")  # the table's job line (the summary has one space)
 REPLICA_ROW = re.compile(r"^  worker-\d +(Running|Starting|Pending|Stopping|Succeeded)")
@@ -51,6 +51,22 @@ def _lines(screen: pyte.HistoryScreen) -> list[str]:
         return "".join(line[x].data for x in range(screen.columns)).rstrip()
 
     return [text(line) for line in screen.history.top] + [row.rstrip() for row in screen.display]
+
+
+def _both_at_line_08(snapshot: list[str]) -> bool:
+    return all(
+        any(f"line 08 of {r}" in line for line in snapshot) for r in ("worker-0", "worker-1")
+    )
+
+
+def _wait_for_quiet(child: pexpect.spawn, stream: pyte.ByteStream) -> None:
+    """Feed output until nothing came for 300 ms (idle, the table is redrawn every 0.5 s)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        try:
+            stream.feed(child.read_nonblocking(65536, timeout=0.3))
+        except pexpect.TIMEOUT:
+            return
 
 
 def _run_on_terminal(
@@ -86,7 +102,11 @@ def _run_on_terminal(
             stream.feed(chunk)
             snapshot = _lines(screen)
             snapshots.append(snapshot)
-            if resize_to is not None and not resized and any("line 08" in s for s in snapshot):
+            if resize_to is not None and not resized and _both_at_line_08(snapshot):
+                # Resize between two draws, as a person dragging a window does: bytes written
+                # for the old width must reach the emulator before it changes size (a real
+                # terminal serialises both; this harness reads in chunks).
+                _wait_for_quiet(child, stream)
                 child.setwinsize(ROWS, resize_to)
                 screen.resize(ROWS, resize_to)
                 resized = True

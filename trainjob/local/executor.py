@@ -668,7 +668,9 @@ class Executor:
                 f"run dir {self.plan.run_dir}"
             )
             self.problem = None if self.stop_signal else self.prepare_data(started)
-            if self.problem is not None:
+            if self.stop_signal is not None:
+                self.problem = None  # Ctrl-C during the preparation is what ended it
+            if self.problem is not None or self.stop_signal is not None:
                 self._erase_display()
                 return self._summary(started)
             stopping = False
