@@ -203,3 +203,17 @@ def test_finite_dataset_without_steps_per_epoch_and_examples_per_sec_from_the_da
     # The rate times the epoch's duration is about the 720 examples it read, not 45 x 64.
     duration = epochs[1]["time"] - epochs[0]["time"]
     assert 400 < epochs[1]["examples_per_sec"] * duration < 1100, epochs
+
+
+def test_a_slice_beyond_the_offline_mnist_fails_with_its_size(
+    tmp_path: Path, mnist_data_dir: Path
+) -> None:
+    env = {
+        constants.ENV_ENTRYPOINT: "tutorial_entrypoints:tutorial_slice",
+        constants.ENV_CONFIG: json.dumps({"data_dir": str(mnist_data_dir)}),
+        "PYTHONPATH": f"{harness.REPO_ROOT}:{Path(__file__).parent}",
+    }
+    code, _, out = _run(tmp_path, env)
+    assert code == _code(FailureKind.USER_CODE_ERROR), out
+    assert "incompatible with 4280 examples" in out
+    assert "has train 4,280, test 720 examples, not 60,000 / 10,000" in out

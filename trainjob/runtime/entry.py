@@ -20,7 +20,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from trainjob.core import constants
-from trainjob.runtime import exitcodes, progress
+from trainjob.runtime import data, exitcodes, progress
 from trainjob.runtime import settings as settings_mod
 from trainjob.runtime.exitcodes import EntrypointError, FailureKind
 from trainjob.runtime.preemption import StopWatcher
@@ -145,6 +145,9 @@ def train_main(argv: list[str]) -> int:
     except BaseException as exc:
         kind = exitcodes.classify_exception(exc, default=FailureKind.USER_CODE_ERROR)
         code = exitcodes.exit_code(kind)
+        hint = data.offline_size_hint(str(exc))
+        if hint is not None:
+            exc.add_note(f"trainjob: {hint}")  # printed right under the error's own line
         log.error(
             "Replica %s failed (%s, exit %d): %s",
             settings.replica,
@@ -179,8 +182,6 @@ def data_main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from trainjob.runtime import data
-
     try:
         path = data.prepare_mnist(args.data_dir)
     except FileNotFoundError as exc:
