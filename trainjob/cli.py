@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TextIO
@@ -155,6 +156,19 @@ def cmd_validate(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     if args.output is not None:
         _dump(results, out, args.output)
     return exit_code
+
+
+def _namespace(text: str) -> str:
+    """--namespace: a DNS-1123 label, as the API server requires of namespace names."""
+    if not _DNS_LABEL.match(text) or len(text) > 63:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a valid namespace name (lower-case letters, digits and '-', "
+            "at most 63, starting and ending with a letter or digit)"
+        )
+    return text
+
+
+_DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def cmd_render(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
@@ -373,7 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_file(render_cmd, several=True)
     _add_output(render_cmd, "the manifests")
-    render_cmd.add_argument("--namespace", help="default: metadata.namespace, else 'default'")
+    render_cmd.add_argument(
+        "--namespace", type=_namespace, help="default: metadata.namespace, else 'default'"
+    )
     render_cmd.add_argument(
         "--cluster-domain",
         default=constants.DEFAULT_CLUSTER_DOMAIN,

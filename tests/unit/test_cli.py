@@ -142,6 +142,30 @@ def test_duplicate_keys_are_rejected_with_file_and_lines(tmp_path: pathlib.Path)
         assert "line 8" in result.stderr
 
 
+def test_yaml_bombs_are_refused_in_one_line() -> None:
+    nested = trainjob("validate", "-f", "-", stdin="[" * 5000 + "]" * 5000)
+    assert nested.returncode == 2 and "<stdin> is nested too deeply" in nested.stderr
+    _no_traceback(nested)
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n"
+        for p, c in zip("abcdef", "bcdefg", strict=True)
+    )
+    bomb = trainjob("render", "-f", "-", stdin=laughs)
+    assert bomb.returncode == 2, bomb.stderr
+    assert "aliases (*name) expand to more than 1,000,000 values" in bomb.stderr
+
+
+def test_bad_flag_values_are_usage_errors() -> None:
+    for args, why in (
+        (["render", "-f", "examples/mnist-multiworker.yaml", "--namespace", "Bad NS"], "namespace"),
+        (["run", "-f", "examples/mnist-multiworker.yaml", "--max-processes", "0"], "at least 1"),
+        (["run", "-f", "examples/mnist-multiworker.yaml", "--run-dir", ""], "must not be empty"),
+    ):
+        result = trainjob(*args)
+        assert result.returncode == 2 and why in result.stderr, (args, result.stderr)
+        _no_traceback(result)
+
+
 def test_yaml_errors_name_the_file_or_stdin() -> None:
     result = trainjob("validate", "-f", "-", stdin="spec: [unclosed")
     assert result.returncode == 2

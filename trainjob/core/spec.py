@@ -209,9 +209,28 @@ class YamlError(ValueError):
     """Text that is not YAML a Kubernetes client would accept; the message names the source."""
 
 
+MAX_YAML_NODES: Final = 1_000_000
+
+
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that rejects a key given twice in one mapping, as kubectl does (PyYAML keeps
     the last value silently, so `worker:` twice would run with the second one)."""
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many nodes a document has once its aliases are expanded (memoised: aliases share
+    nodes, so this stays cheap while the number it computes can be astronomical)."""
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(child, sizes) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            size += _expanded_size(key, sizes) + _expanded_size(value, sizes)
+    sizes[id(node)] = size
+    return size
 
 
 def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -247,12 +266,21 @@ def load_documents(text: str, source: str) -> list[Any]:
     loader.name = source
     documents: list[Any] = []
     try:
-        while loader.check_data():  # type: ignore[no-untyped-call]
-            document = loader.get_data()
+        while loader.check_node():
+            node = loader.get_node()
+            if node is not None and _expanded_size(node, {}) > MAX_YAML_NODES:
+                # Nested aliases ("billion laughs") would expand when the job is rendered.
+                raise YamlError(
+                    f"{source}: its aliases (*name) expand to more than {MAX_YAML_NODES:,} "
+                    "values; no manifest needs that"
+                )
+            document = loader.construct_document(node)
             if document is not None:
                 documents.append(document)
     except yaml.YAMLError as error:
         raise YamlError(f"{source} is not valid YAML: {error}") from error
+    except RecursionError as error:  # `[[[[...` thousands deep: no manifest nests like that
+        raise YamlError(f"{source} is nested too deeply to be a manifest") from error
     finally:
         loader.dispose()
     return documents

@@ -52,6 +52,22 @@ def _cli() -> Any:
 
 
 # ----- parsers -----
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def add_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "-f", "--file", action="append", required=True, metavar="FILE",
@@ -59,11 +75,13 @@ def add_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--run-dir",
+        type=_non_empty,
         help=f"checkpoints, logs and status (default: ./{plan.DEFAULT_RUNS_DIR}/<job name>); "
         "running again with the same directory resumes from its checkpoint",
     )
     parser.add_argument(
         "--data-dir",
+        type=_non_empty,
         help="tfds data_dir given to replicas as TRAINJOB_DATA_DIR (default: $TRAINJOB_DATA_DIR, "
         "else ~/.cache/trainjob/datasets); the samples' offline MNIST is prepared there once",
     )
@@ -91,7 +109,7 @@ def add_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-processes",
-        type=int,
+        type=_positive_int,
         metavar="N",
         help="refuse jobs with more replicas than this (default: "
         f"{plan.MAX_PROCESSES_PER_CORE} per CPU core, at least {plan.MIN_MAX_PROCESSES})",
