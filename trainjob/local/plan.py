@@ -351,7 +351,9 @@ def local_requirements(
             problems.append(
                 "spec.runtime.framework Estimator needs TensorFlow <= 2.15 with "
                 f"tensorflow-estimator, and {python} has TensorFlow {tf_version or '?'} without "
-                "it; run it from a TF 2.15 Python: <that python> -m trainjob run -f FILE"
+                "it; build that environment once (in a checkout: bash "
+                "tests/training/install_legacy.sh) and run ~/.cache/trainjob-tools/legacy-tf215/"
+                "bin/trainjob run -f FILE"
             )
     by_script: dict[str, list[str]] = {}
     for rtype, script in missing_scripts.items():
