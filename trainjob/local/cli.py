@@ -7,7 +7,6 @@ import argparse
 import os
 import re
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any, Final, TextIO
 
@@ -40,7 +39,6 @@ LOGS_EXAMPLES: Final = """\
   trainjob logs                          # the only run under ./trainjob-runs
   trainjob logs mnist-multiworker worker-1
   trainjob logs /tmp/run1 -f"""
-FOLLOW_POLL_SECONDS: Final = 0.2
 _REPLICA_NAME: Final = re.compile(r"^(chief|worker|ps|evaluator)-\d+$")
 
 
@@ -347,45 +345,14 @@ def cmd_logs(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
         names = [f"{replica}.log"]
     if not names and not args.follow:
         raise cli.CliError(f"no logs yet in {log_dir}")
-    width = max((len(n) - len(".log") for n in names), default=8)
-    offsets: dict[str, int] = {}
-
-    def pump(final: bool = False) -> bool:
-        """Print the lines appended since the last call; whether there were any."""
-        grew = False
-        current = names if replica is not None else _log_names(log_dir)
-        for log_name in current:
-            path = os.path.join(log_dir, log_name)
-            text, offsets[log_name] = executor.read_from(
-                path, offsets.get(log_name, 0), final=final
-            )
-            grew = grew or bool(text)
-            for line in text.splitlines():
-                safe = display.terminal_safe(line)
-                label = log_name.removesuffix(".log")
-                out.write(safe + "\n" if replica is not None else f"{label:<{width}} | {safe}\n")
-        out.flush()
-        return grew
-
-    if not args.follow:
-        pump(final=True)
-        return 0
-    # Follow until the run ends: no `trainjob run` holds the run dir and nothing more came.
-    while True:
-        running = executor.run_dir_holder(run_dir) is not None
-        grew = pump()
-        if not grew and not running:
-            pump(final=True)
-            return 0
-        time.sleep(FOLLOW_POLL_SECONDS)
+    executor.print_logs(
+        log_dir,
+        None if replica is None else names,
+        out,
+        follow_until_free=run_dir if args.follow else None,
+    )
+    return 0
 
 
 def _log_names(log_dir: str) -> list[str]:
-    return sorted(n for n in _listdir(log_dir) if n.endswith(".log"))
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
+    return executor.log_names(log_dir)

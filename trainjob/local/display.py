@@ -195,6 +195,12 @@ def prefix_line(
     return f"{prefix} {terminal_safe(line)}".rstrip()
 
 
+def log_line(label_text: str | None, line: str, width: int) -> str:
+    """A line of `trainjob logs`: prefixed with its replica when several are printed."""
+    safe = terminal_safe(line)
+    return safe if label_text is None else f"{label_text:<{width}} | {safe}"
+
+
 def prefix_width(keys: Sequence[ReplicaKey]) -> int:
     return max((len(label(key)) for key in keys), default=8)
 

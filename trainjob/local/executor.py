@@ -137,6 +137,52 @@ def read_from(path: str, offset: int, *, final: bool = False) -> tuple[str, int]
     return data.decode("utf-8", errors="replace"), offset + len(data)
 
 
+FOLLOW_POLL_SECONDS: Final = 0.2
+
+
+def log_names(log_dir: str) -> list[str]:
+    """`<type>-<index>.log` files of a run's log dir, sorted; [] when there is none yet."""
+    try:
+        names = os.listdir(log_dir)
+    except OSError:
+        return []
+    return sorted(name for name in names if name.endswith(".log"))
+
+
+def print_logs(
+    log_dir: str, names: list[str] | None, out: TextIO, *, follow_until_free: str | None
+) -> None:
+    """`trainjob logs`: print the logs `names` (None: every replica's, prefixed with its name),
+    then, with `follow_until_free` (a run dir), new lines until no `trainjob run` holds that
+    run dir and nothing more was written."""
+    offsets: dict[str, int] = {}
+
+    def pump(final: bool) -> bool:
+        current = names if names is not None else log_names(log_dir)
+        width = max((len(n) - len(".log") for n in current), default=8)
+        grew = False
+        for name in current:
+            text, offsets[name] = read_from(
+                os.path.join(log_dir, name), offsets.get(name, 0), final=final
+            )
+            grew = grew or bool(text)
+            label = None if names is not None else name.removesuffix(".log")
+            for line in text.splitlines():
+                out.write(display.log_line(label, line, width) + "\n")
+        out.flush()
+        return grew
+
+    if follow_until_free is None:
+        pump(final=True)
+        return
+    while True:
+        running = run_dir_holder(follow_until_free) is not None
+        if not pump(final=False) and not running:
+            pump(final=True)
+            return
+        time.sleep(FOLLOW_POLL_SECONDS)
+
+
 def port_in_use(port: int) -> bool:
     """Whether another process listens on `port` (on any interface, as a TF task binds it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
