@@ -454,7 +454,7 @@ class Executor:
                 self._note_progress(event)
                 if event.get("export") and event.get("chief"):
                     self.export = str(event["export"])
-                if not self.tty or display.keeps_line(key, event, self.job):
+                if not self.tty or (display.keeps_line(key, event, self.job) and not stopping):
                     self.emit(display.event_line(key, event, self.job, stopped=stopping))
                 continue
             if not self.show_logs:
