@@ -33,7 +33,7 @@ exit codes:
   1    run: the job Failed; validate: a manifest has problems
   2    bad command line or unusable input: unreadable file, not YAML, duplicate key,
        invalid TrainJob (render/run/convert), run directory in use, cannot run locally
-  130  run: stopped by Ctrl-C (SIGINT); 143: stopped by SIGTERM
+  130  run: stopped by Ctrl-C (SIGINT); 143: by SIGTERM; 129: the terminal closed (SIGHUP)
 """
 OUTPUT_FORMATS: Final = ("yaml", "json")
 

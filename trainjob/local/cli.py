@@ -4,6 +4,7 @@ starts, and wiring. The command line itself is parsed by `trainjob.cli`, which c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -241,8 +242,9 @@ def cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
             summary = runner.run()
         except OSError as error:
             raise cli.CliError(f"run directory {run_dir}: {error}") from error
-        out.write(display.summary_text(summary, color=color))
-        out.flush()
+        with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+            out.write(display.summary_text(summary, color=color))
+            out.flush()
     finally:
         lock.release()
     return display.exit_code_of(summary)

@@ -633,15 +633,15 @@ def final_state(summary: Summary) -> str:
 
 
 def exit_code_of(summary: Summary) -> int:
-    """0 only when the job succeeded; 130/143 when interrupted by SIGINT/SIGTERM; 2 when it
-    could not start here (e.g. its data dir is not writable); else 1."""
+    """0 only when the job succeeded; 130/143/129 when interrupted by SIGINT/SIGTERM/SIGHUP;
+    2 when it could not start here (e.g. its data dir is not writable); else 1."""
     if summary.problem is not None and not summary.status.finished:
         return 2
     state = final_state(summary)
     if state == st.SUCCEEDED:
         return 0
     if state == INTERRUPTED:
-        return 130 if summary.interrupted == "SIGINT" else 143
+        return {"SIGINT": 130, "SIGHUP": 129}.get(summary.interrupted or "", 143)
     return 1
 
 

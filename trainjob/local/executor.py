@@ -342,6 +342,7 @@ class Executor:
         self._pending: list[str] = []
         self._last: dict[str, dict[str, Any]] = {}
         self._drawn_at = 0.0
+        self._out_gone = False
         self._drawn_widths: list[int] = []  # visible width of each table line last drawn
         self._filters: dict[ReplicaKey, display.FilterState] = {}
         self._stopped_attempts: set[tuple[ReplicaKey, int]] = set()
@@ -358,8 +359,18 @@ class Executor:
         if self.tty:
             self._pending.append(text)
         else:
-            self.out.write(text + "\n")
+            self._write(text + "\n")
+
+    def _write(self, text: str) -> None:
+        """Write to the terminal; once it is gone (a closed window, a closed pipe) the run goes
+        on without it (it is being stopped, or its logs and status are in the run dir)."""
+        if self._out_gone:
+            return
+        try:
+            self.out.write(text)
             self.out.flush()
+        except OSError:  # EIO from a hung-up terminal, EPIPE from a closed pipe
+            self._out_gone = True
 
     def _table_lines(self, started: datetime.datetime, width: int, height: int) -> list[str]:
         state = display.INTERRUPTED if self.stop_signal else None
@@ -387,8 +398,7 @@ class Executor:
         width, height = self.size()
         previous = display.drawn_height(self._drawn_widths, width)
         lines = self._table_lines(started, width, height)
-        self.out.write(display.redraw(previous, lines, self._pending))
-        self.out.flush()
+        self._write(display.redraw(previous, lines, self._pending))
         self._pending = []
 
     def _erase_display(self) -> None:
@@ -397,8 +407,7 @@ class Executor:
             return
         width, _ = self.size()
         previous = display.drawn_height(self._drawn_widths, width)
-        self.out.write(display.redraw(previous, [], self._pending))
-        self.out.flush()
+        self._write(display.redraw(previous, [], self._pending))
         self._pending = []
         self._drawn_widths = []
 
@@ -693,7 +702,10 @@ class Executor:
             yield
             return
         previous = {
-            signum: signal.signal(signum, record) for signum in (signal.SIGINT, signal.SIGTERM)
+            # SIGHUP: the terminal went away. The replicas run in their own sessions, so
+            # without this they would outlive a closed window.
+            signum: signal.signal(signum, record)
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         }
         try:
             yield
