@@ -34,6 +34,7 @@ exit codes:
   2    bad command line or unusable input: unreadable file, not YAML, duplicate key,
        invalid TrainJob (render/run/convert), run directory in use, cannot run locally
   130  run: stopped by Ctrl-C (SIGINT); 143: by SIGTERM; 129: the terminal closed (SIGHUP)
+  141  the reader of the output went away (| head); run stops every replica first
 """
 OUTPUT_FORMATS: Final = ("yaml", "json")
 

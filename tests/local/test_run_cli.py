@@ -19,6 +19,7 @@ from .conftest import (
     REPO_ROOT,
     cli_env,
     command_replica,
+    group_alive,
     job_manifest,
     read_json,
     start_run,
@@ -328,3 +329,29 @@ def test_a_local_run_needs_no_image_and_an_unwritable_data_dir_is_one_line(
     assert f"reason:     cannot write the offline MNIST into data dir {data_dir}" in text
     saved = read_json(tmp_path / "trainjob-runs" / "noimage" / "status.json")
     assert saved["state"] == "Failed" and "cannot write" in saved["problem"]
+
+
+def test_a_closed_pipe_stops_the_run_cleanly(tmp_path: Path) -> None:
+    """`trainjob run ... | head -3`: once the reader is gone, every replica is stopped and the
+    run exits 141 (128 + SIGPIPE) without a traceback, instead of training on unseen."""
+    write_job(tmp_path / "job.yaml", job_manifest("pipe", {"worker": command_replica(SERVE, 2)}))
+    shell = subprocess.run(
+        f"set -o pipefail; {sys.executable} -m trainjob run -f job.yaml --run-dir run 2>err.txt"
+        " | head -3",
+        shell=True,
+        executable="/bin/bash",
+        cwd=str(tmp_path),
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert shell.returncode == 141, shell
+    assert len(shell.stdout.splitlines()) == 3
+    assert (tmp_path / "err.txt").read_text() == ""
+    saved = read_json(tmp_path / "run" / "status.json")
+    assert saved["state"] == "Interrupted"
+    for info in read_json(tmp_path / "run" / "processes.json").values():
+        assert not info["alive"]
+        assert group_alive(info["pid"]) == []

@@ -242,7 +242,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
             summary = runner.run()
         except OSError as error:
             raise cli.CliError(f"run directory {run_dir}: {error}") from error
-        with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+        with contextlib.suppress(OSError):  # the terminal or pipe may be gone (SIGHUP, EPIPE)
             out.write(display.summary_text(summary, color=color))
             out.flush()
     finally:

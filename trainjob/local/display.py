@@ -641,7 +641,7 @@ def exit_code_of(summary: Summary) -> int:
     if state == st.SUCCEEDED:
         return 0
     if state == INTERRUPTED:
-        return {"SIGINT": 130, "SIGHUP": 129}.get(summary.interrupted or "", 143)
+        return {"SIGINT": 130, "SIGHUP": 129, "SIGPIPE": 141}.get(summary.interrupted or "", 143)
     return 1
 
 

@@ -369,7 +369,12 @@ class Executor:
         try:
             self.out.write(text)
             self.out.flush()
-        except OSError:  # EIO from a hung-up terminal, EPIPE from a closed pipe
+        except BrokenPipeError:
+            # `trainjob run ... | head`: the reader is gone. Stop as a shell tool would on
+            # SIGPIPE, but cleanly: nothing may go on training unseen.
+            self._out_gone = True
+            self.stop_signal = self.stop_signal or "SIGPIPE"
+        except OSError:  # EIO from a hung-up terminal (SIGHUP is on its way)
             self._out_gone = True
 
     def _table_lines(self, started: datetime.datetime, width: int, height: int) -> list[str]:
