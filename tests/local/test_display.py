@@ -3,6 +3,7 @@ causes, the summary, exit codes and `trainjob status` rendering."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 
@@ -332,6 +333,9 @@ def test_exit_codes_and_the_word_about_resuming() -> None:
     assert display.exit_code_of(_summary(succeeded)) == 0
     assert display.exit_code_of(_summary(st.JobStatus(), "SIGINT")) == 130
     assert display.exit_code_of(_summary(st.JobStatus(), "SIGTERM")) == 143
+    assert display.exit_code_of(_summary(st.JobStatus(), "SIGHUP")) == 129
+    assert display.exit_code_of(_summary(st.JobStatus(), "SIGPIPE")) == 141
+    assert display.exit_code_of(dataclasses.replace(_summary(st.JobStatus()), problem="x")) == 2
     with_checkpoint = display.summary_text(_summary(st.JobStatus(), "SIGINT", has_checkpoint=True))
     assert "Run the same command again to resume from the checkpoint" in with_checkpoint
     without = display.summary_text(_summary(st.JobStatus(), "SIGINT"))
