@@ -39,7 +39,7 @@ CHATTY = (
     "import json, os, time\n"
     "me = os.environ['TRAINJOB_REPLICA_TYPE'] + '-' + os.environ['TRAINJOB_REPLICA_INDEX']\n"
     f"for i in range({LINES_PER_REPLICA}):\n"
-    "    tail = ' wide' * 50 if i % 3 == 0 else ''\n"
+    "    tail = ' wide' * 36 if i % 3 == 0 else ''\n"
     "    print(f'line {i:02d} of {me}{tail}', flush=True)\n"
     "    event = {'event': 'step', 'epoch': 0, 'step': i + 1, 'loss': 1.0 / (i + 1),\n"
     "             'examples_per_sec': 12345.6}\n"
@@ -50,7 +50,7 @@ JOB_LINE = re.compile(r"^TrainJob tty  ")  # the table's job line (the summary h
 REPLICA_ROW = re.compile(r"^  worker-\d +(Running|Starting|Pending|Stopping|Succeeded)")
 # What a table row leaves behind when it is overwritten but not cleared.
 DEBRIS = re.compile(r"pid \d+|loss \d\.\d{4}|ex/s|Running +epoch")
-WIDE_WORDS = 2 * 8 * 50  # 2 replicas x 8 wide lines x 50 words
+WIDE_WORDS = 2 * 8 * 36  # 2 replicas x 8 wide lines (~210 columns: a short last row) x 36
 DEADLINE_S = 60
 
 
