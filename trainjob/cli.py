@@ -308,7 +308,7 @@ def _sub(
         name,
         help=summary,
         description=description,
-        epilog=f"examples:\n{examples}\n{EXIT_CODES_HELP}",
+        epilog=f"examples:\n{examples}\n\n{EXIT_CODES_HELP}",
         formatter_class=_formatter,
     )
     return parser
