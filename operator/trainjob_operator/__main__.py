@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         priority=priority,
         peering_name=None if settings.standalone else settings.peering_name,
         liveness_endpoint=settings.liveness_endpoint,
-        clusterwide=not settings.kopf_namespaces,
-        namespaces=settings.kopf_namespaces,
+        clusterwide=settings.clusterwide,
+        namespaces=settings.namespaces,
         memo=memo,
     )
     return 0

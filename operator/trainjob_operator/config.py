@@ -78,19 +78,16 @@ class Settings:
         return not self.namespaces
 
     @property
-    def kopf_namespaces(self) -> tuple[str, ...]:
-        """The namespaces kopf itself watches TrainJobs in; () means every namespace.
+    def namespace_patterns(self) -> bool:
+        """Whether a namespace is given as a pattern (glob, negation, comma list), which kopf
+        resolves by observing namespaces; exact names need no observation."""
+        return not all(is_exact_namespace(ns) for ns in self.namespaces)
 
-        Given patterns (globs, negations), kopf would follow matching namespaces through its
-        own namespace observation, which drops a namespace created between its first list and
-        the start of its watch (the watch's own listing is ignored), and with it every job
-        there, for good (issue: the operator never serving a new TrainJob). So kopf then
-        watches TrainJobs in every namespace and the handlers keep only the jobs whose
-        namespace matches (`serves`): no namespace observation at all. Exact names need none.
-        """
-        if all(is_exact_namespace(ns) for ns in self.namespaces):
-            return self.namespaces
-        return ()
+    @property
+    def kopf_namespaces(self) -> tuple[str, ...]:
+        """The namespaces TrainJobs are listed and watched in one by one; () means one
+        cluster-wide list+watch (every namespace, or namespace patterns)."""
+        return () if self.namespace_patterns else self.namespaces
 
     def serves(self, namespace: str) -> bool:
         """Whether a TrainJob in `namespace` is this operator's to reconcile."""

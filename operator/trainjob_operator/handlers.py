@@ -37,6 +37,7 @@ import time
 from typing import Any, Final
 
 import kopf
+from kopf._core.reactor import observation
 
 from trainjob.core import constants
 from trainjob_operator import config, kube, metrics, reconciler
@@ -49,6 +50,35 @@ BACKOFF_MAX: Final = 60.0
 REQUEUE_SLACK: Final = 0.05
 
 logger = logging.getLogger("trainjob_operator")
+
+
+async def _observe_namespace_event(
+    *,
+    raw_event: kopf.RawEvent,
+    namespaces: Any,
+    insights: Any,
+    **_: Any,
+) -> None:
+    """kopf's handler of namespace watch events, without its bug (kopf 1.45.2,
+    `kopf._core.reactor.observation.process_discovered_namespace_event`): kopf drops every
+    event of its namespace watch's own listing (type None), assuming its one-shot namespace
+    list just before covered them. A namespace created between that list and the watch's
+    listing, or while the watch was down and listed again, was never served, and neither was
+    any TrainJob in it (measured: such namespaces, created at resourceVersions between the two
+    lists, got no TrainJob watch at all). Here the listing's namespaces count as seen, exactly
+    as a later ADDED event would."""
+    async with insights.revised:
+        observation.revise_namespaces(
+            raw_events=[raw_event], insights=insights, namespaces=namespaces
+        )
+        insights.revised.notify_all()
+
+
+# kopf resolves the function by name when its namespace observer starts, so this replaces it
+# for the whole process before kopf.run. Fail loudly if a kopf release moved it.
+if not callable(getattr(observation, "process_discovered_namespace_event", None)):
+    raise ImportError("kopf's namespace observation moved; see handlers._observe_namespace_event")
+observation.process_discovered_namespace_event = _observe_namespace_event
 
 
 class NoEssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -74,12 +104,10 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     cfg = memo.get(SETTINGS_KEY)
     if not isinstance(cfg, config.Settings):
         cfg = config.from_env(os.environ)
-    # No kopf resource or namespace observation: both ignore their watch's own first listing
-    # (kopf assumes its one-shot scan before it saw everything), so a namespace created, or a
-    # CRD resolved, in that gap is never served, silently. Exact namespaces are watched as
-    # given, patterns by watching every namespace and filtering (`_in_scope`), and the CRD
-    # is awaited below before kopf's one scan of the API's resources.
-    settings.scanning.disabled = True
+    # kopf observes namespaces only to resolve namespace patterns; exact names and "every
+    # namespace" need no observation, and neither needs the CRD watch (the CRD is awaited
+    # below, before kopf's one scan of the API's resources).
+    settings.scanning.disabled = not cfg.namespace_patterns
     settings.persistence.finalizer = constants.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
     settings.persistence.diffbase_storage = NoEssenceDiffBaseStorage(prefix=constants.GROUP)
@@ -160,23 +188,13 @@ def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
     return len(runtime.wakers)
 
 
-def _in_scope(namespace: str | None, memo: kopf.Memo, **_: Any) -> bool:
-    """kopf watches every namespace when given namespace patterns (see trainjob_startup);
-    only the jobs in matching namespaces are ours."""
-    cfg = memo.get(SETTINGS_KEY)
-    runtime = memo.get(RUNTIME_KEY)
-    if isinstance(runtime, reconciler.Runtime):
-        cfg = runtime.settings
-    return not isinstance(cfg, config.Settings) or cfg.serves(namespace or "")
-
-
 # -- wake-ups -------------------------------------------------------------------------------
 # Handlers are `async def` although they never await: kopf runs a plain `def` handler in its
 # thread pool (a thread hop, a context copy and a shielded task per call), once per watch
 # event; these are short and CPU-only, so they run inline.
 
 
-@kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL, when=_in_scope)
+@kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL)
 async def trainjob_event(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Created, updated (spec, suspend/resume), resumed at operator start: look again."""
     _runtime(memo).wake((namespace or "", name))
@@ -209,7 +227,6 @@ async def _sleep(
     constants.PLURAL,
     id="reconcile",
     cancellation_timeout=10.0,
-    when=_in_scope,
 )
 async def trainjob_daemon(
     namespace: str | None,

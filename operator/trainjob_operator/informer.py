@@ -6,10 +6,10 @@ watches (memories, a throttler, a worker task holding the last body for a few se
 two thirds of the operator's memory at 1,000 jobs x 8 replicas, and runs a handler call per
 event. Here an event is parsed, reduced to a few fields in the index, and wakes its job.
 
-Scope: one list+watch per kind for the whole cluster when the operator watches every
-namespace; otherwise one per namespace that has at least one TrainJob (started by the
-first job's loop, stopped after the last one's), so `--namespace` and per-namespace RBAC
-work as they do for TrainJobs.
+Scope: one list+watch per kind for the whole cluster when TrainJobs are watched cluster-wide
+(no `--namespace`, or namespace patterns); with exact namespace names, one per namespace that
+has at least one TrainJob (started by the first job's loop, stopped after the last one's), so
+per-namespace RBAC works as it does for TrainJobs.
 
 A job's loop decides nothing before its scope's first list is in (`ready`): a restarted
 operator sees every existing child before deciding and adopts instead of duplicating.

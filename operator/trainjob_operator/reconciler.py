@@ -93,8 +93,10 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.creating = asyncio.Semaphore(creating_jobs(self.settings.api_workers))
+        # One list+watch per kind for the cluster when kopf watches TrainJobs cluster-wide
+        # (no namespace given, or namespace patterns), else one per watched namespace.
         self.informer = informer.ChildInformer(
-            self.kube, self.child_index, self.wake, self.settings.clusterwide
+            self.kube, self.child_index, self.wake, not self.settings.kopf_namespaces
         )
         self.watchdog = watchdog.Watchdog(
             self.kube, self.settings, self.metrics, self.reconciled.__contains__

@@ -1,20 +1,27 @@
-"""The operator serves every TrainJob whatever the moment of its start-up it appears at.
+"""The operator serves every TrainJob, whatever moment of its start-up the job appears at.
 
 Regression test of the stall where an operator started with a namespace glob never served a
-TrainJob created in a new matching namespace (kopf's namespace observation ignores its watch's
+TrainJob created in a new matching namespace: kopf's namespace observation ignores its watch's
 own first listing, so a namespace created between kopf's initial namespace list and the start
-of that watch was never served). Many start-ups, each under CPU load (busy processes), each
-with matching namespaces created at a steady pace from the moment the process starts until
-well after it serves, plus matching namespaces deleted and one left Terminating meanwhile;
-every job in a namespace that exists at the end must be served (its status written).
+of that watch was never watched. The gap was widest when many matching namespaces already
+existed (kopf started a watcher and a daemon for each of them inside it).
 
-`TRAINJOB_STARTUP_RUNS` sets the number of start-ups (default 100; they run a few at a time).
+Each group of start-ups shares one namespace glob, so matching namespaces pile up as after
+operator restarts in a busy cluster. Every start-up happens under CPU load (busy processes),
+with new matching namespaces (each with a job) created at moments spread over the whole
+start-up (the spread follows how long the previous start-up took), one matching namespace
+deleted meanwhile, one left Terminating, and one namespace that does not match. After each
+start-up every job in a live matching namespace must be served (its status written) and the
+non-matching one never; then the operator is SIGKILLed and the next start-up begins.
+
+`TRAINJOB_STARTUP_RUNS` sets the number of start-ups (default 100, in 4 groups side by side).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -22,7 +29,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import pytest
 from kubernetes import client as k8s
@@ -33,13 +40,13 @@ from tests.integration.operator_harness import GROUP, PLURAL, VERSION, Operator,
 pytestmark = pytest.mark.integration
 
 RUNS: Final = int(os.environ.get("TRAINJOB_STARTUP_RUNS", "100"))
-AT_ONCE: Final = 4  # start-ups running side by side
+GROUPS: Final = 4  # groups of start-ups running side by side, each with its own glob
 BUSY: Final = 3  # busy processes loading both cores meanwhile
-CREATE_EVERY: Final = 0.25  # seconds between two new matching namespaces of a start-up
-CREATE_FOR: Final = 6.0  # seconds after the operator process starts
-SERVE_WITHIN: Final = 45.0  # seconds after the last namespace was created
+NEW_PER_START: Final = 6  # new matching namespaces per start-up, spread over it
+FIRST_ESTIMATE: Final = 8.0  # seconds a start-up takes, before one was measured
+SERVE_WITHIN: Final = 90.0  # seconds after the operator starts
 HOLD: Final = "trainjob.dev/test-hold"  # a finalizer that keeps a namespace Terminating
-RUN_LABEL: Final = "trainjob.dev/test-startup-run"
+RUN_LABEL: Final = "trainjob.dev/test-startup"
 
 
 @contextlib.contextmanager
@@ -56,111 +63,130 @@ def busy_processes(count: int) -> Iterator[None]:
             proc.wait(timeout=10)
 
 
-def _namespace(core: k8s.CoreV1Api, name: str, run: str) -> None:
-    core.create_namespace(
-        k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels={RUN_LABEL: run}))
-    )
+@dataclasses.dataclass
+class Outcome:
+    start_ups: int = 0
+    misses: list[str] = dataclasses.field(default_factory=list)
+    slowest: float = 0.0
 
 
-def _job(custom: k8s.CustomObjectsApi, namespace: str, name: str, run: str) -> None:
-    body = trainjob(name, chief=0, workers=1)
-    body["metadata"]["labels"] = {RUN_LABEL: run}
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+class Group:
+    """Start-ups one after another on one namespace glob."""
 
-
-def _served(custom: k8s.CustomObjectsApi, run: str) -> dict[str, bool]:
-    """Every TrainJob of this start-up: namespace -> whether the operator wrote its status."""
-    listing = custom.list_cluster_custom_object(
-        GROUP, VERSION, PLURAL, label_selector=f"{RUN_LABEL}={run}"
-    )
-    return {
-        job["metadata"]["namespace"]: bool((job.get("status") or {}).get("conditions"))
-        for job in listing["items"]
-    }
-
-
-class StartUp:
-    """One operator start-up with namespaces and jobs appearing all along."""
-
-    def __init__(self, api: k8s.ApiClient, kubeconfig: Path, log: Path, index: int) -> None:
+    def __init__(self, api: k8s.ApiClient, kubeconfig: Path, logs: Path, index: int) -> None:
         self.core = k8s.CoreV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
         self.kubeconfig = kubeconfig
-        self.log = log
-        self.run = f"{index}-{uuid.uuid4().hex[:5]}"
-        self.prefix = f"su-{self.run}"
+        self.logs = logs
+        self.label = f"g{index}-{uuid.uuid4().hex[:5]}"
+        self.prefix = f"su-{self.label}"
         self.namespaces: list[str] = []
+        self.gone: set[str] = set()
+        self.outcome = Outcome()
 
-    def _add(self, suffix: str) -> str:
-        name = f"{self.prefix}-{suffix}"
-        _namespace(self.core, name, self.run)
+    def _namespace(self, name: str) -> None:
+        meta = k8s.V1ObjectMeta(name=name, labels={RUN_LABEL: self.label})
+        self.core.create_namespace(k8s.V1Namespace(metadata=meta))
         self.namespaces.append(name)
-        _job(self.custom, name, "job", self.run)
-        return name
 
-    def __call__(self) -> list[str]:
-        """Returns the namespaces whose job was not served (the misses)."""
-        # Before the start: a served namespace, one deleted during start-up, and one left
-        # Terminating by a finalizer on its content.
-        self._add("before")
-        doomed = self._add("doomed")
-        held = f"{self.prefix}-held"
-        _namespace(self.core, held, self.run)
-        self.namespaces.append(held)
+    def _add(self, name: str) -> None:
+        self._namespace(name)
+        body = trainjob("job", chief=0, workers=1)
+        body["metadata"]["labels"] = {RUN_LABEL: self.label}
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, name, PLURAL, body)
+
+    def _jobs(self) -> dict[str, bool]:
+        """This group's TrainJobs: namespace -> whether the operator wrote its status."""
+        listing: dict[str, Any] = self.custom.list_cluster_custom_object(
+            GROUP, VERSION, PLURAL, label_selector=f"{RUN_LABEL}={self.label}"
+        )
+        return {
+            job["metadata"]["namespace"]: bool((job.get("status") or {}).get("conditions"))
+            for job in listing["items"]
+        }
+
+    def __call__(self, runs: int) -> Outcome:
+        try:
+            self._run(runs)
+        finally:
+            self.clean_up()
+        return self.outcome
+
+    def _run(self, runs: int) -> None:
+        outside = f"other-{self.label}"  # does not match the glob: never served
+        self._add(outside)
+        held = f"{self.prefix}-held"  # matches, but stays Terminating
+        self._namespace(held)
         self.core.create_namespaced_config_map(
             held, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="hold", finalizers=[HOLD]))
         )
         self.core.delete_namespace(held)
-        operator = Operator(self.kubeconfig, self.log, f"--namespace={self.prefix}-*").start()
-        try:
+        self.gone.add(held)
+        estimate = FIRST_ESTIMATE
+        for run in range(runs):
+            log = self.logs / f"{self.label}-{run}.log"
+            operator = Operator(self.kubeconfig, log, f"--namespace={self.prefix}-*").start()
             started = time.monotonic()
-            count = 0
-            while time.monotonic() - started < CREATE_FOR:
-                self._add(f"n{count}")
-                count += 1
-                if count == 4:
-                    self.core.delete_namespace(doomed)
-                time.sleep(CREATE_EVERY)
-            deadline = time.monotonic() + SERVE_WITHIN
-            while True:
-                served = _served(self.custom, self.run)
-                missed = sorted(ns for ns, ok in served.items() if not ok and ns != doomed)
-                if not missed or time.monotonic() > deadline or not operator.running():
-                    break
-                time.sleep(0.5)
-            if missed:
-                print(f"start-up {self.run}: not served {missed}; log {self.log}\n")
-                print(operator.log_tail(40))
-            return missed
-        finally:
-            operator.stop()
-            self.clean_up()
+            try:
+                for new in range(NEW_PER_START):
+                    # Moments spread over the start-up, as long as the last one took.
+                    at = started + estimate * new / NEW_PER_START
+                    time.sleep(max(0.0, at - time.monotonic()))
+                    self._add(f"{self.prefix}-{run}-{new}")
+                    if new == NEW_PER_START // 2 and run > 0:
+                        doomed = f"{self.prefix}-{run - 1}-0"
+                        self.core.delete_namespace(doomed)
+                        self.gone.add(doomed)
+                missed = self._wait_served(started)
+                took = time.monotonic() - started
+                estimate = max(2.0, took)
+                self.outcome.slowest = max(self.outcome.slowest, took)
+                self.outcome.start_ups += 1
+                if missed:
+                    self.outcome.misses.extend(missed)
+                    print(f"start-up {log}: never served {missed}\n{operator.log_tail(40)}")
+                    return
+                assert not self._jobs().get(outside), "served a job outside the glob"
+            finally:
+                operator.kill()
+
+    def _wait_served(self, started: float) -> list[str]:
+        while True:
+            jobs = self._jobs()
+            missed = sorted(
+                ns
+                for ns, served in jobs.items()
+                if not served and ns.startswith(self.prefix) and ns not in self.gone
+            )
+            if not missed or time.monotonic() - started > SERVE_WITHIN:
+                return missed
+            time.sleep(0.2)
 
     def clean_up(self) -> None:
+        """No operator runs now: lift the finalizers it left, then delete the namespaces."""
         with contextlib.suppress(ApiException):
             self.core.patch_namespaced_config_map(
                 "hold", f"{self.prefix}-held", {"metadata": {"finalizers": None}}
             )
-        for name in self.namespaces:
+        for namespace in self.namespaces:
             with contextlib.suppress(ApiException):
-                self.core.delete_namespace(name)
+                self.custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, "job", {"metadata": {"finalizers": None}}
+                )
+            with contextlib.suppress(ApiException):
+                self.core.delete_namespace(namespace)
 
 
 def test_every_job_is_served_whenever_it_appears_during_start_up(
     api_client: k8s.ApiClient, kubeconfig: Path, tmp_path: Path
 ) -> None:
-    misses: dict[str, list[str]] = {}
-    with (
-        busy_processes(BUSY),
-        concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool,
-    ):
-        runs = {
-            pool.submit(StartUp(api_client, kubeconfig, tmp_path / f"op-{i}.log", i)): i
-            for i in range(RUNS)
-        }
-        for future in concurrent.futures.as_completed(runs):
-            missed = future.result()
-            if missed:
-                misses[str(runs[future])] = missed
-    print(f"{RUNS} start-ups, {len(misses)} with a job never served")
-    assert not misses, f"{len(misses)} of {RUNS} start-ups left jobs unserved: {misses}"
+    groups = [Group(api_client, kubeconfig, tmp_path, i) for i in range(GROUPS)]
+    shares = [RUNS // GROUPS + (1 if i < RUNS % GROUPS else 0) for i in range(GROUPS)]
+    with busy_processes(BUSY), concurrent.futures.ThreadPoolExecutor(GROUPS) as pool:
+        outcomes = list(pool.map(lambda pair: pair[0](pair[1]), zip(groups, shares, strict=True)))
+    start_ups = sum(o.start_ups for o in outcomes)
+    misses = [m for o in outcomes for m in o.misses]
+    slowest = max(o.slowest for o in outcomes)
+    print(f"{start_ups} start-ups, {len(misses)} jobs never served; slowest {slowest:.1f}s")
+    assert not misses, f"jobs never served: {misses}"
+    assert start_ups == RUNS
