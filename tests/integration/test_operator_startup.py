@@ -43,6 +43,7 @@ RUNS: Final = int(os.environ.get("TRAINJOB_STARTUP_RUNS", "100"))
 GROUPS: Final = 4  # groups of start-ups running side by side, each with its own glob
 BUSY: Final = 3  # busy processes loading both cores meanwhile
 NEW_PER_START: Final = 6  # new matching namespaces per start-up, spread over it
+KEEP: Final = 4  # start-ups whose namespaces stay (older ones are deleted)
 FIRST_ESTIMATE: Final = 8.0  # seconds a start-up takes, before one was measured
 SERVE_WITHIN: Final = 90.0  # seconds after the operator starts
 HOLD: Final = "trainjob.dev/test-hold"  # a finalizer that keeps a namespace Terminating
@@ -147,6 +148,13 @@ class Group:
                     print(f"start-up {log}: never served {missed}\n{operator.log_tail(40)}")
                     return
                 assert not self._jobs().get(outside), "served a job outside the glob"
+                # Keep about KEEP start-ups' namespaces: enough to start many watchers at
+                # once, few enough that every start-up costs about the same.
+                for old in range(NEW_PER_START):
+                    name = f"{self.prefix}-{run - KEEP}-{old}"
+                    if run >= KEEP and name not in self.gone:
+                        self.core.delete_namespace(name)
+                        self.gone.add(name)
             finally:
                 operator.kill()
 
