@@ -188,3 +188,61 @@ def test_invalid_job_exits_2_with_every_problem(
     err = capsys.readouterr().err
     assert "metadata.name" in err and "is not a valid TrainJob" in err
     assert "Traceback" not in err
+
+
+def test_script_of_finds_the_file_a_command_runs() -> None:
+    py = "/venv/bin/python"
+    assert plan.script_of((py, "/opt/train.py", "--epochs=2"), py) == "/opt/train.py"
+    assert plan.script_of((py, "-u", "train.py"), py) == "train.py"
+    assert plan.script_of(("python3", "train.py"), py) == "train.py"
+    assert plan.script_of((py, "-c", "print(1)"), py) is None
+    assert plan.script_of((py, "-m", "trainjob", "train"), py) is None
+    assert plan.script_of(("/opt/bin/train",), py) == "/opt/bin/train"
+    assert plan.script_of(("bash", "-c", "x"), py) is None  # found on PATH
+
+
+def test_local_requirements_are_one_line_each() -> None:
+    estimator = spec.parse(
+        job_manifest(
+            "est",
+            {"chief": {"replicas": 1}, "worker": {"replicas": 1}},
+            runtime={"entrypoint": "m:build", "framework": "Estimator"},
+        ),
+        require_images=False,
+    )
+    lines = plan.local_requirements(
+        estimator,
+        python="/py",
+        modules=frozenset({"tensorflow"}),
+        tf_version="2.21.0",
+        missing_scripts={},
+    )
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert lines[0].startswith(
+        "spec.runtime.framework Estimator needs TensorFlow <= 2.15 with tensorflow-estimator, "
+        "and /py has TensorFlow 2.21.0 without it; "
+    )
+    assert not plan.local_requirements(
+        estimator,
+        python="/py",
+        modules=frozenset({"tensorflow", "tensorflow_estimator"}),
+        tf_version="2.15.1",
+        missing_scripts={},
+    )
+    no_tf = plan.local_requirements(
+        estimator, python="/py", modules=frozenset(), tf_version=None, missing_scripts={}
+    )
+    assert len(no_tf) == 1 and "needs TensorFlow, which /py does not have" in no_tf[0]
+
+
+def test_too_many_processes_and_rerun_refusal() -> None:
+    job = spec.parse(job_manifest("big", {"worker": command_replica("x", replicas=40)}))
+    assert plan.too_many_processes(job, None, 8) is None  # 8 per core
+    assert "40 replicas would be 40 local processes" in (
+        plan.too_many_processes(job, None, 2) or ""
+    )
+    assert plan.too_many_processes(job, 40, 1) is None
+    assert plan.rerun_refusal(job, {"state": "Failed"}, "/r") is None
+    assert plan.rerun_refusal(job, None, "/r") is None
+    refusal = plan.rerun_refusal(job, {"state": "Succeeded", "completionTime": "T"}, "/r")
+    assert refusal is not None and refusal.startswith("TrainJob big already Succeeded in /r (T)")
