@@ -222,13 +222,28 @@ class LoopRunner:
         if self.coordinator is None:
             return
         self.coordinator.join()
-        for remote in self._pending:
-            epoch.examples += float(remote.fetch()[1])
+        counts = [r[1] for r in map(self._remote, self._pending) if r is not None]
+        if counts:
+            # A step whose worker died after running it counts as an average one.
+            epoch.examples += sum(float(c) for c in counts) * len(self._pending) / len(counts)
         self._pending.clear()
 
-    def _fetch(self, result: Any, epoch: _Epoch) -> dict[str, float]:
+    def _remote(self, remote: Any) -> Any:
+        """A ParameterServer step's result, or None when the worker holding it is gone.
+
+        The coordinator retries a lost worker's unfinished steps elsewhere, but the results of
+        steps it had finished stay on it: reading one then fails with UnavailableError.
+        """
+        try:
+            return remote.fetch()
+        except (self.tf.errors.UnavailableError, self.tf.errors.CancelledError) as exc:
+            log.info("Skipped a step result lost with its worker: %s", type(exc).__name__)
+            return None
+
+    def _fetch(self, result: Any) -> dict[str, float]:
         if self.coordinator is not None:
-            return _numbers(result.fetch()[0])
+            fetched = self._remote(result)
+            return {} if fetched is None else _numbers(fetched[0])
         return _numbers(result[0])
 
     def save(self, *, reason: str | None = None) -> None:
@@ -271,7 +286,7 @@ class LoopRunner:
             if self.coordinator is None:
                 epoch.examples += float(result[1])
             if progress_due(self.host_step, self.every_progress):
-                logs = self._fetch(result, epoch)
+                logs = self._fetch(result)
                 self.emitter.emit(
                     "step",
                     epoch=epoch_of(self.host_step - 1, spec.steps_per_epoch),
@@ -290,7 +305,7 @@ class LoopRunner:
             ):
                 self._barrier(epoch)
             if epoch_done:
-                logs = self._fetch(result, epoch)
+                logs = self._fetch(result)
                 if spec.epoch_end_fn is not None:
                     logs.update(_numbers(spec.epoch_end_fn(self.state)))
                 elapsed = max(time.perf_counter() - epoch.started, 1e-9)
