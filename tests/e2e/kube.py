@@ -1,0 +1,201 @@
+"""The cluster the e2e tier runs on, and small helpers to drive it with kubectl and helm.
+
+Two kinds of cluster, chosen by ``TRAINJOB_E2E_CLUSTER``:
+
+``node`` (default)
+    The real node of this machine (tests/controlplane/node.py): brought up for the session,
+    with the images of ``images/build.sh`` imported into its containerd; stopped and cleaned
+    up afterwards. Needs root, ``bash tests/controlplane/install.sh --node`` and
+    ``bash images/build.sh`` (``bash tests/run -m e2e`` runs both).
+``current``
+    The cluster of the current kubeconfig context, e.g. kind, with the images already loaded
+    (``kind load docker-image``); kubectl and helm from PATH.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+CLUSTER_ENV: Final = "TRAINJOB_E2E_CLUSTER"
+PROGRESS_PREFIX: Final = "TRAINJOB_PROGRESS "
+RESTRICTED: Final = "pod-security.kubernetes.io/enforce=restricted"
+CHART: Final = REPO_ROOT / "helm" / "trainjob-operator"
+OPERATOR_NAMESPACE: Final = "trainjob-system"
+RELEASE: Final = "trainjob"
+OPERATOR_DEPLOYMENT: Final = "deployment/trainjob-trainjob-operator"
+CHECKPOINT_CLAIM: Final = "trainjob-checkpoints"
+
+T = TypeVar("T")
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be reached or set up."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """kubectl and helm bound to one cluster."""
+
+    name: str
+    kubectl_path: str
+    helm_path: str
+    env: Mapping[str, str]
+
+    def run(
+        self, *argv: str | Path, check: bool = True, stdin: str | None = None, timeout: float = 600
+    ) -> str:
+        result = subprocess.run(
+            [str(a) for a in argv],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=dict(self.env),
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(map(str, argv))} failed ({result.returncode}):\n"
+                f"{result.stdout}{result.stderr}"
+            )
+        return result.stdout
+
+    def kubectl(
+        self, *args: str | Path, check: bool = True, stdin: str | None = None, timeout: float = 300
+    ) -> str:
+        return self.run(self.kubectl_path, *args, check=check, stdin=stdin, timeout=timeout)
+
+    def helm(self, *args: str | Path, timeout: float = 600) -> str:
+        return self.run(self.helm_path, *args, timeout=timeout)
+
+    def get_json(self, *args: str) -> dict[str, Any]:
+        """``kubectl get ... -o json``; {} when the object does not exist (yet)."""
+        out = self.kubectl("get", *args, "-o", "json", check=False)
+        try:
+            value = json.loads(out) if out else {}
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def apply(self, namespace: str, manifest: str | Path) -> str:
+        if isinstance(manifest, Path):
+            return self.kubectl("apply", "-n", namespace, "-f", manifest)
+        return self.kubectl("apply", "-n", namespace, "-f", "-", stdin=manifest)
+
+    def progress(self, namespace: str, pod: str) -> list[dict[str, Any]]:
+        """The runtime's progress events (one JSON line each) in a pod's log."""
+        logs = self.kubectl("logs", pod, "-n", namespace, "-c", "tensorflow", check=False)
+        events = []
+        for line in logs.splitlines():
+            if line.startswith(PROGRESS_PREFIX):
+                with contextlib.suppress(ValueError):
+                    events.append(json.loads(line[len(PROGRESS_PREFIX) :]))
+        return events
+
+    def conditions(self, namespace: str, job: str) -> dict[str, str]:
+        """type -> status of the TrainJob's conditions."""
+        status = self.get_json("trainjob", job, "-n", namespace).get("status") or {}
+        return {c.get("type", ""): c.get("status", "") for c in status.get("conditions") or []}
+
+    def wait_finished(self, namespace: str, job: str, timeout: float) -> str:
+        """Wait until the job is Succeeded or Failed; returns which."""
+
+        def finished() -> str | None:
+            conditions = self.conditions(namespace, job)
+            for ctype in ("Succeeded", "Failed"):
+                if conditions.get(ctype) == "True":
+                    return ctype
+            return None
+
+        return wait_until(finished, timeout=timeout, what=f"TrainJob {namespace}/{job} to finish")
+
+    def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        pods = self.get_json("pods", "-n", namespace, "-l", f"trainjob.dev/job-name={job}")
+        items = pods.get("items") or []
+        return [p for p in items if isinstance(p, dict)]
+
+
+def create_namespace(cluster: Cluster, name: str) -> None:
+    """A namespace that enforces the Pod Security Standard "restricted"."""
+    cluster.kubectl("create", "namespace", name, check=False)
+    cluster.kubectl("label", "namespace", name, RESTRICTED, "--overwrite")
+
+
+def install_operator(cluster: Cluster, repository: str, tag: str) -> None:
+    """``helm upgrade --install`` the chart into its restricted namespace; waits until Ready."""
+    create_namespace(cluster, OPERATOR_NAMESPACE)
+    cluster.helm(
+        "upgrade",
+        "--install",
+        RELEASE,
+        CHART,
+        f"--namespace={OPERATOR_NAMESPACE}",
+        f"--set=image.repository={repository}",
+        f"--set=image.tag={tag}",
+        "--set=image.pullPolicy=IfNotPresent",
+        "--wait",
+        "--timeout=5m",
+    )
+
+
+def create_job_namespace(cluster: Cluster, name: str) -> None:
+    """A restricted namespace with an empty 1Gi ReadWriteOnce checkpoint claim."""
+    create_namespace(cluster, name)
+    cluster.apply(
+        name,
+        f"""apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {CHECKPOINT_CLAIM}}}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {{requests: {{storage: 1Gi}}}}
+""",
+    )
+
+
+def wait_until(
+    probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 1.0
+) -> T:
+    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def cluster_kind() -> str:
+    kind = os.environ.get(CLUSTER_ENV, "node")
+    if kind not in ("node", "current"):
+        raise ClusterError(f"{CLUSTER_ENV}={kind!r}: expected 'node' or 'current'")
+    return kind
+
+
+@contextlib.contextmanager
+def open_cluster(workdir: Path | None = None) -> Iterator[Cluster]:
+    """The cluster ``TRAINJOB_E2E_CLUSTER`` names (see the module docstring)."""
+    if cluster_kind() == "current":
+        kubectl, helm = shutil.which("kubectl"), shutil.which("helm")
+        if kubectl is None or helm is None:
+            raise ClusterError("kubectl and helm must be on PATH for TRAINJOB_E2E_CLUSTER=current")
+        yield Cluster("current", kubectl, helm, dict(os.environ))
+        return
+    from tests.controlplane.node import running_node
+
+    crds = sorted((REPO_ROOT / "crds").glob("*.yaml"))
+    with running_node(workdir=workdir, crds=crds) as node:
+        plane = node.plane
+        yield Cluster("node", str(plane.tools.kubectl), str(plane.tools.helm), plane.env())

@@ -1,0 +1,261 @@
+"""The product end to end on real pods: the chart's operator, the runtime images, headless
+Service DNS between pods, a shared checkpoint volume, restarts after a pod is deleted or
+killed, and kubectl's view of it all. See conftest.py for the cluster and namespaces."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import IMAGE_TAG
+from tests.e2e.kube import CHECKPOINT_CLAIM, REPO_ROOT, Cluster, wait_until
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLES: Final = REPO_ROOT / "examples"
+RUNTIME_IMAGE: Final = f"trainjob/trainjob:{IMAGE_TAG}"
+# A job on 2 shared cores: pods start in seconds, TensorFlow imports in ~4 s per process.
+JOB_TIMEOUT: Final = 600.0
+
+
+def example(name: str) -> dict[str, Any]:
+    loaded = yaml.safe_load((EXAMPLES / name).read_text(encoding="utf-8"))
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def volume_listing(cluster: Cluster, namespace: str, path: str) -> list[str]:
+    """The files under ``path`` on the namespace's checkpoint volume, read by a pod of its own
+    (the same way on any cluster)."""
+    script = (
+        "import os, sys\n"
+        "for d, _, fs in os.walk(sys.argv[1]):\n"
+        "    for f in fs: print(os.path.relpath(os.path.join(d, f), sys.argv[1]))\n"
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "volume-reader"},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "reader",
+                    "image": RUNTIME_IMAGE,
+                    "command": ["python", "-c", script, f"/volume/{path}"],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [{"name": "ckpt", "mountPath": "/volume", "readOnly": True}],
+                }
+            ],
+            "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": CHECKPOINT_CLAIM}}],
+        },
+    }
+    cluster.apply(namespace, json.dumps(pod))
+    wait_until(
+        lambda: (
+            cluster.get_json("pod", "volume-reader", "-n", namespace).get("status", {}).get("phase")
+            in ("Succeeded", "Failed")
+        ),
+        timeout=120,
+        what="the volume reader pod",
+    )
+    return cluster.kubectl("logs", "volume-reader", "-n", namespace).split()
+
+
+def test_multiworker_example_succeeds_exports_to_the_volume_and_kubectl_shows_it(
+    cluster: Cluster, namespace: str
+) -> None:
+    job = "mnist-multiworker"
+    cluster.apply(namespace, EXAMPLES / "mnist-multiworker.yaml")
+    assert cluster.wait_finished(namespace, job, JOB_TIMEOUT) == "Succeeded"
+
+    status = cluster.get_json("trainjob", job, "-n", namespace)["status"]
+    assert status["replicaStatuses"]["worker"]["succeeded"] >= 1, status
+    end = [e for e in cluster.progress(namespace, f"{job}-worker-0") if e["event"] == "end"]
+    assert end and end[-1]["status"] == "succeeded", end
+    assert end[-1]["step"] == 3 * 40, end  # epochs x steps_per_epoch
+
+    files = volume_listing(cluster, namespace, job)
+    assert "export/saved_model.pb" in files, files
+
+    table = cluster.kubectl("get", "tj", "-n", namespace)
+    header = table.splitlines()[0].split()
+    assert header == ["NAME", "STATE", "READY", "RESTARTS", "PROGRESS", "AGE"], table
+    assert "Succeeded" in table.splitlines()[1], table
+    described = cluster.kubectl("describe", "tj", job, "-n", namespace)
+    events = described.split("Events:", 1)[1]
+    assert "Created" in events and "Succeeded" in events, described
+
+
+def _kill_from_inside(cluster: Cluster, namespace: str, pod: str) -> None:
+    """SIGKILL the training process from a shell in the pod (its process namespace is shared,
+    so the process is not the namespace's init, which ignores SIGKILL from inside)."""
+    script = (
+        "import os, signal\n"
+        "for p in os.listdir('/proc'):\n"
+        "    if p.isdigit() and p != str(os.getpid()):\n"
+        "        try: cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n"
+        "        except OSError: continue\n"
+        "        if cmd.endswith(b'trainjob' + bytes(1) + b'train' + bytes(1)):\n"
+        "            os.kill(int(p), signal.SIGKILL); print('killed', p)\n"
+    )
+    out = cluster.kubectl(
+        "exec", "-n", namespace, pod, "-c", "tensorflow", "--", "python", "-c", script
+    )
+    assert "killed" in out, out
+
+
+def test_worker_deleted_then_killed_resumes_from_the_checkpoint_and_succeeds(
+    cluster: Cluster, namespace: str
+) -> None:
+    job = "mnist-multiworker"
+    manifest = example("mnist-multiworker.yaml")
+    # Long enough to lose a worker twice; the process namespace is shared so that a shell in
+    # the pod can kill the training process (exit 137).
+    manifest["spec"]["runtime"]["config"] = {"epochs": 6, "steps_per_epoch": 40, "batch_size": 64}
+    manifest["spec"]["replicaSpecs"]["worker"]["template"] = {
+        "spec": {"shareProcessNamespace": True}
+    }
+    cluster.apply(namespace, json.dumps(manifest))
+    worker0, worker1 = f"{job}-worker-0", f"{job}-worker-1"
+
+    def checkpointed_after(uid: str | None) -> str | None:
+        """worker-0's uid once a pod other than ``uid`` has written a checkpoint."""
+        pod = cluster.get_json("pod", worker0, "-n", namespace)
+        current = (pod.get("metadata") or {}).get("uid")
+        if not current or current == uid:
+            return None
+        events = cluster.progress(namespace, worker0)
+        return str(current) if any(e["event"] == "checkpoint" for e in events) else None
+
+    first = wait_until(lambda: checkpointed_after(None), timeout=JOB_TIMEOUT, what="a checkpoint")
+    assert cluster.conditions(namespace, job).get("Succeeded") != "True"
+    cluster.kubectl("delete", "pod", worker1, "-n", namespace, "--wait=false")
+
+    # All-reduce: the whole group restarts and resumes from the checkpoint on the volume.
+    second = wait_until(
+        lambda: checkpointed_after(first), timeout=JOB_TIMEOUT, what="the group to restart"
+    )
+    starts = [e for e in cluster.progress(namespace, worker0) if e["event"] == "start"]
+    assert starts and starts[0]["initial_step"] > 0, starts
+
+    # Now a worker dies from inside: SIGKILL, exit 137, retryable under ExitCode.
+    def running(pod: str) -> bool:
+        state = cluster.get_json("pod", pod, "-n", namespace).get("status") or {}
+        return state.get("phase") == "Running"
+
+    wait_until(lambda: running(worker1), timeout=120, what="worker-1 running again")
+    _kill_from_inside(cluster, namespace, worker1)
+    wait_until(lambda: checkpointed_after(second), timeout=JOB_TIMEOUT, what="a second restart")
+    starts = [e for e in cluster.progress(namespace, worker0) if e["event"] == "start"]
+    assert starts and starts[0]["initial_step"] > 0, starts
+
+    assert cluster.wait_finished(namespace, job, JOB_TIMEOUT) == "Succeeded"
+    status = cluster.get_json("trainjob", job, "-n", namespace)["status"]
+    assert status.get("restartCount", 0) >= 2, status
+    end = [e for e in cluster.progress(namespace, worker0) if e["event"] == "end"]
+    assert end and end[-1]["step"] == 6 * 40, end
+
+
+def test_parameter_server_example_succeeds_and_stops_ps_and_workers(
+    cluster: Cluster, namespace: str
+) -> None:
+    job = "mnist-parameter-server"
+    cluster.apply(namespace, EXAMPLES / "mnist-parameter-server.yaml")
+    assert cluster.wait_finished(namespace, job, JOB_TIMEOUT) == "Succeeded"
+
+    def cleaned_up() -> bool:
+        live = [
+            p["metadata"]["name"]
+            for p in cluster.job_pods(namespace, job)
+            if (p.get("status") or {}).get("phase") in ("Pending", "Running")
+        ]
+        return not live
+
+    wait_until(cleaned_up, timeout=120, what="ps and worker pods to stop")
+
+
+@pytest.mark.parametrize(
+    "name", ["mnist-estimator.yaml", "mnist-dtensor.yaml"], ids=["estimator", "dtensor"]
+)
+def test_estimator_on_the_legacy_image_and_dtensor_succeed(
+    cluster: Cluster, namespace: str, name: str
+) -> None:
+    manifest = example(name)
+    cluster.apply(namespace, EXAMPLES / name)
+    assert cluster.wait_finished(namespace, manifest["metadata"]["name"], JOB_TIMEOUT) == (
+        "Succeeded"
+    )
+
+
+# A Kubeflow TFJob whose pods run the user's own script: no trainjob runtime, only TF_CONFIG.
+OWN_SCRIPT: Final = """
+import json, os
+import numpy as np
+import tensorflow as tf
+config = json.loads(os.environ["TF_CONFIG"])
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+x = np.random.rand(256, 4).astype("float32")
+history = model.fit(x, x.sum(axis=1), epochs=2, batch_size=32, verbose=0)
+print("own-script", config["task"], "workers", strategy.num_replicas_in_sync, flush=True)
+"""
+
+
+def tfjob_manifest() -> dict[str, Any]:
+    template = {
+        "spec": {
+            # What a TFJob user in a "restricted" namespace already has in the template.
+            "securityContext": {"runAsNonRoot": True},
+            "containers": [
+                {
+                    "name": "tensorflow",
+                    "image": RUNTIME_IMAGE,
+                    "command": ["python", "-c", OWN_SCRIPT],
+                    "ports": [{"name": "tfjob-port", "containerPort": 2222}],
+                }
+            ],
+        }
+    }
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "own-command"},
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 2},
+            "tfReplicaSpecs": {
+                "Worker": {"replicas": 2, "restartPolicy": "OnFailure", "template": template}
+            },
+        },
+    }
+
+
+def test_converted_tfjob_runs_its_own_command_and_succeeds(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "tfjob.yaml"
+    source.write_text(yaml.safe_dump(tfjob_manifest()), encoding="utf-8")
+    converted = subprocess.run(
+        [sys.executable, "-m", "trainjob", "convert", "-f", str(source)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "runtime:" not in converted, converted
+    cluster.apply(namespace, converted)
+    assert cluster.wait_finished(namespace, "own-command", JOB_TIMEOUT) == "Succeeded"
+    logs = cluster.kubectl("logs", "own-command-worker-0", "-n", namespace, "-c", "tensorflow")
+    assert "own-script {'type': 'worker', 'index': 0} workers 2" in logs, logs
