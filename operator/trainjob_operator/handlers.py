@@ -171,10 +171,6 @@ def trainjob_login(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> ko
     return kube.login(settings, logger)
 
 
-class UnhealthyError(Exception):
-    """The liveness probe's answer (HTTP 500) while the operator is not serving."""
-
-
 @kopf.on.probe(id="jobs")
 def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
     """Liveness: how many TrainJobs have a running reconcile loop; fails while a list+watch
@@ -184,7 +180,9 @@ def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
         return 0
     problems = runtime.problems()
     if problems:
-        raise UnhealthyError("; ".join(problems))
+        # Permanent: kopf would retry a plain exception with a delay, holding the probe's
+        # HTTP request open until the kubelet gives up; this one answers 500 at once.
+        raise kopf.PermanentError("; ".join(problems))
     return len(runtime.wakers)
 
 
