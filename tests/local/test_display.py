@@ -278,6 +278,24 @@ def test_the_last_exception_line_is_the_cause() -> None:
     assert display.last_exception_line("all good\n") is None
 
 
+def test_a_failing_replica_gets_one_line_with_its_cause() -> None:
+    cause = display.Cause("worker-1", "ValueError: bad", "/r/logs/worker-1.log")
+    assert display.exit_line(cause, 1) == (
+        "! worker-1 exited with code 1: ValueError: bad (log: /r/logs/worker-1.log)"
+    )
+    killed = display.Cause("worker-1", None, "/l")
+    assert (
+        display.exit_line(killed, 137)
+        == "! worker-1 exited with code 137: killed by SIGKILL (log: /l)"
+    )
+    assert (
+        display.exit_line(killed, 3)
+        == "! worker-1 exited with code 3: (no exception in its log) (log: /l)"
+    )
+    assert display.killed_by(139) == "killed by SIGSEGV"
+    assert display.killed_by(1) is None and display.killed_by(None) is None
+
+
 def test_eta_from_the_rate_seen_since_the_attempt_started() -> None:
     assert display.eta_seconds(CLOCK, 120) == pytest.approx(10.0)
     assert display.eta_seconds(display.StepClock(0.0, 80, 0.0, 80), 120) is None

@@ -26,12 +26,16 @@ from .conftest import (
 
 pytestmark = pytest.mark.training
 
-# Fails with SIGKILL (137) on its first attempt, succeeds on the next: a marker file in the
-# checkpoint dir stands for "training state survived the restart".
+# Worker 0 fails with SIGKILL (137) on its first attempt and succeeds on the next: a marker file
+# in the checkpoint dir stands for "training state survived the restart". Worker 1 serves until
+# it is stopped (by the group restart, then by worker 0's success): were it to kill itself too,
+# it could be stopped before doing so on one attempt and do it on the next, a second restart.
 KILLED_ONCE = (
-    "import os, signal, pathlib\n"
-    "m = pathlib.Path(os.environ['TRAINJOB_CHECKPOINT_DIR'], os.environ['TRAINJOB_REPLICA_TYPE']"
-    " + os.environ['TRAINJOB_REPLICA_INDEX'])\n"
+    "import os, signal, pathlib, time\n"
+    "if os.environ['TRAINJOB_REPLICA_INDEX'] != '0':\n"
+    "    print('serving', flush=True)\n"
+    "    while True: time.sleep(0.1)\n"
+    "m = pathlib.Path(os.environ['TRAINJOB_CHECKPOINT_DIR'], 'worker0')\n"
     "if not m.exists():\n"
     "    m.write_text('1'); print('first attempt', flush=True); os.kill(os.getpid(), 9)\n"
     "print('resumed', flush=True)\n"
@@ -74,7 +78,8 @@ def test_killed_group_restarts_under_exit_code_and_succeeds(tmp_path: Path) -> N
     )
     code, out = _run(tmp_path, manifest)
     assert code == 0, out
-    assert "Restarting worker 0, worker 1 after worker" in out
+    assert "Restarting worker 0, worker 1 after worker 0 exited with code 137" in out
+    assert "! worker-0 exited with code 137: killed by SIGKILL" in out
     assert "restarts:   1 (backoffLimit 2)" in out
     log = (tmp_path / "run" / "logs" / "worker-0.log").read_text()
     assert "attempt 0 started" in log and "attempt 1 started" in log

@@ -15,6 +15,7 @@ import dataclasses
 import datetime
 import math
 import re
+import signal
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -606,6 +607,22 @@ class Cause:
     replica: str
     line: str | None
     log_path: str
+
+
+def killed_by(exit_code: int | None) -> str | None:
+    """`killed by SIGKILL` for 128 + N, as a shell reports a process a signal ended."""
+    if exit_code is None or not 128 < exit_code < 128 + 65:
+        return None
+    try:
+        return f"killed by {signal.Signals(exit_code - 128).name}"
+    except ValueError:
+        return None
+
+
+def exit_line(cause: Cause, exit_code: int) -> str:
+    """`! worker-1 exited with code 1: ValueError: ... (log: PATH)`, when a replica fails."""
+    why = cause.line or killed_by(exit_code) or "(no exception in its log)"
+    return f"! {cause.replica} exited with code {exit_code}: {why} (log: {cause.log_path})"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -565,11 +565,7 @@ class Executor:
                     self._write_processes()
                     if child.exit_code != 0 and not child.deleting and self.stop_signal is None:
                         self._drain_lines()  # its last lines before the cause
-                        cause = self._cause(key)
-                        self.emit(
-                            f"! {cause.replica} exited with code {child.exit_code}: "
-                            f"{cause.line or '(no exception in its log)'} (log: {cause.log_path})"
-                        )
+                        self.emit(display.exit_line(self._cause(key), child.exit_code))
             if child.alive and child.kill_at is not None and mono >= child.kill_at:
                 assert child.popen is not None
                 _signal_group(child.popen.pid, signal.SIGKILL)
