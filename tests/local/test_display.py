@@ -403,6 +403,11 @@ def test_status_of_a_run_nobody_holds_is_unknown_not_running() -> None:
     assert "no trainjob run holds this run dir" in lines[2]
     assert lines[-1].split() == ["worker-0", "Running", "0", "-"]
     assert display.status_data(lost)["state"] == "Unknown"
+    assert display.last_step('{"step": 3}\n{"step": 40, "event": "epoch"}\n{"st') == 40
+    assert display.last_step("") is None
+    stepped = display.RunEntry("/runs/mnist", data, 4242, 40)
+    assert "  step:       40" in display.status_lines(stepped)
+    assert display.status_data(stepped)["step"] == 40
     done = display.RunEntry("/runs/b", {"state": "Succeeded", "ready": "0/2"}, None)
     table = display.runs_table([held, done])
     assert table[0].split() == ["NAME", "STATE", "READY", "RESTARTS", "COMPLETED", "RUN", "DIR"]

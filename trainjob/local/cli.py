@@ -300,7 +300,8 @@ def cmd_status(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     for run_dir in _run_dirs(args.run_dir, os.getcwd()):
         data = executor.read_status_file(os.path.join(run_dir, plan.STATUS_FILE)) or {}
         holder = executor.run_dir_holder(run_dir)
-        entries.append(display.RunEntry(run_dir, data, holder))
+        progress = executor.read_log_tail(os.path.join(run_dir, plan.PROGRESS_FILE), 16 * 1024)
+        entries.append(display.RunEntry(run_dir, data, holder, display.last_step(progress)))
     if args.output is not None:
         payload: Any = [display.status_data(e) for e in entries]
         cli._dump(payload[0] if args.run_dir is not None else payload, out, args.output)

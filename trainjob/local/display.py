@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import math
 import re
 import signal
@@ -772,6 +773,21 @@ class RunEntry:
     run_dir: str
     data: Mapping[str, Any]
     holder: int | None
+    step: int | None = None  # the latest global step in progress.jsonl
+
+
+def last_step(progress_text: str) -> int | None:
+    """The highest `step` in the end of a progress.jsonl (torn or foreign lines skipped)."""
+    steps: list[int] = []
+    for line in progress_text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        step = event.get("step") if isinstance(event, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            steps.append(step)
+    return max(steps) if steps else None
 
 
 def effective_state(entry: RunEntry) -> str:
@@ -790,6 +806,7 @@ def status_data(entry: RunEntry) -> dict[str, Any]:
         "state": effective_state(entry),
         "runDir": entry.run_dir,
         "inProgress": entry.holder is not None,
+        "step": entry.step,
     }
 
 
@@ -844,6 +861,8 @@ def status_lines(entry: RunEntry) -> list[str]:
         if data.get(key):
             lines.append(f"  {title + ':':<11} {data[key]}")
     lines.append(f"  restarts:   {data.get('restartCount', 0)}   ready: {data.get('ready', '-')}")
+    if entry.step is not None:
+        lines.append(f"  step:       {entry.step}")
     rows = [("REPLICA", "STATE", "ATTEMPT", "EXIT")]
     statuses = data.get("replicaStatuses") or {}
     for rtype, per_type in statuses.items() if isinstance(statuses, Mapping) else ():
