@@ -242,7 +242,7 @@ async def trainjob_daemon(
     # `body` is kopf's live view of the TrainJob, updated by every watch event before the
     # event wakes this loop; the reconciler reads from it instead of a GET per reconcile.
     seen = reconciler.Seen()
-    failures = 0
+    failures = conflicts = 0
     listed = runtime.informer.acquire(namespace)
     try:
         # Decide nothing before the children that exist are known (after a restart, or
@@ -263,6 +263,15 @@ async def trainjob_daemon(
                     body,
                     seen,
                 )
+            except kube.ConflictError:
+                # Decided from a copy older than the job (our status write was conditional on
+                # it): decide again from a fresh read, soon; not an error.
+                conflicts += 1
+                logger.info(
+                    "TrainJob %s/%s changed since it was read; deciding again", namespace, name
+                )
+                await _sleep(stopped, None, kube.retry_delay(conflicts, 0.05, 5.0))
+                continue
             except (kube.TransientError, kube.RejectedError) as exc:
                 failures += 1
                 delay = kube.retry_delay(failures, BACKOFF_FIRST, BACKOFF_MAX)
@@ -287,7 +296,7 @@ async def trainjob_daemon(
                 continue
             finally:
                 runtime.metrics.reconcile_seconds.observe(time.monotonic() - started)
-            failures = 0
+            failures = conflicts = 0
             if outcome.done:
                 return
             timeout = runtime.settings.resync_seconds

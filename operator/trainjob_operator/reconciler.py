@@ -306,15 +306,8 @@ async def reconcile_job(
     wanted = st.to_dict(job, decision.status)
     patch = status_patch(raw_status, wanted)
     if patch is not None:
-        try:
-            written = await _patch_status(rt, raw, patch, seen)
-        except kube.ConflictError:
-            logger.info(
-                "Status of TrainJob %s/%s changed since it was read; deciding again",
-                namespace,
-                name,
-            )
-            return Outcome(0.0)
+        # kube.ConflictError (the job changed since it was read): the caller decides again.
+        written = await _patch_status(rt, raw, patch, seen)
         if written is None:
             return Outcome(None, done=True)
         raw = written
