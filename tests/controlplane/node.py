@@ -18,10 +18,10 @@ Parts (all run as child processes of the test, as root):
 - storage: a default StorageClass ``standard`` with local PersistentVolumes in the work dir
   (root-owned, like a fresh disk: pods write there through ``fsGroup``).
 
-The node's address ``10.243.0.1`` lives on an interface of its own (``tj-node0``); the API server binds
-there (``ControlPlane(address=NODE_IP)``) so that pods reach it through the ``kubernetes``
-Service. ``Node.stop()`` removes every process, mount, network namespace, interface, cgroup and
-iptables rule the node made.
+The node's address ``10.243.0.1`` lives on an interface of its own (``tj-node0``); the API
+server binds there (``ControlPlane(address=NODE_IP)``) so that pods reach it through the
+``kubernetes`` Service. ``Node.stop()`` removes every process, mount, network namespace,
+interface, cgroup and iptables rule the node made.
 """
 
 from __future__ import annotations
@@ -290,6 +290,7 @@ class Node:
         self.tools.require()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            self._clean_after_crash()
             self._iptables = IptablesSnapshot.take()
             self._isolate_pods()
             self._start_containerd()
@@ -352,6 +353,24 @@ class Node:
         shutil.rmtree(STATE_DIR, ignore_errors=True)
         if errors:
             raise ControlPlaneError("; ".join(errors))
+
+    def _clean_after_crash(self) -> None:
+        """What a node killed without its stop left behind (kubelet pods' shims, kube-proxy's
+        rules, our FORWARD chain, mounts, the bridge), so this start begins from nothing."""
+        # tj-node0 is there already: host_network_up made it for the control plane.
+        if not [found for found in leftovers() if NODE_LINK not in found]:
+            return
+        self._kill_shims()
+        _run([self.tools.kube_proxy, "--cleanup"], check=False)
+        if FORWARD_CHAIN in _chains("iptables", "filter"):
+            _run(["iptables", "-w", "-D", "FORWARD", "-j", FORWARD_CHAIN], check=False)
+            _run(["iptables", "-w", "-F", FORWARD_CHAIN], check=False)
+            _run(["iptables", "-w", "-X", FORWARD_CHAIN], check=False)
+        unmount_all([STATE_DIR])
+        self._remove_cgroups()
+        if _link_exists(BRIDGE):
+            _run(["ip", "link", "delete", BRIDGE], check=False)
+        shutil.rmtree(STATE_DIR, ignore_errors=True)
 
     def _component(self, name: str) -> Component | None:
         return next((c for c in self.components if c.name == name), None)
