@@ -363,12 +363,17 @@ async def _create_children(
     )
     if decision.create_pods and gang.wanted(job, rt.settings):
         await rt.kube.create_pod_group(gang.render_pod_group(job, rt.settings, namespace, owner))
+    # The cluster spec (TF_CONFIG's host lists) once per reconcile, not once per Pod: it grows
+    # with the job, so per Pod it made rendering a large job quadratic.
+    cluster = render.cluster_of(job, options) if decision.create_pods else None
     await _all(
         rt.kube.create(
             "Pod",
             namespace,
             naming.child_name(job.name, rtype, index),
-            functools.partial(render.render_pod, job, rtype, index, attempt, options, owner),
+            functools.partial(
+                render.render_pod, job, rtype, index, attempt, options, owner, cluster
+            ),
         )
         for rtype, index, attempt in decision.create_pods
     )
