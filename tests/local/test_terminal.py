@@ -133,15 +133,19 @@ def test_the_live_table_fits_and_leaves_no_stale_rows(tmp_path: Path, columns: i
     output = "\n".join(lines)
     assert code == 0, output
     # During the run: exactly one table, at the bottom, each line narrower than the terminal.
+    # A snapshot is taken after each chunk the pty gives back, and a loaded machine can split
+    # one redraw over two chunks: such a snapshot holds the first rows of a frame only.
     tables = [s for s in snapshots if any(JOB_LINE.match(line) for line in s)]
-    assert len(tables) >= 3, "the table was drawn a few times while the replicas ran"
     for snapshot in snapshots:
         assert sum(1 for line in snapshot if JOB_LINE.match(line)) <= 1, "\n".join(snapshot)
         assert sum(1 for line in snapshot if REPLICA_ROW.match(line)) <= 2, "\n".join(snapshot)
+    whole = 0
     for snapshot in tables:
         first = next(i for i, line in enumerate(snapshot) if JOB_LINE.match(line))
         table = [line for line in snapshot[first:] if line]
-        assert len(table) == 3 and all(len(line) <= columns - 1 for line in table), table
+        assert len(table) <= 3 and all(len(line) <= columns - 1 for line in table), table
+        whole += len(table) == 3
+    assert whole >= 3, "the whole table was drawn a few times while the replicas ran"
     # After the run: no table row anywhere (screen or scrollback), nor any piece of one, and
     # every log line once, whole (wrapped lines included).
     assert not [line for line in lines if JOB_LINE.match(line) or REPLICA_ROW.match(line)], output
