@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +64,18 @@ def start_run(args: Sequence[str], cwd: Path, log: Path) -> subprocess.Popen[byt
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def finish_run(run: subprocess.Popen[bytes], log: Path, timeout: float) -> tuple[int, str]:
+    """Wait for a `start_run` process (killing its process group if it outlives `timeout`);
+    (exit code, its output)."""
+    try:
+        code = run.wait(timeout=timeout)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    return code, log.read_text()
 
 
 def wait_until(

@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import REPO_ROOT, read_events, read_json, start_run, wait_until, write_job
+from .conftest import (
+    REPO_ROOT,
+    finish_run,
+    read_events,
+    read_json,
+    start_run,
+    wait_until,
+    write_job,
+)
 
 pytestmark = pytest.mark.training
 
@@ -34,13 +42,7 @@ def _manifest(name: str, **config: Any) -> dict[str, Any]:
 
 
 def _finish(run: subprocess.Popen[bytes], log: Path) -> tuple[int, str]:
-    try:
-        code = run.wait(timeout=RUN_TIMEOUT)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-    return code, log.read_text()
+    return finish_run(run, log, RUN_TIMEOUT)
 
 
 def _attempts(run_dir: Path, replica: str) -> list[list[dict[str, Any]]]:

@@ -16,6 +16,7 @@ import yaml
 
 from .conftest import (
     REPO_ROOT,
+    finish_run,
     group_alive,
     read_events,
     read_json,
@@ -43,13 +44,7 @@ def _example(**config: Any) -> dict[str, Any]:
 
 
 def _finish(run: subprocess.Popen[bytes], log: Path) -> tuple[int, str]:
-    try:
-        code = run.wait(timeout=RUN_TIMEOUT)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-    return code, log.read_text()
+    return finish_run(run, log, RUN_TIMEOUT)
 
 
 def _starts(run_dir: Path) -> list[dict[str, Any]]:

@@ -6,14 +6,13 @@ is prepared for any entrypoint, not only the bundled samples)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from .conftest import command_replica, job_manifest, read_events, start_run, write_job
+from .conftest import command_replica, finish_run, job_manifest, read_events, start_run, write_job
 
 pytestmark = pytest.mark.training
 
@@ -53,13 +52,7 @@ def build(ctx):
 
 
 def _finish(run: subprocess.Popen[bytes], log: Path) -> tuple[int, str]:
-    try:
-        code = run.wait(timeout=RUN_TIMEOUT)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-    return code, log.read_text()
+    return finish_run(run, log, RUN_TIMEOUT)
 
 
 def test_user_package_on_the_template_pythonpath_loads_tfds_mnist_unchanged(
