@@ -15,9 +15,10 @@ killed between any two calls and the next reconcile converges):
 - The status write is conditional on the resourceVersion the decision was made from: a
   decision made from a stale view (an older copy of the job than our own last write) fails
   with a conflict and is made again from a fresh read, never overwriting a newer status.
-- Events are posted first, under names derived from the job and the version decided from,
-  so a decision made again after a crash posts the same names (409: already there) and no
-  Event of a recorded transition is lost.
+- Events are posted first, under names derived from the job and the status decided from
+  (not its resourceVersion), so the same transition decided again (after a crash, or after a
+  conflicting status write: kopf's finalizer, a label) posts the same names (409: already
+  there); no Event of a recorded transition is lost and none is posted twice.
 Creation is idempotent (deterministic names, 409 is success); the status records which
 attempt each replica is on, and a Pod of a newer attempt than recorded is adopted.
 """
@@ -29,6 +30,7 @@ import dataclasses
 import datetime
 import functools
 import hashlib
+import json
 import logging
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, Final
@@ -197,19 +199,30 @@ async def _patch_status(
     return result
 
 
-def event_id(uid: str, version: str | None, position: int) -> str:
-    """The name suffix of the `position`-th Event of a decision made from TrainJob `uid` at
-    `version`: the same decision made again (after a crash, before its status write) gets the
-    same names, a later decision other names."""
-    digest = hashlib.sha256(f"{uid}/{version}/{position}".encode()).hexdigest()
-    return digest[:20]
+def status_fingerprint(status: Mapping[str, Any]) -> str:
+    """The status a decision was made from, as far as decisions go: our own keys only (a
+    progress report changes the resourceVersion and `status.progress`, not the transition)."""
+    owned = {key: status[key] for key in STATUS_KEYS if key in status}
+    return json.dumps(owned, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def event_id(uid: str, fingerprint: str, position: int, event: policy.Event) -> str:
+    """The name suffix of the `position`-th Event of a decision made from TrainJob `uid` whose
+    status was `fingerprint`. The same transition decided again from the same recorded status
+    gets the same name, whatever else changed in between (the resourceVersion moves with
+    kopf's finalizer, labels, progress): a decision whose status write never landed (a
+    crash, a conflict) posts its Events once. A later transition starts from another status
+    (conditions carry their transition times), so it gets other names."""
+    key = f"{uid}/{fingerprint}/{position}/{event.type}/{event.reason}/{event.message}"
+    return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
 async def _post_events(
     rt: Runtime, raw: Mapping[str, Any], events: Iterable[policy.Event], now: datetime.datetime
 ) -> None:
     uid = str((raw.get("metadata") or {}).get("uid") or "")
-    version = _version(raw)
+    status = raw.get("status")
+    fingerprint = status_fingerprint(status if isinstance(status, Mapping) else {})
     for position, event in enumerate(events):
         await rt.kube.post_event(
             dict(raw),
@@ -217,7 +230,7 @@ async def _post_events(
             event.reason,
             event.message,
             now,
-            event_id(uid, version, position),
+            event_id(uid, fingerprint, position, event),
         )
 
 

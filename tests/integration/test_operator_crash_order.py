@@ -160,3 +160,22 @@ def test_a_crash_right_after_the_first_status_write_loses_no_event(
             break
         time.sleep(0.5)
     assert reasons.count("Created") == 1, reasons
+
+
+def test_an_event_posted_for_a_decision_never_recorded_is_not_posted_again(
+    cluster: Cluster, operators: Operators
+) -> None:
+    """The operator dies after posting the Created Event, before writing the status that
+    records it; then the job changes (any write moves its resourceVersion: here a label, in
+    the wild kopf's own finalizer racing the first status write). The next decision is the
+    same transition from the same status: it posts the same Event name (409), not a second
+    Created."""
+    crashing = operators.start(crash_after="POST /events 1")
+    cluster.create_job(trainjob("noted", chief=1, workers=1))
+    crashed(crashing)
+    cluster.patch_job("noted", {"metadata": {"labels": {"touched": "yes"}}})
+    operators.start()
+    cluster.wait_pods("noted", {"noted-chief-0", "noted-worker-0"})
+    cluster.wait_condition("noted", "Created")
+    reasons = [event.reason for event in cluster.events("noted")]
+    assert reasons.count("Created") == 1, reasons

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from trainjob.core import policy
 from trainjob_operator import reconciler
 
 
@@ -65,9 +66,20 @@ def test_after_a_conflict_the_next_decision_reads_afresh() -> None:
     assert rt.kube.gets == 1 and not seen.stale
 
 
-def test_event_names_repeat_for_the_same_decision_only() -> None:
-    first = reconciler.event_id("uid-1", "5", 0)
-    assert first == reconciler.event_id("uid-1", "5", 0)  # made again after a crash
-    assert first != reconciler.event_id("uid-1", "6", 0)  # a later decision
-    assert first != reconciler.event_id("uid-1", "5", 1)  # the decision's second Event
-    assert first != reconciler.event_id("uid-2", "5", 0)  # another job of the same name
+def test_event_names_repeat_for_the_same_transition_only() -> None:
+    created = policy.Event("Normal", "Created", "Created TrainJob a")
+    fresh = reconciler.status_fingerprint({})
+    first = reconciler.event_id("uid-1", fresh, 0, created)
+    assert first == reconciler.event_id("uid-1", fresh, 0, created)  # decided again
+    running = reconciler.status_fingerprint({"state": "Running", "restartCount": 0})
+    assert first != reconciler.event_id("uid-1", running, 0, created)  # from another status
+    assert first != reconciler.event_id("uid-1", fresh, 1, created)  # the decision's 2nd Event
+    assert first != reconciler.event_id("uid-2", fresh, 0, created)  # another job, same name
+    other = policy.Event("Normal", "Suspended", "Suspended TrainJob a")
+    assert first != reconciler.event_id("uid-1", fresh, 0, other)  # another transition
+
+
+def test_a_progress_report_does_not_change_the_decided_from_status() -> None:
+    status = {"state": "Running", "restartCount": 1}
+    with_progress = {**status, "progress": {"step": 40}}
+    assert reconciler.status_fingerprint(status) == reconciler.status_fingerprint(with_progress)
