@@ -506,6 +506,22 @@ class Kube:
         result = json.loads(payload)
         return result if isinstance(result, dict) else None
 
+    async def review_token(self, token: str, audiences: list[str]) -> Obj:
+        """A TokenReview (authentication.k8s.io/v1) of a progress token: the API server says
+        whether `token` is valid for `audiences` and whose it is (progress_auth.py decides)."""
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": audiences},
+        }
+        _, payload = await self._request(
+            "POST", "/apis/authentication.k8s.io/v1/tokenreviews", "reviewing a token", body=body
+        )
+        result = json.loads(payload)
+        if not isinstance(result, dict):
+            raise TransientError("reviewing a token: unexpected reply")
+        return result
+
     async def delete_trainjob(self, namespace: str, name: str, uid: str) -> None:
         """TTL deletion; children go with it through the garbage collector."""
         status, _ = await self._request(
