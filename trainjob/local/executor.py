@@ -19,9 +19,11 @@ import io
 import json
 import os
 import queue
+import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -43,6 +45,20 @@ LOCK_FILE: Final = ".trainjob.lock"
 PREPARE_MNIST: Final = (sys.executable, "-m", "trainjob", "data", "prepare", "mnist")
 LOG_TAIL_BYTES: Final = 64 * 1024  # enough for the last traceback of a failed replica
 STOPPED_BY_US: Final = (137, 143)  # SIGKILL / SIGTERM that trainjob sent
+
+
+def pipe_reader_gone(stream: IO[str]) -> bool:
+    """Whether `stream` is a pipe whose reading end is closed (Linux reports POLLERR on the
+    writing end then, without anything having to be written). Not a pipe: never gone."""
+    try:
+        fd = stream.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 class RunDirError(OSError):
@@ -376,6 +392,14 @@ class Executor:
             self.stop_signal = self.stop_signal or "SIGPIPE"
         except OSError:  # EIO from a hung-up terminal (SIGHUP is on its way)
             self._out_gone = True
+
+    def _notice_reader_gone(self) -> None:
+        """A reader that closed our pipe after taking everything we wrote (`| head -3` reads a
+        whole chunk, so a fourth line may already be in it) leaves no write to fail: replicas
+        that print nothing more would train on unseen. Ask the pipe itself, once per loop."""
+        if not self._out_gone and not self.tty and pipe_reader_gone(self.out):
+            self._out_gone = True
+            self.stop_signal = self.stop_signal or "SIGPIPE"
 
     def _table_lines(self, started: datetime.datetime, width: int, height: int) -> list[str]:
         state = display.INTERRUPTED if self.stop_signal else None
@@ -736,6 +760,7 @@ class Executor:
             try:
                 while True:
                     self._drain_lines()
+                    self._notice_reader_gone()
                     self._poll()
                     if self.stop_signal is not None and not stopping:
                         stopping = True
