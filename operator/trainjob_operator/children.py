@@ -123,10 +123,17 @@ class ChildIndex:
             PODS: _Kind(index_pod),
             SERVICES: _Kind(index_service),
         }
+        # Called with every Pod watch event's job and body (progress_status reads final
+        # progress from termination messages here, so it needs no watch of its own).
+        self.pod_listeners: list[Callable[[JobKey, Mapping[str, Any]], None]] = []
 
     def event(self, plural: str, body: Mapping[str, Any], deleted: bool = False) -> JobKey | None:
         """A watch event of a Pod or Service (`plural`); returns the job to wake, if any."""
-        return self._kinds[plural].apply(body, deleted)
+        job = self._kinds[plural].apply(body, deleted)
+        if job is not None and plural == PODS and not deleted:
+            for listener in self.pod_listeners:
+                listener(job, body)
+        return job
 
     def replace(
         self, plural: str, namespace: str | None, bodies: Iterable[Mapping[str, Any]]

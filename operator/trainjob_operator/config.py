@@ -45,6 +45,14 @@ ENV_STANDALONE: Final = "TRAINJOB_STANDALONE"
 ENV_RESYNC: Final = "TRAINJOB_RESYNC_SECONDS"
 ENV_API_WORKERS: Final = "TRAINJOB_API_WORKERS"
 ENV_SERVE_DEADLINE: Final = "TRAINJOB_SERVE_DEADLINE_SECONDS"
+ENV_PROGRESS_PORT: Final = "TRAINJOB_PROGRESS_PORT"
+ENV_PROGRESS_URL: Final = "TRAINJOB_OPERATOR_PROGRESS_URL"
+ENV_PROGRESS_CERT_DIR: Final = "TRAINJOB_PROGRESS_CERT_DIR"
+ENV_PROGRESS_INTERVAL: Final = "TRAINJOB_PROGRESS_INTERVAL_SECONDS"
+ENV_PROGRESS_WRITES: Final = "TRAINJOB_PROGRESS_STATUS_WRITES_PER_SECOND"
+
+DEFAULT_PROGRESS_INTERVAL: Final = 5.0
+DEFAULT_PROGRESS_WRITES: Final = 20.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +79,19 @@ class Settings:
     # A TrainJob with no reconcile this long after it was seen is logged, counted and fails
     # the liveness probe; so does a list+watch that keeps failing this long.
     serve_deadline_seconds: float = DEFAULT_SERVE_DEADLINE
+    # Progress reports (HTTPS): 0 = off. `progress_url` is the base URL Pods report to (the
+    # operator's Service); `progress_cert_dir` holds tls.crt, tls.key and ca.crt.
+    progress_port: int = 0
+    progress_url: str | None = None
+    progress_cert_dir: str | None = None
+    progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL
+    # The most status writes of progress per second (the write budget); final reports go at once.
+    progress_writes_per_second: float = DEFAULT_PROGRESS_WRITES
     verbose: bool = False
+
+    @property
+    def progress_enabled(self) -> bool:
+        return self.progress_port > 0
 
     @property
     def clusterwide(self) -> bool:
@@ -209,6 +229,29 @@ def parser() -> argparse.ArgumentParser:
         help="a TrainJob not reconciled this long after it appears, or a watch failing this "
         f"long, is logged and fails the liveness probe (env {ENV_SERVE_DEADLINE}; default 60)",
     )
+    p.add_argument(
+        "--progress-port",
+        help=f"HTTPS port for training progress reports, 0 = off (env {ENV_PROGRESS_PORT})",
+    )
+    p.add_argument(
+        "--progress-url",
+        help="base URL Pods report progress to, e.g. https://trainjob-operator.trainjob-system"
+        f".svc:8443 (env {ENV_PROGRESS_URL})",
+    )
+    p.add_argument(
+        "--progress-cert-dir",
+        help=f"directory with tls.crt, tls.key and ca.crt (env {ENV_PROGRESS_CERT_DIR})",
+    )
+    p.add_argument(
+        "--progress-interval",
+        help="seconds between a job's progress reports, at most (env "
+        f"{ENV_PROGRESS_INTERVAL}; default 5)",
+    )
+    p.add_argument(
+        "--progress-status-writes",
+        help="status writes of progress per second, at most: the write budget (env "
+        f"{ENV_PROGRESS_WRITES}; default 20)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -231,6 +274,31 @@ def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     metrics_port = _int(pick(args.metrics_port, ENV_METRICS_PORT), "metrics port", None)
     api_workers = _int(pick(args.api_workers, ENV_API_WORKERS), "api workers", None)
     standalone = args.standalone if args.standalone is not None else _bool(env.get(ENV_STANDALONE))
+    progress_port = _int(pick(args.progress_port, ENV_PROGRESS_PORT), "--progress-port", 0) or 0
+    progress_url = pick(args.progress_url, ENV_PROGRESS_URL) or None
+    progress_cert_dir = pick(args.progress_cert_dir, ENV_PROGRESS_CERT_DIR) or None
+    if not 0 <= progress_port <= 65535:
+        raise ConfigError(f"--progress-port: expected 0-65535, got {progress_port}")
+    if progress_port and not progress_url:
+        raise ConfigError("--progress-url: required with --progress-port (the URL Pods use)")
+    if progress_port and not progress_cert_dir:
+        raise ConfigError("--progress-cert-dir: required with --progress-port (reports are HTTPS)")
+    if progress_url and not progress_url.startswith("https://"):
+        raise ConfigError(f"--progress-url: must be an https:// URL, got {progress_url!r}")
+    interval = _float(
+        pick(args.progress_interval, ENV_PROGRESS_INTERVAL),
+        "--progress-interval",
+        DEFAULT_PROGRESS_INTERVAL,
+    )
+    writes = _float(
+        pick(args.progress_status_writes, ENV_PROGRESS_WRITES),
+        "--progress-status-writes",
+        DEFAULT_PROGRESS_WRITES,
+    )
+    if interval < 1:
+        raise ConfigError(f"--progress-interval: at least 1 second, got {interval:g}")
+    if writes <= 0:
+        raise ConfigError(f"--progress-status-writes: must be positive, got {writes:g}")
     return Settings(
         namespaces=namespaces,
         cluster_domain=pick(args.cluster_domain, ENV_CLUSTER_DOMAIN)
@@ -255,6 +323,11 @@ def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
                 DEFAULT_SERVE_DEADLINE,
             ),
         ),
+        progress_port=progress_port,
+        progress_url=progress_url,
+        progress_cert_dir=progress_cert_dir,
+        progress_interval_seconds=interval,
+        progress_writes_per_second=writes,
         verbose=bool(args.verbose),
     )
 

@@ -24,7 +24,10 @@ def wanted(job: spec.TrainJob, settings: config.Settings) -> bool:
 
 
 def render_options(
-    job: spec.TrainJob, settings: config.Settings, namespace: str
+    job: spec.TrainJob,
+    settings: config.Settings,
+    namespace: str,
+    progress: render.ProgressEndpoint | None = None,
 ) -> render.RenderOptions:
     gang = wanted(job, settings)
     return render.RenderOptions(
@@ -33,6 +36,7 @@ def render_options(
         default_image=settings.default_image,
         scheduler_name=settings.effective_scheduler_name if gang else None,
         pod_group_name=pod_group_name(job) if gang else None,
+        progress=progress,
     )
 
 

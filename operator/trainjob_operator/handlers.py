@@ -40,9 +40,10 @@ import kopf
 from kopf._core.reactor import observation
 
 from trainjob.core import constants
-from trainjob_operator import config, kube, metrics, reconciler
+from trainjob_operator import config, kube, metrics, progress_server, reconciler
 
 RUNTIME_KEY: Final = "trainjob_runtime"
+PROGRESS_KEY: Final = "trainjob_progress"
 SETTINGS_KEY: Final = "trainjob_settings"
 BACKOFF_FIRST: Final = 0.5
 BACKOFF_MAX: Final = 60.0
@@ -127,6 +128,8 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     await _wait_for_crd(api)
     runtime = reconciler.Runtime(settings=cfg, kube=api, metrics=meters)
     runtime.watchdog.start()
+    if cfg.progress_enabled:
+        memo[PROGRESS_KEY] = await progress_server.serve(runtime)
     memo[RUNTIME_KEY] = runtime
 
 
@@ -158,6 +161,9 @@ async def _wait_for_crd(api: kube.Kube) -> None:
 
 @kopf.on.cleanup()
 async def trainjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    server = memo.get(PROGRESS_KEY)
+    if isinstance(server, progress_server.ProgressServer):
+        await server.close()
     runtime = memo.get(RUNTIME_KEY)
     if isinstance(runtime, reconciler.Runtime):
         await runtime.watchdog.close()

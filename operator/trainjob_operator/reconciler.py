@@ -32,7 +32,7 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, Final
 
 from trainjob.core import naming, policy, render, spec
@@ -92,6 +92,8 @@ class Runtime:
     # Jobs whose loop has begun reconciling; the watchdog reports the jobs that never do.
     reconciled: set[JobKey] = dataclasses.field(default_factory=set)
     watchdog: watchdog.Watchdog = dataclasses.field(init=False)
+    # Where new Pods report progress (progress_server.serve sets it); None: no reporting.
+    progress_endpoint: Callable[[], render.ProgressEndpoint | None] = lambda: None
 
     def __post_init__(self) -> None:
         self.creating = asyncio.Semaphore(creating_jobs(self.settings.api_workers))
@@ -312,7 +314,7 @@ async def reconcile_job(
 
     decision = policy.reconcile(job, old, observed, set(service_uids), now)
     owner = render.Owner(name=name, uid=uid)
-    options = gang.render_options(job, rt.settings, namespace)
+    options = gang.render_options(job, rt.settings, namespace, rt.progress_endpoint())
 
     # Record the decision before acting on it (see the module docstring for why).
     await _post_events(rt, raw, decision.events, now)

@@ -61,11 +61,28 @@ ENV_DTENSOR_CLIENT_ID: Final = "DTENSOR_CLIENT_ID"
 ENV_DTENSOR_NUM_CLIENTS: Final = "DTENSOR_NUM_CLIENTS"
 ENV_DTENSOR_JOB_NAME: Final = "DTENSOR_JOB_NAME"
 ENV_DTENSOR_JOBS: Final = "DTENSOR_JOBS"
+# Progress reporting to the operator (set in Pods when the operator serves progress reports).
+ENV_PROGRESS_URL: Final = "TRAINJOB_PROGRESS_URL"
+ENV_PROGRESS_TOKEN_FILE: Final = "TRAINJOB_PROGRESS_TOKEN_FILE"
+ENV_PROGRESS_CA_FILE: Final = "TRAINJOB_PROGRESS_CA_FILE"
+ENV_PROGRESS_INTERVAL: Final = "TRAINJOB_PROGRESS_INTERVAL"
+ENV_TERMINATION_MESSAGE_PATH: Final = "TRAINJOB_TERMINATION_MESSAGE_PATH"
 
 # Progress events the runtime prints on stdout, one JSON object per line after this prefix.
 PROGRESS_LINE_PREFIX: Final = "TRAINJOB_PROGRESS "
 
 CHECKPOINT_VOLUME_NAME: Final = "trainjob-checkpoint"
+# The projected volume with the progress token (audience: the job) and the operator's CA.
+PROGRESS_VOLUME_NAME: Final = "trainjob-progress"
+PROGRESS_MOUNT_PATH: Final = "/var/run/secrets/trainjob.dev/progress"
+PROGRESS_TOKEN_FILE: Final = "token"
+PROGRESS_CA_FILE: Final = "ca.crt"
+# The CA bundle travels as a Pod annotation, projected into the volume by the downward API:
+# no ConfigMap per namespace, so the operator needs no write access to ConfigMaps.
+ANNOTATION_PROGRESS_CA: Final = f"{GROUP}/progress-ca"
+# Token lifetime asked of the kubelet (it refreshes the file at 80% of it).
+PROGRESS_TOKEN_SECONDS: Final = 3600
+DEFAULT_TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
 DEFAULT_CHECKPOINT_PATH: Final = "/checkpoints"
 DEFAULT_RUNTIME_COMMAND: Final = ("python", "-m", "trainjob", "train")
 

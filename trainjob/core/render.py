@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from trainjob.core import constants, naming, spec, tfconfig
+from trainjob.core import constants, naming, progress, spec, tfconfig
 
 # The user the runtime images (images/trainjob*, `USER 1000`) run as, and its group.
 RUNTIME_IMAGE_UID = 1000
@@ -26,6 +26,16 @@ class Owner:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProgressEndpoint:
+    """Where the Pods of a job report progress: the operator's HTTPS base URL, the CA bundle
+    (PEM) that verifies it, and how often to report (seconds)."""
+
+    url: str
+    ca_pem: str
+    interval_seconds: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
 class RenderOptions:
     namespace: str
     cluster_domain: str = constants.DEFAULT_CLUSTER_DOMAIN
@@ -33,6 +43,7 @@ class RenderOptions:
     default_image: str | None = None
     scheduler_name: str | None = None
     pod_group_name: str | None = None
+    progress: ProgressEndpoint | None = None
 
 
 def owner_reference(owner: Owner) -> dict[str, Any]:
@@ -103,6 +114,8 @@ def render_pod(
                 }
             )
         pod_spec["volumes"] = volumes
+    if options.progress is not None:
+        _add_progress_volume(job, pod_spec, options)
     if options.scheduler_name and "schedulerName" not in pod_spec:
         pod_spec["schedulerName"] = options.scheduler_name
     annotations = {
@@ -111,6 +124,8 @@ def render_pod(
     }
     if options.pod_group_name:
         annotations["scheduling.k8s.io/group-name"] = options.pod_group_name
+    if options.progress is not None:
+        annotations[constants.ANNOTATION_PROGRESS_CA] = options.progress.ca_pem
     labels = {
         **dict(meta.get("labels") or {}),
         **naming.child_labels(job.name, replica_type, index),
@@ -126,6 +141,68 @@ def render_pod(
     if owner is not None:
         metadata["ownerReferences"] = [owner_reference(owner)]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _add_progress_volume(
+    job: spec.TrainJob, pod_spec: dict[str, Any], options: RenderOptions
+) -> None:
+    """The projected volume of progress reporting: a service-account token whose audience is
+    this job (useless against the API server and for any other job; bound to this Pod, so it
+    dies with it) and the CA bundle of the operator's certificate. Training needs no API
+    access at all, so the default API token is not mounted unless the template asks for it."""
+    pod_spec.setdefault("automountServiceAccountToken", False)
+    volumes = list(pod_spec.get("volumes") or [])
+    if not any(v.get("name") == constants.PROGRESS_VOLUME_NAME for v in volumes):
+        volumes.append(
+            {
+                "name": constants.PROGRESS_VOLUME_NAME,
+                "projected": {
+                    "sources": [
+                        {
+                            "serviceAccountToken": {
+                                "audience": progress.audience(options.namespace, job.name),
+                                "expirationSeconds": constants.PROGRESS_TOKEN_SECONDS,
+                                "path": constants.PROGRESS_TOKEN_FILE,
+                            }
+                        },
+                        {
+                            "downwardAPI": {
+                                "items": [
+                                    {
+                                        "path": constants.PROGRESS_CA_FILE,
+                                        "fieldRef": {
+                                            "fieldPath": "metadata.annotations['"
+                                            + constants.ANNOTATION_PROGRESS_CA
+                                            + "']"
+                                        },
+                                    }
+                                ]
+                            }
+                        },
+                    ]
+                },
+            }
+        )
+    pod_spec["volumes"] = volumes
+
+
+def progress_env(
+    job: spec.TrainJob, container: Mapping[str, Any], options: RenderOptions
+) -> dict[str, str]:
+    """The environment that tells the runtime (or a script's helper) where to report."""
+    if options.progress is None:
+        return {}
+    mount = constants.PROGRESS_MOUNT_PATH
+    return {
+        constants.ENV_PROGRESS_URL: options.progress.url.rstrip("/")
+        + progress.report_path(options.namespace, job.name),
+        constants.ENV_PROGRESS_TOKEN_FILE: f"{mount}/{constants.PROGRESS_TOKEN_FILE}",
+        constants.ENV_PROGRESS_CA_FILE: f"{mount}/{constants.PROGRESS_CA_FILE}",
+        constants.ENV_PROGRESS_INTERVAL: f"{options.progress.interval_seconds:g}",
+        constants.ENV_TERMINATION_MESSAGE_PATH: str(
+            container.get("terminationMessagePath") or constants.DEFAULT_TERMINATION_MESSAGE_PATH
+        ),
+    }
 
 
 def _pod_security_context(job: spec.TrainJob, given: dict[str, Any]) -> dict[str, Any]:
@@ -168,6 +245,7 @@ def _tf_container(
         result["image"] = image
     if job.runtime is not None and "command" not in result:
         result["command"] = list(constants.DEFAULT_RUNTIME_COMMAND)
+    env = {**env, **progress_env(job, result, options)}
     user_env = list(result.get("env") or [])
     user_names = {e.get("name") for e in user_env}
     # The user's own value wins: appending ours after theirs would silently override it.
@@ -194,6 +272,17 @@ def _tf_container(
             if job.checkpoint.sub_path:
                 mount["subPath"] = job.checkpoint.sub_path
             mounts.append(mount)
+        result["volumeMounts"] = mounts
+    if options.progress is not None:
+        mounts = list(result.get("volumeMounts") or [])
+        if not any(m.get("name") == constants.PROGRESS_VOLUME_NAME for m in mounts):
+            mounts.append(
+                {
+                    "name": constants.PROGRESS_VOLUME_NAME,
+                    "mountPath": constants.PROGRESS_MOUNT_PATH,
+                    "readOnly": True,
+                }
+            )
         result["volumeMounts"] = mounts
     return result
 

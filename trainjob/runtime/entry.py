@@ -16,11 +16,12 @@ import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from trainjob.core import constants
-from trainjob.runtime import data, exitcodes, progress
+from trainjob.core import progress as core_progress
+from trainjob.runtime import data, exitcodes, progress, reporter
 from trainjob.runtime import settings as settings_mod
 from trainjob.runtime.exitcodes import EntrypointError, FailureKind
 from trainjob.runtime.preemption import StopWatcher
@@ -128,7 +129,10 @@ def train_main(argv: list[str]) -> int:
 
     prepare_process_env(os.environ, settings)
     emitter = progress.Emitter(
-        replica=settings.replica, chief=settings.is_chief, progress_file=settings.progress_file
+        replica=settings.replica,
+        chief=settings.is_chief,
+        progress_file=settings.progress_file,
+        reporter=_reporter(settings, os.environ),
     )
 
     def _on_stop(code: int) -> None:
@@ -167,6 +171,24 @@ def train_main(argv: list[str]) -> int:
         return code
     emitter.emit("end", status="succeeded", exit_code=0, **end)
     return 0
+
+
+def _reporter(
+    settings: RuntimeSettings, env: Mapping[str, str]
+) -> reporter.ProgressReporter | None:
+    """The chief (worker 0 without a chief) reports the job's progress; totals come from the
+    config until the runner learns them (Keras `fit` params, a loop's spec)."""
+    if not settings.is_chief:
+        return None
+    epochs, total = core_progress.planned_totals(settings.config)
+    per_epoch = settings.config.get("steps_per_epoch")
+    tracker = reporter.Tracker(
+        settings.replica,
+        total_epochs=epochs,
+        total_steps=total,
+        steps_per_epoch=per_epoch if isinstance(per_epoch, int) and per_epoch > 0 else None,
+    )
+    return reporter.ProgressReporter(tracker, env)
 
 
 def data_main(argv: list[str]) -> int:

@@ -77,6 +77,7 @@ def _hooks(
         def after_run(self, run_context: Any, run_values: Any) -> None:
             results = run_values.results
             step = int(results["step"])
+            emitter.tick(step)
             if every <= 0 or self._last is None or step - self._last[0] < every:
                 return
             now = time.perf_counter()
@@ -134,6 +135,8 @@ def run(
         # a params argument, as TF's tutorials write it; with one it still gets {}.
         params=dict(spec.params) or None,
     )
+    if isinstance(spec.max_steps, int) and spec.max_steps > 0:
+        emitter.plan(total_steps=spec.max_steps)
     hook = _hooks(
         tf,
         emitter,

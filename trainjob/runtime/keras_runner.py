@@ -79,6 +79,14 @@ def _progress_callback(
         def _global_step(self) -> int:
             return int(self.model.optimizer.iterations.numpy())
 
+        def on_train_begin(self, logs: Any = None) -> None:
+            params = self.params or {}
+            epochs, steps = params.get("epochs"), params.get("steps")
+            emitter.plan(
+                total_epochs=epochs if isinstance(epochs, int) else None,
+                steps_per_epoch=steps if isinstance(steps, int) else None,
+            )
+
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self._epoch = epoch
             self._epoch_step0 = self._global_step()
@@ -103,6 +111,9 @@ def _progress_callback(
             if stop.requested and single_writer:
                 self._save_before_stop(batch)
                 raise Preempted(f"signal {stop.signum} received during epoch {self._epoch}")
+            # The step from counters already on the host (no device sync): the reporter's
+            # clock for the ETA; reports go from its own thread.
+            emitter.tick(self._epoch_step0 + batch + 1)
             if every_steps <= 0:
                 return
             self._batches += 1

@@ -267,6 +267,7 @@ class LoopRunner:
     def loop(self, stop: StopRequest) -> dict[str, Any]:
         spec = self.spec
         total = spec.epochs * spec.steps_per_epoch
+        self.emitter.plan(total_epochs=spec.epochs, steps_per_epoch=spec.steps_per_epoch)
         self.host_step = int(self.step_var.numpy())
         start_epoch = epoch_of(self.host_step, spec.steps_per_epoch)
         self.emitter.emit(
@@ -283,6 +284,7 @@ class LoopRunner:
         while self.host_step < total:
             result = self._run_step()
             self.host_step += 1
+            self.emitter.tick(self.host_step)
             if self.coordinator is None:
                 epoch.examples += float(result[1])
             if progress_due(self.host_step, self.every_progress):

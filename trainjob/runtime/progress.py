@@ -22,6 +22,10 @@ Fields (absent or ``null`` when not known):
 ``tf_version``      (``start``) the TensorFlow version the replica runs
 ``export``          (``end``, chief only) path of the exported model
 ``status``          (``end``) ``succeeded`` or the :class:`~trainjob.runtime.exitcodes.FailureKind`
+``progress``        (the reporting replica: the chief, else worker 0) the job's progress
+                    report as the operator receives it (:mod:`trainjob.core.progress`:
+                    totals, percent, ETA from a moving average of step time); local mode
+                    shows and stores exactly this
 ==================  =================================================================
 """
 
@@ -36,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
 from trainjob.core import constants
+from trainjob.core import progress as core_progress
+from trainjob.runtime import reporter as reporter_mod
 
 EVENTS: Final = ("start", "epoch", "step", "checkpoint", "end")
 _RESERVED: Final = frozenset(
@@ -120,19 +126,79 @@ def parse_line(line: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def report_state(record: Mapping[str, Any]) -> str:
+    """The report state an event implies: an `end` that succeeded is final, a preempted one is
+    not (the replica is restarted and goes on), any other `end` is a failure."""
+    if record.get("event") != "end":
+        return core_progress.STATE_RUNNING
+    status = record.get("status")
+    if status == "succeeded":
+        return core_progress.STATE_SUCCEEDED
+    if status == "preempted":
+        return core_progress.STATE_RUNNING
+    return core_progress.STATE_FAILED
+
+
+def track(tracker: reporter_mod.Tracker, record: Mapping[str, Any]) -> None:
+    """Feed one event into the tracker (events count epochs from 0, reports from 1)."""
+    if record.get("event") == "start":
+        tracker.restart_timer()
+    epoch = record.get("epoch")
+    metrics = record.get("metrics")
+    tracker.update(
+        step=record["step"] if isinstance(record.get("step"), int) else None,
+        epoch=epoch + 1 if isinstance(epoch, int) else None,
+        loss=record.get("loss"),
+        metrics=metrics if isinstance(metrics, Mapping) else None,
+        examples_per_second=record.get("examples_per_sec"),
+        checkpoint=record.get("checkpoint"),
+        state=report_state(record),
+    )
+
+
 @dataclass
 class Emitter:
-    """Writes events to stdout (and the progress file when set). The only I/O in this module."""
+    """Writes events to stdout (and the progress file when set). The only I/O in this module.
+
+    `reporter` (the reporting replica only) turns events into progress reports: it sends them
+    to the operator from its own thread when the Pod has an endpoint, and every event line
+    carries the latest report, so local mode shows the same numbers from the same code."""
 
     replica: str
     chief: bool
     progress_file: str | None = None
     stream: TextIO = field(default_factory=lambda: sys.stdout)
+    reporter: reporter_mod.ProgressReporter | None = None
+
+    def tick(self, step: int) -> None:
+        """The global step just completed (cheap: call it every step)."""
+        if self.reporter is not None:
+            self.reporter.tick(step)
+
+    def plan(
+        self,
+        *,
+        total_epochs: int | None = None,
+        total_steps: int | None = None,
+        steps_per_epoch: int | None = None,
+    ) -> None:
+        """Totals known once training starts (Keras `fit` params, a loop's spec)."""
+        if self.reporter is not None:
+            self.reporter.tracker.plan(
+                total_epochs=total_epochs, total_steps=total_steps, steps_per_epoch=steps_per_epoch
+            )
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         record = make_event(
             event, replica=self.replica, chief=self.chief, now=time.time(), **fields
         )
+        if self.reporter is not None:
+            track(self.reporter.tracker, record)
+            record["progress"] = core_progress.to_wire(self.reporter.tracker.report())
+            if event == "end":
+                self.reporter.finish(report_state(record))
+            elif event == "epoch":
+                self.reporter.epoch_end(int(record.get("epoch") or 0) + 1)
         # One write per line and an explicit flush: executors tail stdout while the process runs.
         self.stream.write(format_line(record) + "\n")
         self.stream.flush()
