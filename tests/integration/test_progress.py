@@ -1,0 +1,432 @@
+"""Progress reports on a real API server: the operator's HTTPS endpoint, tokens requested
+with the TokenRequest API bound to the job's Pods (as the kubelet does for the projected
+volume), TokenReview by the real API server, status.progress written under the budget.
+
+One operator for the module (serving namespaces `test-progress-*`), progress on, a status
+write budget of 2 a second. Its certificate is the test control plane's serving certificate
+(SANs 127.0.0.1 and localhost), its CA the plane's CA.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, utils
+from kubernetes import client as k8s
+
+from tests.controlplane.cluster import ControlPlane, free_port
+from tests.integration.operator_harness import Cluster, Operator, trainjob, wait_until
+from trainjob.core import constants
+from trainjob.core import progress as core_progress
+
+pytestmark = pytest.mark.integration
+
+T = 30.0
+BUDGET = 2.0  # status writes a second
+
+
+@pytest.fixture(scope="module")
+def progress_operator(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
+    root = tmp_path_factory.mktemp("progress-operator")
+    certs = root / "certs"
+    certs.mkdir()
+    pki = control_plane.pki
+    shutil.copy(pki.serving_cert, certs / "tls.crt")
+    shutil.copy(pki.serving_key, certs / "tls.key")
+    shutil.copy(pki.ca_cert, certs / "ca.crt")
+    port = free_port()
+    op = Operator(
+        control_plane.kubeconfig,
+        root / "operator.log",
+        "--namespace=test-progress-*",
+        f"--progress-port={port}",
+        f"--progress-url=https://127.0.0.1:{port}",
+        f"--progress-cert-dir={certs}",
+        f"--progress-status-writes={BUDGET:g}",
+    ).start()
+    op.progress_port = port  # type: ignore[attr-defined]
+    try:
+        wait_until(
+            lambda: _reachable(port) or not op.running(),
+            timeout=T,
+            what="the operator's progress endpoint",
+        )
+        assert op.running(), op.log_tail()
+        yield op
+    finally:
+        op.stop()
+        print(f"operator log:\n{op.log_tail(30)}")
+
+
+def _reachable(port: int) -> bool:
+    try:
+        _post(port, "/", b"{}", None, pki_ca=None)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture
+def cluster(
+    progress_operator: Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
+    assert namespace.startswith("test-progress-"), namespace
+    yield Cluster(api_client, namespace)
+    print(f"operator log, last lines:\n{progress_operator.log_tail(25)}")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+_CA: dict[str, ssl.SSLContext] = {}
+
+
+def _post(
+    port: int,
+    path: str,
+    body: bytes,
+    token: str | None,
+    *,
+    pki_ca: Path | None,
+    content_type: str = "application/json",
+) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """(status, headers, JSON body) of one POST to the operator's progress endpoint."""
+    if pki_ca is None:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        context = _CA.setdefault(str(pki_ca), ssl.create_default_context(cafile=str(pki_ca)))
+    headers = {"Content-Type": content_type}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{port}{path}", data=body, method="POST", headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status, dict(response.headers), json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        payload = exc.read()
+        try:
+            data = json.loads(payload or b"{}")
+        except ValueError:
+            data = {"raw": payload.decode("utf-8", "replace")}
+        return exc.code, dict(exc.headers), data
+
+
+class Reporter:
+    """Posts reports for one job, as a Pod would."""
+
+    def __init__(self, plane: ControlPlane, op: Operator, namespace: str, job: str) -> None:
+        self.ca = plane.pki.ca_cert
+        self.port: int = op.progress_port  # type: ignore[attr-defined]
+        self.path = core_progress.report_path(namespace, job)
+
+    def post(
+        self, report: dict[str, Any] | bytes, token: str | None, **kw: Any
+    ) -> tuple[int, dict[str, str], dict[str, Any]]:
+        body = report if isinstance(report, bytes) else json.dumps(report).encode()
+        return _post(self.port, self.path, body, token, pki_ca=self.ca, **kw)
+
+
+def _pod_token(cluster: Cluster, pod: str, audience: str) -> str:
+    """A token of the Pod's service account bound to the Pod, as the kubelet requests it."""
+    live = cluster.pod(pod)
+    assert live is not None
+    request = k8s.AuthenticationV1TokenRequest(
+        spec=k8s.V1TokenRequestSpec(
+            audiences=[audience],
+            expiration_seconds=600,
+            bound_object_ref=k8s.V1BoundObjectReference(
+                api_version="v1", kind="Pod", name=pod, uid=live.metadata.uid
+            ),
+        )
+    )
+    account = live.spec.service_account_name or "default"
+    reply = cluster.core.create_namespaced_service_account_token(
+        account, cluster.namespace, request
+    )
+    return str(reply.status.token)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _expired_token(plane: ControlPlane, cluster: Cluster, pod: str, audience: str) -> str:
+    """A Pod-bound token exactly as the API server issues them, signed with the plane's
+    service-account key, that expired a minute ago (TokenRequest refuses lifetimes under 10
+    minutes, so an expired token cannot be requested)."""
+    live = cluster.pod(pod)
+    account = cluster.core.read_namespaced_service_account("default", cluster.namespace)
+    key = serialization.load_pem_private_key(plane.pki.sa_key.read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and live is not None
+    now = int(time.time())
+    claims = {
+        "aud": [audience],
+        "exp": now - 60,
+        "iat": now - 700,
+        "nbf": now - 700,
+        "iss": "https://kubernetes.default.svc.cluster.local",
+        "sub": f"system:serviceaccount:{cluster.namespace}:default",
+        "kubernetes.io": {
+            "namespace": cluster.namespace,
+            "pod": {"name": pod, "uid": live.metadata.uid},
+            "serviceaccount": {"name": "default", "uid": account.metadata.uid},
+        },
+    }
+    header = {"alg": "ES256", "typ": "JWT"}
+    signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
+    r, s = utils.decode_dss_signature(key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
+    return f"{signing_input}.{_b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+
+def _progress(cluster: Cluster, job: str) -> dict[str, Any]:
+    status = (cluster.job(job) or {}).get("status") or {}
+    return dict(status.get("progress") or {})
+
+
+def _metric(op: Operator, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )
+
+
+def _start_job(cluster: Cluster, name: str) -> dict[str, k8s.V1Pod]:
+    cluster.create_job(trainjob(name, chief=1, workers=1))
+    pods = cluster.wait_pods(name, {f"{name}-chief-0", f"{name}-worker-0"}, timeout=T)
+    cluster.run_all(name, set(pods))
+    return pods
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+
+def test_progress_pods_get_a_job_token_and_the_ca(
+    cluster: Cluster, control_plane: ControlPlane
+) -> None:
+    pods = _start_job(cluster, "tok")
+    pod = pods["tok-chief-0"]
+    volume = next(v for v in pod.spec.volumes if v.name == constants.PROGRESS_VOLUME_NAME)
+    token = volume.projected.sources[0].service_account_token
+    assert token.audience == core_progress.audience(cluster.namespace, "tok")
+    assert pod.metadata.annotations[constants.ANNOTATION_PROGRESS_CA] == (
+        control_plane.pki.ca_cert.read_text()
+    )
+    assert pod.spec.automount_service_account_token is False  # training needs no API rights
+    env = {e.name: e.value for e in pod.spec.containers[0].env}
+    assert env[constants.ENV_PROGRESS_URL].endswith(
+        core_progress.report_path(cluster.namespace, "tok")
+    )
+
+
+def test_progress_accepted_refused_and_written_within_budget(
+    cluster: Cluster, control_plane: ControlPlane, progress_operator: Operator
+) -> None:
+    ns = cluster.namespace
+    _start_job(cluster, "a")
+    _start_job(cluster, "b")
+    job_a = Reporter(control_plane, progress_operator, ns, "a")
+    audience = core_progress.audience(ns, "a")
+    chief = _pod_token(cluster, "a-chief-0", audience)
+    report = {
+        "epoch": 3,
+        "totalEpochs": 10,
+        "step": 450,
+        "totalSteps": 1000,
+        "loss": 0.23141,
+        "metrics": {"accuracy": 0.91},
+        "etaSeconds": 240,
+        "examplesPerSecond": 812.5,
+    }
+
+    # Accepted, and visible in status within one budget slot (+ slack for a loaded machine).
+    sent = time.monotonic()
+    code, _, body = wait_until(
+        lambda: (r := job_a.post(report, chief))[0] not in (429, 503) and r,
+        timeout=T,
+        what="job a served by the operator (not 503)",
+    )
+    assert code == 202, body
+    shown = wait_until(lambda: _progress(cluster, "a").get("summary"), timeout=T, what="status")
+    visible_after = time.monotonic() - sent
+    assert shown == "45% (3/10)"
+    progress = _progress(cluster, "a")
+    assert progress["eta"] == "4m" and progress["loss"] == 0.2314
+    assert progress["replica"] == "chief-0" and progress["lastUpdateTime"]
+    assert visible_after < 1 / BUDGET + 5, visible_after
+
+    refusals: dict[str, tuple[int, str]] = {}
+
+    def refused(what: str, result: tuple[int, dict[str, str], dict[str, Any]]) -> None:
+        refusals[what] = (result[0], str(result[2].get("error", ""))[:90])
+
+    # Wrong audience: a token of this very Pod, but for the API server's default audience.
+    refused("no token", job_a.post(report, None))
+    wrong = _pod_token(cluster, "a-chief-0", "https://kubernetes.default.svc.cluster.local")
+    refused("wrong audience", job_a.post(report, wrong))
+    # Job b's token (its audience) sent to job a; and b's Pod with a's audience.
+    b_token = _pod_token(cluster, "b-chief-0", core_progress.audience(ns, "b"))
+    refused("other job's token", job_a.post(report, b_token))
+    b_pod_a_audience = _pod_token(cluster, "b-chief-0", audience)
+    refused("other job's pod", job_a.post(report, b_pod_a_audience))
+    refused(
+        "expired token",
+        job_a.post(report, _expired_token(control_plane, cluster, "a-worker-0", audience)),
+    )
+    refused("oversized body", job_a.post(b"{" + b" " * 20_000 + b"}", chief))
+    refused("not JSON", job_a.post(b"epoch=3", chief, content_type="text/plain"))
+    refused("invalid field", job_a.post({"step": -1}, chief))
+    assert {k: v[0] for k, v in refusals.items()} == {
+        "no token": 401,
+        "wrong audience": 401,
+        "other job's token": 401,
+        "other job's pod": 403,
+        "expired token": 401,
+        "oversized body": 413,
+        "not JSON": 415,
+        "invalid field": 400,
+    }, refusals
+    assert "step" in refusals["invalid field"][1]
+
+    # A flood from one Pod: 429 with Retry-After once its burst is spent.
+    worker = _pod_token(cluster, "a-worker-0", audience)
+    codes = []
+    retry_after = None
+    for step in range(12):
+        code, headers, _ = job_a.post({**report, "step": 451 + step}, worker)
+        codes.append(code)
+        retry_after = retry_after or headers.get("Retry-After")
+    assert 429 in codes and codes[0] == 202 and retry_after and int(retry_after) >= 1, codes
+    refusals["flood (12 reports at once)"] = (
+        429,
+        f"{codes.count(429)} of 12, Retry-After {retry_after}",
+    )
+
+    # The budget: 8 reports over ~2 s from several jobs' Pods coalesce into few writes.
+    before = _metric(progress_operator, "trainjob_progress_status_writes_total")
+    b_reporter = Reporter(control_plane, progress_operator, ns, "b")
+    started = time.monotonic()
+    for i in range(4):
+        assert job_a.post({**report, "step": 500 + i}, chief)[0] in (202, 429)
+        assert b_reporter.post({**report, "step": 600 + i}, b_token)[0] in (202, 429)
+        time.sleep(0.5)  # the Pods' reporting pace, compressed
+    wait_until(
+        lambda: (
+            _progress(cluster, "b").get("step") == 603
+            and _progress(cluster, "a").get("step") == 503
+        ),
+        timeout=T,
+        what="the latest reports in status",
+    )
+    elapsed = time.monotonic() - started
+    writes = _metric(progress_operator, "trainjob_progress_status_writes_total") - before
+    assert writes <= BUDGET * elapsed + 2, (writes, elapsed)
+
+    # A deleted Pod's token is refused even while its review is cached.
+    cluster.core.delete_namespaced_pod("b-chief-0", ns, grace_period_seconds=0)
+    result = wait_until(
+        lambda: (r := b_reporter.post(report, b_token))[0] in (401, 403) and r,
+        timeout=T,
+        what="the deleted Pod's token refused",
+    )
+    refused("deleted pod (review cached)", result)
+    assert result[0] == 403, result
+
+    # A final report is written at once, whatever the budget.
+    final = {**report, "state": "Succeeded", "step": 1000, "epoch": 10}
+    assert job_a.post(final, chief)[0] in (202, 429)
+    wait_until(
+        lambda: _progress(cluster, "a").get("summary") == "100% (10/10)",
+        timeout=T,
+        what="the final report",
+    )
+    print("refused requests:\n" + "\n".join(f"  {k}: {v[0]} {v[1]}" for k, v in refusals.items()))
+
+
+def test_progress_final_figures_from_the_termination_message(
+    cluster: Cluster, control_plane: ControlPlane
+) -> None:
+    """The chief ended between two reports: its termination message carries the final figures."""
+    _start_job(cluster, "term")
+    final = core_progress.Report(
+        replica="chief-0",
+        state="Succeeded",
+        epoch=5,
+        total_epochs=5,
+        step=500,
+        total_steps=500,
+        loss=0.1,
+        time=time.time(),
+    )
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cluster.core.patch_namespaced_pod_status(
+        "term-chief-0",
+        cluster.namespace,
+        {
+            "status": {
+                "phase": "Succeeded",
+                "containerStatuses": [
+                    {
+                        "name": "tensorflow",
+                        "image": "example.com/trainjob:test",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {
+                            "terminated": {
+                                "exitCode": 0,
+                                "reason": "Completed",
+                                "startedAt": now,
+                                "finishedAt": now,
+                                "message": core_progress.termination_message(final),
+                            }
+                        },
+                    }
+                ],
+            }
+        },
+    )
+    wait_until(
+        lambda: _progress(cluster, "term").get("summary") == "100% (5/5)",
+        timeout=T,
+        what="final progress from the termination message",
+    )
+    cluster.wait_condition("term", "Succeeded", timeout=T)
+    table = subprocess.run(
+        [
+            str(control_plane.kubectl_path),
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "get",
+            "tj",
+            "term",
+            "-n",
+            cluster.namespace,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    header, row = table.splitlines()[:2]
+    assert "PROGRESS" in header and "ETA" in header and "LOSS" in header, table
+    assert "100% (5/5)" in row and "0.1" in row, table
