@@ -69,8 +69,10 @@ class Tracker:
     ) -> None:
         self.replica = replica
         self.total_epochs = total_epochs
-        self.total_steps = total_steps
         self.steps_per_epoch = steps_per_epoch
+        if total_steps is None and total_epochs and steps_per_epoch:
+            total_steps = total_epochs * steps_per_epoch
+        self.total_steps = total_steps
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
@@ -199,6 +201,7 @@ class Sender:
         self.token_file = token_file
         self.ca_file = ca_file
         self.interval = max(interval, MIN_GAP)
+        self.finish_timeout = FINISH_TIMEOUT
         self._report = report
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -217,11 +220,12 @@ class Sender:
         self._urgent = True
         self._wake.set()
 
-    def finish(self, timeout: float = FINISH_TIMEOUT) -> bool:
-        """Send the final report now and wait for it (at most `timeout`); True if it went."""
+    def finish(self) -> bool:
+        """Send the final report now and wait for it (at most `finish_timeout`); True if it
+        went."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout)
+        self._thread.join(self.finish_timeout + REQUEST_TIMEOUT)
         return self._final_sent.is_set()
 
     def _run(self) -> None:
@@ -247,8 +251,8 @@ class Sender:
             next_at = sent_at + max(self.interval, delay)
 
     def _send_final(self) -> bool:
-        """The final report, retried (network trouble, 429, 503) until FINISH_TIMEOUT."""
-        deadline = time.monotonic() + FINISH_TIMEOUT
+        """The final report, retried (network trouble, 429, 503) for `finish_timeout`."""
+        deadline = time.monotonic() + self.finish_timeout
         while True:
             delay = self._send_once()
             if self.last_status is not None and 200 <= self.last_status < 300:
