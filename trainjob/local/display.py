@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from trainjob.core import policy, spec
+from trainjob.core import progress as core_progress
 from trainjob.core import status as st
 
 ReplicaKey = tuple[str, int]
@@ -459,9 +460,15 @@ def _job_line(
     clock: StepClock | None,
     state: str,
     width: int,
+    report: core_progress.Report | None = None,
 ) -> list[Segment]:
-    """`TrainJob mnist  Running  42.0s  step 80/120 (67%)  ETA 20s  restarts 0/3`."""
+    """`TrainJob mnist  Running  42.0s  step 80/120 (67%)  ETA 20s  restarts 0/3`.
+
+    `report`: the chief's latest progress report, the one the operator would write to
+    status.progress: its totals and ETA (moving average of step time) win."""
     _, total = planned_totals(job)
+    if report is not None and report.total_steps:
+        total = report.total_steps
     step = job_step(progress)
     parts: list[tuple[str, Segment]] = [
         ("name", (f"TrainJob {job.name}", STYLE_BOLD)),
@@ -472,6 +479,8 @@ def _job_line(
         percent = f" ({min(100, 100 * step // total)}%)" if total else ""
         parts.append(("step", (f"step {step}" + (f"/{total}" if total else "") + percent, None)))
     eta = eta_seconds(clock, total)
+    if report is not None and report.eta_seconds is not None:
+        eta = report.eta_seconds
     if eta is not None and not status.finished:
         parts.append(("eta", (f"ETA {duration(eta)}", None)))
     parts.append(
@@ -502,6 +511,7 @@ def table_segments(
     height: int = 24,
     clock: StepClock | None = None,
     state: str | None = None,
+    report: core_progress.Report | None = None,
 ) -> list[list[Segment]]:
     """The live display as styled segments: a job line, then one line per replica.
 
@@ -511,7 +521,14 @@ def table_segments(
     max_lines = max(2, height - 1)
     lines = [
         _job_line(
-            job, status, progress, elapsed_seconds, clock, state or st.state_of(status), usable
+            job,
+            status,
+            progress,
+            elapsed_seconds,
+            clock,
+            state or st.state_of(status),
+            usable,
+            report,
         )
     ]
     shown = list(rows)
@@ -640,6 +657,7 @@ class Summary:
     causes: Sequence[Cause] = ()
     has_checkpoint: bool = False
     problem: str | None = None  # the run could not start (e.g. data preparation failed)
+    report: core_progress.Report | None = None  # the chief's last progress report
 
 
 def final_state(summary: Summary) -> str:
@@ -714,13 +732,27 @@ def summary_text(summary: Summary, color: bool = False) -> str:
         )
     lines.append("  last exit:  " + _joined_limited(codes, 16))
     step = job_step(summary.progress)
-    if step is not None:
+    if summary.report is not None and core_progress.summary(summary.report):
+        lines.append(f"  progress:   {progress_line(summary.report)}")
+    elif step is not None:
         lines.append(f"  steps:      {step}")
     if summary.export:
         lines.append(f"  model:      {summary.export}")
     lines.append(f"  checkpoint: {summary.checkpoint_dir}")
     lines.append(f"  logs:       {summary.log_dir}")
     return "\n".join(lines) + "\n"
+
+
+def progress_line(report: core_progress.Report) -> str:
+    """`100% (3/3)  step 120/120  loss 0.2935`: what kubectl get tj shows, with the step."""
+    parts = [core_progress.summary(report)]
+    if report.step is not None and report.epoch is not None:
+        parts.append(
+            f"step {report.step}" + (f"/{report.total_steps}" if report.total_steps else "")
+        )
+    if report.loss is not None:
+        parts.append(f"loss {core_progress.significant(report.loss)}")
+    return "  ".join(parts)
 
 
 def _joined_limited(items: Sequence[str], limit: int) -> str:

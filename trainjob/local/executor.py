@@ -33,6 +33,7 @@ from types import FrameType
 from typing import IO, Any, Final, TextIO
 
 from trainjob.core import constants, policy
+from trainjob.core import progress as core_progress
 from trainjob.core import status as st
 from trainjob.local import display, plan
 
@@ -353,6 +354,10 @@ class Executor:
         self.width = display.prefix_width(plan.all_keys(run_plan))
         self.export: str | None = None
         self.clock: display.StepClock | None = None
+        # The chief's latest progress report (events carry it) and when it arrived: what the
+        # operator would write to status.progress, written to status.json the same way.
+        self.report: core_progress.Report | None = None
+        self.report_received = self.now()
         self.problem: str | None = None
         self._written_status: dict[str, Any] | None = None
         self._pending: list[str] = []
@@ -413,6 +418,7 @@ class Executor:
             height=height,
             clock=self.clock,
             state=state,
+            report=self.report,
         )
         self._drawn_widths = [len(display.plain(line)) for line in segments]
         return [display.render_segments(line, self.color) for line in segments]
@@ -475,6 +481,15 @@ class Executor:
         elif step > self.clock.last_step:
             self.clock = dataclasses.replace(self.clock, last_time=mono, last_step=step)
 
+    def _note_report(self, event: Mapping[str, Any]) -> None:
+        if not isinstance(event.get("progress"), Mapping):
+            return
+        try:
+            self.report = core_progress.parse_report(event["progress"])
+        except core_progress.ReportError:
+            return  # a foreign or damaged line: the table keeps the last good report
+        self.report_received = self.now()
+
     def _drain_lines(self) -> None:
         from trainjob.runtime import progress as progress_events
 
@@ -490,6 +505,7 @@ class Executor:
                     self._finished_attempts.add((key, attempt))
                 self.progress[key] = display.fold(self.progress.get(key), event)
                 self._note_progress(event)
+                self._note_report(event)
                 if event.get("export") and event.get("chief"):
                     self.export = str(event["export"])
                 if not self.tty or (display.keeps_line(key, event, self.job) and not stopping):
@@ -645,6 +661,8 @@ class Executor:
 
     def _write_status(self) -> None:
         data = {"jobName": self.job.name, **st.to_dict(self.job, self.status)}
+        if self.report is not None:
+            data["progress"] = core_progress.status_progress(self.report, self.report_received)
         if self.stop_signal is not None and not self.status.finished:
             data["state"] = display.INTERRUPTED
         if self.problem is not None and not self.status.finished:
@@ -852,4 +870,5 @@ class Executor:
             causes=causes[:1],
             has_checkpoint=self._has_checkpoint(),
             problem=self.problem,
+            report=self.report,
         )
