@@ -37,6 +37,27 @@ DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 600
 # 63-character DNS label that both Pod hostnames and Service names require.
 MAX_JOB_NAME_LENGTH: Final = 48
 MAX_REPLICAS: Final = 9999
+# The fields of a Kubernetes ObjectMeta (their values are the API server's to check).
+OBJECT_META_FIELDS: Final = (
+    "name",
+    "generateName",
+    "namespace",
+    "selfLink",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
+)
+# The CRD's maxItems for a template's containers and a container's ports.
+MAX_CONTAINERS: Final = 32
+MAX_PORTS: Final = 64
 
 _DNS_1035: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_1123: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -194,7 +215,18 @@ class _Collector:
     def unknown_keys(self, obj: Mapping[str, Any], path: str, known: Sequence[str]) -> None:
         for key in obj:
             if key not in known:
-                self.add(f"{path}.{key}", f"unknown field (known: {', '.join(known)})")
+                self.add(_field(path, key), f"unknown field (known: {', '.join(known)})")
+
+
+_PLAIN_KEY: Final = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _field(path: str, key: object) -> str:
+    """`path.key`, or `path['odd key']` for a key that is empty, not a string or has dots, so
+    the path still reads as one field."""
+    if isinstance(key, str) and _PLAIN_KEY.match(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{key!r}]"
 
 
 def _type_name(value: object) -> str:
@@ -317,7 +349,11 @@ def parse(manifest: object, *, require_images: bool = True) -> TrainJob:
         c.add("apiVersion", f"must be {constants.API_VERSION}, got {obj.get('apiVersion')!r}")
     if obj.get("kind") != constants.KIND:
         c.add("kind", f"must be {constants.KIND}, got {obj.get('kind')!r}")
+    # kubectl and the API server refuse unknown fields (strict field validation): so do we, or
+    # `trainjob validate` would pass a typo such as `specs:` or `metadata.lables`.
+    c.unknown_keys(obj, "", ("apiVersion", "kind", "metadata", "spec", "status"))
     metadata = c.mapping(obj.get("metadata"), "metadata")
+    c.unknown_keys(metadata, "metadata", OBJECT_META_FIELDS)
     name = _parse_name(c, metadata.get("name"))
     namespace = c.string(metadata.get("namespace"), "metadata.namespace")
     labels = c.mapping(metadata.get("labels"), "metadata.labels")
@@ -395,15 +431,15 @@ def _parse_replica_specs(c: _Collector, value: object) -> dict[str, ReplicaSpec]
     raw = c.mapping(value, path)
     if value is None:
         c.add(path, "is required")
+    elif isinstance(value, Mapping) and not value:
+        c.add(path, "needs a chief or at least one worker (ps and evaluator alone never finish)")
     result: dict[str, ReplicaSpec] = {}
     for key, item in raw.items():
-        item_path = f"{path}.{key}"
+        item_path = _field(path, key)
         if key not in constants.REPLICA_TYPES:
-            hint = (
-                f" (did you mean {key.lower()!r}?)"
-                if key.lower() in constants.REPLICA_TYPES
-                else ""
-            )
+            # str(): YAML keys can be numbers or booleans (`1:`, `yes:`) in local manifests.
+            lower = str(key).lower()
+            hint = f" (did you mean {lower!r}?)" if lower in constants.REPLICA_TYPES else ""
             c.add(
                 item_path,
                 f"unknown replica type{hint}; must be one of {', '.join(constants.REPLICA_TYPES)}",
@@ -429,31 +465,67 @@ def _parse_replica_specs(c: _Collector, value: object) -> dict[str, ReplicaSpec]
 
 
 def _check_template(c: _Collector, template: Mapping[str, Any], path: str) -> None:
+    """What the CRD's schema checks of a PodTemplateSpec, plus container names (the CRD keeps
+    templates open, so the API server checks the rest when the operator creates the Pod)."""
+    c.mapping(template.get("metadata"), f"{path}.metadata")
     pod_spec = c.mapping(template.get("spec"), f"{path}.spec")
     containers = pod_spec.get("containers")
     if containers is None:
         return
+    cpath = f"{path}.spec.containers"
     if not isinstance(containers, list) or not containers:
-        c.add(f"{path}.spec.containers", "must be a non-empty array")
+        c.add(cpath, "must be a non-empty array")
         return
-    names: list[str] = []
-    for i, container in enumerate(containers):
-        cpath = f"{path}.spec.containers[{i}]"
-        cmap = c.mapping(container, cpath)
-        cname = cmap.get("name")
-        if not isinstance(cname, str) or not _DNS_1123.match(cname):
-            c.add(f"{cpath}.name", "is required and must be a DNS-1123 label")
-        else:
-            names.append(cname)
-        for j, port in enumerate(cmap.get("ports") or []):
-            number = port.get("containerPort") if isinstance(port, Mapping) else None
-            c.integer(number, f"{cpath}.ports[{j}].containerPort", None, 1, 65535)
-    if len(names) > 1 and constants.DEFAULT_CONTAINER_NAME not in names:
+    if len(containers) > MAX_CONTAINERS:
+        c.add(cpath, f"must have at most {MAX_CONTAINERS} items, got {len(containers)}")
+    names = [
+        _check_container(c, container, f"{cpath}[{i}]") for i, container in enumerate(containers)
+    ]
+    if len(containers) > 1 and constants.DEFAULT_CONTAINER_NAME not in names:
         c.add(
-            f"{path}.spec.containers",
+            cpath,
             f"with several containers, one must be named {constants.DEFAULT_CONTAINER_NAME} "
             "(it gets TF_CONFIG and the TensorFlow port)",
         )
+
+
+def _check_container(c: _Collector, container: object, path: str) -> str | None:
+    """One container's name, image and ports; returns its name when it is valid."""
+    if not isinstance(container, Mapping):
+        # The CRD says "must be of type object" for null items too (a YAML `- ` with nothing).
+        c.add(path, f"must be an object, got {_type_name(container)}")
+        return None
+    image = container.get("image")
+    if image is not None and not isinstance(image, str):
+        c.add(f"{path}.image", f"must be a string, got {_type_name(image)}")
+    _check_ports(c, container.get("ports"), f"{path}.ports")
+    name = container.get("name")
+    if not isinstance(name, str) or not _DNS_1123.match(name) or len(name) > 63:
+        c.add(f"{path}.name", "is required and must be a DNS-1123 label")
+        return None
+    return name
+
+
+def _check_ports(c: _Collector, ports: object, path: str) -> None:
+    if ports is None:
+        return
+    if not isinstance(ports, list):
+        c.add(path, f"must be an array, got {_type_name(ports)}")
+        return
+    if len(ports) > MAX_PORTS:
+        c.add(path, f"must have at most {MAX_PORTS} items, got {len(ports)}")
+    for j, port in enumerate(ports):
+        ppath = f"{path}[{j}]"
+        if not isinstance(port, Mapping):
+            c.add(ppath, f"must be an object, got {_type_name(port)}")
+            continue
+        name = port.get("name")
+        if name is not None and not isinstance(name, str):
+            c.add(f"{ppath}.name", f"must be a string, got {_type_name(name)}")
+        if port.get("containerPort") is None:
+            c.add(f"{ppath}.containerPort", "is required")
+        else:
+            c.integer(port.get("containerPort"), f"{ppath}.containerPort", None, 1, 65535)
 
 
 def _parse_runtime(c: _Collector, value: object) -> RuntimeSpec | None:
@@ -511,7 +583,10 @@ def _parse_run_policy(c: _Collector, value: object) -> RunPolicy:
             "schedulingPolicy",
         ),
     )
-    suspend = raw.get("suspend", False)
+    # null is "not set", as everywhere: the API server prunes nulls, then applies the default.
+    suspend = raw.get("suspend")
+    if suspend is None:
+        suspend = False
     if not isinstance(suspend, bool):
         c.add(f"{path}.suspend", f"must be a boolean, got {_type_name(suspend)}")
         suspend = False
