@@ -31,6 +31,10 @@ DEFAULT_PEERING_NAME: Final = "trainjob-operator"
 DEFAULT_RESYNC_SECONDS: Final = 600.0
 DEFAULT_API_WORKERS: Final = 16
 DEFAULT_SERVE_DEADLINE: Final = 60.0
+# A watch stream silent this long is taken for dead (a stalled proxy or load balancer keeps
+# the connection open but forwards nothing) and opened again from the last version seen. The
+# API server sends a bookmark about every minute on a live stream; 70 s is kopf's own default.
+DEFAULT_WATCH_IDLE: Final = 70.0
 
 ENV_NAMESPACES: Final = "TRAINJOB_OPERATOR_NAMESPACES"
 ENV_CLUSTER_DOMAIN: Final = "TRAINJOB_CLUSTER_DOMAIN"
@@ -45,6 +49,7 @@ ENV_STANDALONE: Final = "TRAINJOB_STANDALONE"
 ENV_RESYNC: Final = "TRAINJOB_RESYNC_SECONDS"
 ENV_API_WORKERS: Final = "TRAINJOB_API_WORKERS"
 ENV_SERVE_DEADLINE: Final = "TRAINJOB_SERVE_DEADLINE_SECONDS"
+ENV_WATCH_IDLE: Final = "TRAINJOB_WATCH_IDLE_SECONDS"
 ENV_PROGRESS_PORT: Final = "TRAINJOB_PROGRESS_PORT"
 ENV_PROGRESS_URL: Final = "TRAINJOB_OPERATOR_PROGRESS_URL"
 ENV_PROGRESS_CERT_DIR: Final = "TRAINJOB_PROGRESS_CERT_DIR"
@@ -79,6 +84,8 @@ class Settings:
     # A TrainJob with no reconcile this long after it was seen is logged, counted and fails
     # the liveness probe; so does a list+watch that keeps failing this long.
     serve_deadline_seconds: float = DEFAULT_SERVE_DEADLINE
+    # Every watch (kopf's TrainJobs and ours) is reopened after this long without a byte.
+    watch_idle_seconds: float = DEFAULT_WATCH_IDLE
     # Progress reports (HTTPS): 0 = off. `progress_url` is the base URL Pods report to (the
     # operator's Service); `progress_cert_dir` holds tls.crt, tls.key and ca.crt.
     progress_port: int = 0
@@ -230,6 +237,11 @@ def parser() -> argparse.ArgumentParser:
         f"long, is logged and fails the liveness probe (env {ENV_SERVE_DEADLINE}; default 60)",
     )
     p.add_argument(
+        "--watch-idle-seconds",
+        help="a watch stream silent this long is reopened from the last version seen "
+        f"(env {ENV_WATCH_IDLE}; default 70)",
+    )
+    p.add_argument(
         "--progress-port",
         help=f"HTTPS port for training progress reports, 0 = off (env {ENV_PROGRESS_PORT})",
     )
@@ -322,6 +334,10 @@ def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
                 "serve deadline",
                 DEFAULT_SERVE_DEADLINE,
             ),
+        ),
+        watch_idle_seconds=max(
+            1.0,
+            _float(pick(args.watch_idle_seconds, ENV_WATCH_IDLE), "watch idle", DEFAULT_WATCH_IDLE),
         ),
         progress_port=progress_port,
         progress_url=progress_url,

@@ -116,10 +116,13 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.posting.level = logging.WARNING
     # Stop a deleted job's daemon promptly so its finalizer goes away.
     settings.background.instant_exit_timeout = 1.0
+    # A stalled stream (open, silent) is reopened, kopf's and ours alike.
+    settings.watching.inactivity_timeout = cfg.watch_idle_seconds
     api = kube.Kube(
         functools.partial(kube.login, settings, logger),
         cfg.api_workers,
         crash_after=os.environ.get(kube.ENV_CRASH),
+        watch_idle_seconds=cfg.watch_idle_seconds,
     )
     meters = metrics.Metrics()
     if cfg.metrics_port:

@@ -217,8 +217,10 @@ class Kube:
         connections: int,
         instance: str = "",
         crash_after: str | None = None,
+        watch_idle_seconds: float = WATCH_SECONDS + REQUEST_TIMEOUT,
     ) -> None:
         self._credentials = credentials
+        self._watch_idle = watch_idle_seconds
         self._instance = instance or socket.gethostname()
         self._server = ""
         self._client: aiohttp.ClientSession | None = None
@@ -436,8 +438,10 @@ class Kube:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(WATCH_SECONDS),
         }
+        # sock_read: a stream silent that long is dead (bookmarks keep a live one talking);
+        # the caller resumes from the last version seen.
         timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=REQUEST_TIMEOUT, sock_read=WATCH_SECONDS + REQUEST_TIMEOUT
+            total=None, sock_connect=REQUEST_TIMEOUT, sock_read=self._watch_idle
         )
         try:
             async with client.get(
@@ -461,6 +465,11 @@ class Kube:
                                 code = int(status.get("code") or 500)
                                 raise _classify(code, json.dumps(status).encode(), what)
                             yield event
+        except aiohttp.SocketTimeoutError:  # sock_read; a connect timeout is another error
+            # Nothing came for watch_idle_seconds, not even a bookmark: the stream is stalled
+            # (or the API server sends no bookmarks and nothing changed). End it; the caller
+            # resumes from the last version seen, on a fresh connection.
+            logger.info("%s: silent for %.0fs; watching again", what, self._watch_idle)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise TransientError(f"{what}: {exc!r}") from exc
 

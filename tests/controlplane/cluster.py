@@ -355,6 +355,7 @@ class Component:
     name: str
     process: subprocess.Popen[bytes]
     log: Path
+    argv: tuple[str, ...] = ()
 
     def running(self) -> bool:
         return self.process.poll() is None
@@ -412,6 +413,8 @@ class ControlPlane:
     # `kubernetes` Service, whose endpoint is this address: it must not be loopback then
     # (tests/controlplane/node.py puts the node's address on an interface of its own).
     address: str = LOOPBACK
+    # Extra kube-apiserver flags (e.g. --watch-cache=false to make watches read etcd).
+    apiserver_flags: Sequence[str] = ()
 
     admin_token: str = field(default_factory=lambda: secrets.token_hex(24), repr=False)
     components: list[Component] = field(default_factory=list)
@@ -532,9 +535,61 @@ class ControlPlane:
                 start_new_session=True,
                 preexec_fn=_set_parent_death_signal,  # noqa: PLW1509 - only prctl, no locks
             )
-        component = Component(name=name, process=process, log=log)
+        component = Component(name=name, process=process, log=log, argv=tuple(str(a) for a in argv))
         self.components.append(component)
         return component
+
+    # -- faults (reliability tests) -------------------------------------------------------
+
+    def component(self, name: str) -> Component:
+        for component in self.components:
+            if component.name == name:
+                return component
+        raise ControlPlaneError(f"no component {name!r}")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one component (its data, ports and flags stay for `revive`)."""
+        component = self.component(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(component.process.pid, signal.SIGKILL)
+        component.process.wait(timeout=30)
+
+    def revive(self, name: str) -> None:
+        """Start a killed component again with the same flags (same ports, same data) and
+        wait until it is healthy, as after a node reboot."""
+        component = self.component(name)
+        if component.running():
+            raise ControlPlaneError(f"{name} is still running")
+        index = self.components.index(component)
+        self.components.remove(component)
+        revived = self._spawn(name, component.argv)
+        self.components.remove(revived)
+        self.components.insert(index, revived)
+        checks: dict[str, Callable[[], bool]] = {
+            "etcd": lambda: self._http_ok(f"{self.etcd_url}/health"),
+            "kube-apiserver": lambda: self._https_ok(f"{self.apiserver_url}/readyz"),
+        }
+        self._wait_healthy(revived, checks.get(name, revived.running))
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (what etcd and the API server do
+        every few minutes): a watch resuming from an older resourceVersion gets 410 Gone.
+        Returns the revision compacted to."""
+        request = urllib.request.Request(
+            f"{self.etcd_url}/v3/kv/range",
+            data=json.dumps({"key": "AA==", "limit": 1}).encode(),
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            revision = int(json.loads(resp.read())["header"]["revision"])
+        request = urllib.request.Request(
+            f"{self.etcd_url}/v3/kv/compaction",
+            data=json.dumps({"revision": revision, "physical": True}).encode(),
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            resp.read()
+        return revision
 
     def _wait_healthy(self, component: Component, check: Callable[[], bool]) -> None:
         def ready() -> bool:
@@ -629,6 +684,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
+                *self.apiserver_flags,
             ],
         )
         self._wait_healthy(apiserver, lambda: self._https_ok(f"{self.apiserver_url}/readyz"))

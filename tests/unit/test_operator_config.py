@@ -120,3 +120,11 @@ def test_missing_credentials_are_one_clear_line() -> None:
     assert nothing is not None and "no Kubernetes credentials" in nothing
     in_pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
     assert config.credentials_problem(in_pod, "/root", exists) is None
+
+
+def test_watch_idle_flag_and_environment() -> None:
+    assert config.from_args([], {}).watch_idle_seconds == config.DEFAULT_WATCH_IDLE
+    env = {config.ENV_WATCH_IDLE: "30"}
+    assert config.from_args([], env).watch_idle_seconds == 30.0
+    assert config.from_args(["--watch-idle-seconds", "5"], env).watch_idle_seconds == 5.0
+    assert config.from_args(["--watch-idle-seconds", "0"], {}).watch_idle_seconds == 1.0

@@ -1,0 +1,157 @@
+"""Watch loss for real: the operator's watches broken on a real API server, not a scripted one.
+
+The API server here runs with `--watch-cache=false`, so a watch reads etcd directly and a
+resume from a compacted resourceVersion is answered 410 Gone, as on a busy cluster whose
+history moved on while the operator was cut off. The operator reaches the API server through
+a TCP proxy on loopback (tests/integration/tcp_proxy.py) that can partition it or freeze its
+connections.
+
+- Partition + compaction: while the operator is cut off, the job's Pods finish and etcd is
+  compacted past every version the operator saw. On reconnect its Pod watch gets 410, lists
+  again, and the job is decided from the list (Succeeded, no restart), not from the Pods it
+  remembered as Running.
+- Stalled streams: every connection open now stops forwarding but stays open (no FIN, no
+  RST). The operator notices within `--watch-idle-seconds` and watches again on a fresh
+  connection: a Pod that finished and a job suspended meanwhile are both acted on.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from tests.controlplane.cluster import ControlPlane, ControlPlaneError, Tools, ToolsMissingError
+from tests.integration.conftest import CRD_DIR
+from tests.integration.operator_harness import Cluster, Operator, trainjob, wait_until
+from tests.integration.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.integration
+
+IDLE = 4  # --watch-idle-seconds for the stall test
+T = 60.0
+
+
+@pytest.fixture(scope="module")
+def plane() -> Iterator[ControlPlane]:
+    try:
+        tools = Tools.locate().require()
+    except ToolsMissingError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    control = ControlPlane(
+        tools=tools, crds=sorted(CRD_DIR.glob("*.yaml")), apiserver_flags=["--watch-cache=false"]
+    )
+    try:
+        control.start()
+    except ControlPlaneError as exc:
+        pytest.fail(f"the control plane did not start: {exc}", pytrace=False)
+    try:
+        yield control
+    finally:
+        control.stop()
+
+
+@pytest.fixture
+def proxy(plane: ControlPlane) -> Iterator[TcpProxy]:
+    match = re.fullmatch(r"https://([^:]+):(\d+)", plane.apiserver_url)
+    assert match, plane.apiserver_url
+    tcp = TcpProxy(match.group(1), int(match.group(2)))
+    try:
+        yield tcp
+    finally:
+        tcp.close()
+
+
+@pytest.fixture
+def cluster(plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    api = k8s_config.new_client_from_config(config_file=str(plane.kubeconfig))
+    namespace = "wl-" + request.node.name.replace("_", "-")[5:40].strip("-")
+    core = k8s.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    plane.wait_service_account(namespace)
+    try:
+        yield Cluster(api, namespace)
+    finally:
+        core.delete_namespace(namespace)
+        api.close()
+
+
+def kubeconfig_through(plane: ControlPlane, proxy: TcpProxy, path: Path) -> Path:
+    config = yaml.safe_load(plane.kubeconfig.read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def running_job(cluster: Cluster, name: str) -> set[str]:
+    pods = {f"{name}-worker-0", f"{name}-worker-1"}
+    cluster.create_job(trainjob(name, chief=0, workers=2))
+    cluster.run_all(name, pods)
+    cluster.wait_condition(name, "Running", timeout=T)
+    return pods
+
+
+def state(cluster: Cluster, name: str) -> str:
+    return str(((cluster.job(name) or {}).get("status") or {}).get("state"))
+
+
+def test_a_partition_past_a_compaction_lists_again_and_decides_from_the_list(
+    plane: ControlPlane, proxy: TcpProxy, cluster: Cluster, tmp_path: Path
+) -> None:
+    kubeconfig = kubeconfig_through(plane, proxy, tmp_path / "kubeconfig")
+    log = tmp_path / "operator.log"
+    operator = Operator(kubeconfig, log, f"--namespace={cluster.namespace}").start()
+    try:
+        pods = running_job(cluster, "cut")
+        proxy.cut()
+        for pod in sorted(pods):
+            cluster.set_exited(pod, 0)
+        compacted = plane.compact_etcd()
+        time.sleep(1.0)  # a few refused reconnects: the operator knows it is cut off
+        proxy.heal()
+        wait_until(lambda: state(cluster, "cut") == "Succeeded", timeout=T, what="Succeeded")
+        status = (cluster.job("cut") or {})["status"]
+        assert status["restartCount"] == 0, status
+        text = log.read_text()
+        assert re.search(r"Watch of pods in \S+ expired; listing again", text), (
+            f"no 410 relist after compacting to {compacted}:\n{operator.log_tail()}"
+        )
+        assert operator.running(), operator.log_tail()
+    finally:
+        operator.stop()
+
+
+def test_a_stalled_stream_is_noticed_and_watched_again(
+    plane: ControlPlane, proxy: TcpProxy, cluster: Cluster, tmp_path: Path
+) -> None:
+    kubeconfig = kubeconfig_through(plane, proxy, tmp_path / "kubeconfig")
+    log = tmp_path / "operator.log"
+    operator = Operator(
+        kubeconfig, log, f"--namespace={cluster.namespace}", f"--watch-idle-seconds={IDLE}"
+    ).start()
+    try:
+        finishing = running_job(cluster, "fin")
+        suspended = running_job(cluster, "sus")
+        frozen = proxy.stall()
+        assert frozen >= 3, frozen  # kopf's TrainJob watch, the Pod and Service watches
+        stalled_at = time.monotonic()
+        for pod in sorted(finishing):
+            cluster.set_exited(pod, 0)
+        cluster.patch_job("sus", {"spec": {"runPolicy": {"suspend": True}}})
+        # Noticed through a fresh connection: the Pod watch (ours) and the TrainJob watch
+        # (kopf's), each within the idle window plus a reconcile.
+        wait_until(lambda: state(cluster, "fin") == "Succeeded", timeout=T, what="Succeeded")
+        wait_until(lambda: not cluster.pods("sus"), timeout=T, what="suspended job's Pods gone")
+        took = time.monotonic() - stalled_at
+        print(f"stalled connections: {frozen}; both jobs acted on after {took:.1f}s")
+        assert took < IDLE + 30, took
+        assert f"silent for {IDLE}s; watching again" in log.read_text(), operator.log_tail()
+    finally:
+        operator.stop()
