@@ -320,6 +320,10 @@ class Kube:
             core_path(namespace, plural),
             f"creating {kind} {namespace}/{name}",
             render=render,
+            # The CRD keeps pod templates open: without Strict, a misspelt template field
+            # (`imagePullPolcy`) would be dropped with a warning nobody reads; with it the
+            # API server refuses the Pod naming the field, and the job fails as InvalidSpec.
+            params={"fieldValidation": "Strict"},
             accept=(409,),
         )
         if status == 409:

@@ -382,9 +382,10 @@ async def _create_children(
     # with the job, so per Pod it made rendering a large job quadratic.
     cluster = render.cluster_of(job, options) if decision.create_pods else None
     await _all(
-        rt.kube.create(
-            "Pod",
+        _create_pod(
+            rt,
             namespace,
+            rtype,
             naming.child_name(job.name, rtype, index),
             functools.partial(
                 render.render_pod, job, rtype, index, attempt, options, owner, cluster
@@ -392,6 +393,17 @@ async def _create_children(
         )
         for rtype, index, attempt in decision.create_pods
     )
+
+
+async def _create_pod(
+    rt: Runtime, namespace: str, rtype: str, name: str, render_pod: Callable[[], dict[str, Any]]
+) -> bool:
+    """A Pod the API server refuses is the user's template at fault: the error (which names
+    the Pod's field) also names the TrainJob field to fix."""
+    try:
+        return await rt.kube.create("Pod", namespace, name, render_pod)
+    except kube.RejectedError as exc:
+        raise kube.RejectedError(f"spec.replicaSpecs.{rtype}.template: {exc}") from exc
 
 
 async def _all(calls: Iterable[Coroutine[Any, Any, Any]]) -> None:
