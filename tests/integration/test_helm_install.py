@@ -34,8 +34,10 @@ pytestmark = pytest.mark.integration
 
 CHART: Final = REPO_ROOT / "helm" / "trainjob-operator"
 T: Final = 30.0
-# The harness sets these itself (free local ports; standalone).
-HARNESS_FLAGS: Final = ("--metrics-port=", "--liveness=", "--standalone")
+# The harness sets these itself (free local ports; standalone). Progress reports need the
+# chart's Secret mounted by a kubelet (there is none here); tests/integration/test_progress.py
+# covers them.
+HARNESS_FLAGS: Final = ("--metrics-port=", "--liveness=", "--standalone", "--progress-")
 PERMISSION_ERRORS: Final = ("forbidden", "not enough permissions", "unauthorized")
 
 Obj = dict[str, Any]

@@ -242,7 +242,15 @@ def test_namespaced_mode_writes_only_in_the_watched_namespaces() -> None:
         "team-b",
     ]
     # Nothing cluster-scoped: the operator observes no namespaces and no CRDs at run time.
-    assert not of_kind(docs, "ClusterRole") and not of_kind(docs, "ClusterRoleBinding")
+    # The one exception: TokenReview (cluster-scoped) for progress reports, and nothing else.
+    (cluster_role,) = of_kind(docs, "ClusterRole")
+    assert cluster_role["rules"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
+    ]
+    (binding,) = of_kind(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+    off = template(*MODES["namespaced"], "--set", "progress.enabled=false")
+    assert not of_kind(off, "ClusterRole") and not of_kind(off, "ClusterRoleBinding")
     args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
 
@@ -291,7 +299,7 @@ def test_deployment_is_pod_security_restricted_with_probe_and_resources() -> Non
     assert container["resources"]["limits"]["memory"]
     assert pod["serviceAccountName"] == "tj-trainjob-operator"
     # Only hostPath-free volumes (the restricted profile's list); /tmp is writable.
-    assert all("emptyDir" in volume for volume in pod["volumes"])
+    assert all("emptyDir" in volume or "secret" in volume for volume in pod["volumes"])
 
 
 def test_images_are_configurable() -> None:
@@ -317,12 +325,12 @@ def test_images_are_configurable() -> None:
 
 
 def test_metrics_service_targets_the_operator_pods() -> None:
-    docs = template()
+    docs = template("--set", "progress.enabled=false")
     service = only(docs, "Service")
     deployment = only(docs, "Deployment")
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
-    off = template("--set", "metrics.enabled=false")
+    off = template("--set", "metrics.enabled=false", "--set", "progress.enabled=false")
     assert not of_kind(off, "Service")
     args = only(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--metrics-port=0" in args
@@ -404,3 +412,43 @@ def test_the_wheel_the_image_installs_carries_the_operator(tmp_path: Path) -> No
     base = [r for r in requires if "extra ==" not in r]
     assert any(r.startswith("kopf") for r in operator), requires
     assert not [r for r in base + operator if r.lower().startswith(("tensorflow", "tf-keras"))]
+
+
+# -- progress reports -----------------------------------------------------------------------
+
+
+def test_progress_endpoint_certificate_service_and_network_policy() -> None:
+    docs = template()
+    (secret,) = of_kind(docs, "Secret")
+    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    service = next(
+        s for s in of_kind(docs, "Service") if s["metadata"]["name"].endswith("progress")
+    )
+    assert service["spec"]["ports"][0]["targetPort"] == "progress"
+    deployment = only(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    url = "--progress-url=https://tj-trainjob-operator-progress.trainjob-system.svc:8443"
+    assert url in args and "--progress-cert-dir=/etc/trainjob/progress-tls" in args
+    # The kubelet mounts the Secret: the operator needs (and has) no API access to Secrets.
+    volume = next(v for v in pod["volumes"] if v["name"] == "progress-tls")
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert grants(docs, "ClusterRole", "authentication.k8s.io", "tokenreviews", "create")
+    policy = only(docs, "NetworkPolicy")
+    progress_rule, open_rule = policy["spec"]["ingress"]
+    (source,) = progress_rule["from"]
+    assert source["podSelector"]["matchExpressions"] == [
+        {"key": "trainjob.dev/job-name", "operator": "Exists"}
+    ]
+    assert progress_rule["ports"] == [{"port": "progress", "protocol": "TCP"}]
+    assert "from" not in open_rule and {"port": "healthz", "protocol": "TCP"} in open_rule["ports"]
+    namespaced = only(template(*MODES["namespaced"]), "NetworkPolicy")
+    selector = namespaced["spec"]["ingress"][0]["from"][0]["namespaceSelector"]
+    assert selector["matchExpressions"][0]["values"] == ["team-a", "team-b"]
+    # Your own Secret (e.g. cert-manager's), or no progress at all.
+    own = template("--set", "progress.tls.secretName=mine")
+    assert not of_kind(own, "Secret")
+    off = template("--set", "progress.enabled=false")
+    assert not of_kind(off, "NetworkPolicy") and not of_kind(off, "Secret")
+    off_args = only(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in off_args if a.startswith("--progress")]
