@@ -77,7 +77,35 @@ def test_multiworker_example_succeeds_exports_to_the_volume_and_kubectl_shows_it
 ) -> None:
     job = "mnist-multiworker"
     cluster.apply(namespace, EXAMPLES / "mnist-multiworker.yaml")
-    assert cluster.wait_finished(namespace, job, JOB_TIMEOUT) == "Succeeded"
+    # What `kubectl get tj` shows in its Progress column while the job runs: worker 0 reports
+    # over HTTPS (projected job-audience token, the chart's CA) and the operator writes it.
+    seen: list[str] = []
+
+    def finished() -> str | None:
+        status = cluster.get_json("trainjob", job, "-n", namespace).get("status") or {}
+        summary = (status.get("progress") or {}).get("summary")
+        if summary and (not seen or seen[-1] != summary):
+            seen.append(summary)
+        for condition in status.get("conditions") or []:
+            if condition.get("type") in ("Succeeded", "Failed") and condition["status"] == "True":
+                return str(condition["type"])
+        return None
+
+    assert wait_until(finished, timeout=JOB_TIMEOUT, what=f"{job} to finish") == "Succeeded"
+    final = wait_until(
+        lambda: (
+            (
+                cluster.get_json("trainjob", job, "-n", namespace)["status"].get("progress") or {}
+            ).get("summary")
+            == "100% (3/3)"
+            and "100% (3/3)"
+        ),
+        timeout=30,
+        what="the final progress in status",
+    )
+    seen.append(final)
+    running = [s for s in dict.fromkeys(seen) if not s.startswith("100%")]
+    assert running, f"no progress seen while {job} ran: {seen}"
 
     status = cluster.get_json("trainjob", job, "-n", namespace)["status"]
     assert status["replicaStatuses"]["worker"]["succeeded"] >= 1, status
@@ -90,8 +118,9 @@ def test_multiworker_example_succeeds_exports_to_the_volume_and_kubectl_shows_it
 
     table = cluster.kubectl("get", "tj", "-n", namespace)
     header = table.splitlines()[0].split()
-    assert header == ["NAME", "STATE", "READY", "RESTARTS", "PROGRESS", "AGE"], table
+    assert header == ["NAME", "STATE", "READY", "RESTARTS", "PROGRESS", "ETA", "LOSS", "AGE"]
     assert "Succeeded" in table.splitlines()[1], table
+    assert "100% (3/3)" in table.splitlines()[1], table
     described = cluster.kubectl("describe", "tj", job, "-n", namespace)
     events = described.split("Events:", 1)[1]
     assert "Created" in events and "Succeeded" in events, described

@@ -157,6 +157,9 @@ def _add_progress_volume(
             {
                 "name": constants.PROGRESS_VOLUME_NAME,
                 "projected": {
+                    # Readable by the container's user whoever it is (the image's USER, not
+                    # the pod's runAsUser), as the kubelet's own API-token volume is.
+                    "defaultMode": 0o644,
                     "sources": [
                         {
                             "serviceAccountToken": {
