@@ -15,8 +15,9 @@ Answers (a JSON body {"error": ...} names the problem):
   Retry-After)
 
 Checks are ordered cheapest first, so that a flood costs least where it is least trusted:
-per-address limit, size, token present, job served, TokenReview (cached), Pod membership,
-per-Pod limit, and only then the body is parsed.
+size, token present, per-address limit (for tokens not already reviewed: what may cost a
+TokenReview), job served, TokenReview (cached), Pod membership, per-Pod limit, and only then
+the body is parsed.
 
 Certificates: tls.crt / tls.key / ca.crt in `--progress-cert-dir`, a Secret the kubelet mounts
 (Helm generates it, or cert-manager or you provide it): the operator never reads Secrets
@@ -157,9 +158,6 @@ class ProgressServer:
         namespace = request.match_info["namespace"]
         name = request.match_info["name"]
         job = (namespace, name)
-        wait = self._by_address.allow(request.remote or "", now)
-        if wait:
-            return _error(429, "too many requests from this address", _retry_after(wait))
         length = request.content_length
         if length is not None and length > progress.MAX_BODY_BYTES:
             return _error(413, f"body: at most {progress.MAX_BODY_BYTES} bytes, got {length}")
@@ -174,15 +172,25 @@ class ProgressServer:
                 "Authorization: a Bearer token is needed (the Pod's progress token)",
                 {"WWW-Authenticate": "Bearer"},
             )
+        token = header[7:].strip()
+        audience = progress.audience(namespace, name)
+        digest = progress_auth.token_digest(token, audience)
+        known, identity = self._cache.get(digest, now)
+        if not (known and identity is not None):
+            # Only what may cost a TokenReview is limited by address: a Pod whose token is
+            # already reviewed is limited per Pod below (Pods of one node may share an address).
+            wait = self._by_address.allow(request.remote or "", now)
+            if wait:
+                return _error(429, "too many requests from this address", _retry_after(wait))
         if not self._served(job):
             return _error(
                 503,
                 f"TrainJob {namespace}/{name} is not served by this operator replica now",
                 _retry_after(NOT_SERVED_RETRY_SECONDS),
             )
-        audience = progress.audience(namespace, name)
         try:
-            identity = await self._review(header[7:].strip(), audience, now)
+            if not known:
+                identity = await self._review(token, digest, audience, now)
         except kube.TransientError as exc:
             logger.warning("Could not review a progress token: %s", exc)
             return _error(503, "the token cannot be reviewed now", _retry_after(5))
@@ -215,11 +223,10 @@ class ProgressServer:
             status=202,
         )
 
-    async def _review(self, token: str, audience: str, now: float) -> progress_auth.Identity | None:
-        digest = progress_auth.token_digest(token, audience)
-        found, identity = self._cache.get(digest, now)
-        if found:
-            return identity
+    async def _review(
+        self, token: str, digest: str, audience: str, now: float
+    ) -> progress_auth.Identity | None:
+        """A TokenReview by the API server, cached (see progress_auth)."""
         review = await self._api.review_token(token, [audience])
         identity = progress_auth.identity_from_review(review)
         self._cache.put(digest, identity, now, progress_auth.token_expiry(token))

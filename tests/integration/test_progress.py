@@ -321,6 +321,14 @@ def test_progress_accepted_refused_and_written_within_budget(
         f"{codes.count(429)} of 12, Retry-After {retry_after}",
     )
 
+    # A flood of unknown tokens from one address: 429 before any TokenReview is asked for.
+    bad_codes = [job_a.post(report, f"not-a-token-{i}")[0] for i in range(30)]
+    assert 429 in bad_codes and set(bad_codes) <= {401, 429}, bad_codes
+    refusals["flood of bad tokens (30 at once)"] = (
+        429,
+        f"{bad_codes.count(429)} of 30 by address, the rest 401",
+    )
+
     # The budget: 8 reports over ~2 s from several jobs' Pods coalesce into few writes.
     before = _metric(progress_operator, "trainjob_progress_status_writes_total")
     b_reporter = Reporter(control_plane, progress_operator, ns, "b")
