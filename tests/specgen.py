@@ -113,6 +113,12 @@ def containers(draw: st.DrawFn, with_image: bool) -> list[Obj]:
         tf["image"] = "example.com/trainjob:fuzz"
     if draw(st.booleans()):
         tf["ports"] = [{"name": "tfjob-port", "containerPort": draw(st.integers(1024, 65535))}]
+    if draw(st.integers(0, 3)) == 0:
+        # Fields the renderer merges its own entries into: mutations inside them must be
+        # refused by both the parser and the CRD, never reach the renderer.
+        tf["env"] = [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}]
+        tf["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+        tf["securityContext"] = {"runAsUser": 1000}
     result = [tf]
     if draw(st.integers(0, 3)) == 0:
         result.append({"name": "sidecar", "image": "example.com/sidecar:fuzz"})
@@ -128,7 +134,13 @@ def replica_spec(draw: st.DrawFn, rtype: str, with_image: bool) -> Obj:
         }
     )
     if with_image or draw(st.booleans()):
-        spec["template"] = {"spec": {"containers": draw(containers(with_image))}}
+        pod: Obj = {"containers": draw(containers(with_image))}
+        template: Obj = {"spec": pod}
+        if draw(st.integers(0, 3)) == 0:
+            pod["securityContext"] = {"fsGroup": 1000}
+            pod["volumes"] = [{"name": "data", "emptyDir": {}}]
+            template["metadata"] = {"labels": {"team": "a"}, "annotations": {"note": "b"}}
+        spec["template"] = template
     # A replica without a template and without spec.image is invalid on purpose sometimes.
     return spec
 

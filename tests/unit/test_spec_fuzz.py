@@ -29,6 +29,22 @@ PATH: Final = re.compile(r"^(?!\.).+(?<!\.)$", re.DOTALL)
 DNS_1035: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
+# Template fields the renderer reads or merges its own entries into.
+RENDERED_INTO: Final = (
+    "pod.securityContext",
+    "pod.volumes",
+    "pod.schedulerName",
+    "container.env",
+    "container.ports",
+    "container.volumeMounts",
+    "container.securityContext",
+    "container.command",
+    "container.image",
+    "meta.labels",
+    "meta.annotations",
+)
+
+
 def wrap(where: str, value: Any) -> Any:
     """`value` placed where the parser looks deepest into user data."""
     base: dict[str, Any] = {
@@ -41,10 +57,19 @@ def wrap(where: str, value: Any) -> Any:
     if where == "spec":
         return {**base, "spec": value}
     replica: dict[str, Any] = {"template": value}
+    container: dict[str, Any] = {"name": "tensorflow"}
     if where == "container":
         replica = {"template": {"spec": {"containers": [value]}}}
     elif where == "replica":
         replica = value
+    elif where.startswith("pod."):
+        pod = {where.removeprefix("pod."): value, "containers": [container]}
+        replica = {"template": {"spec": pod}}
+    elif where.startswith("container."):
+        container[where.removeprefix("container.")] = value
+        replica = {"template": {"spec": {"containers": [container]}}}
+    elif where.startswith("meta."):
+        replica = {"template": {"metadata": {where.removeprefix("meta."): value}}}
     return {**base, "spec": {"image": "i", "replicaSpecs": {"worker": replica}}}
 
 
@@ -63,8 +88,11 @@ def parse_or_problems(manifest: Any) -> spec.TrainJob | list[spec.Problem]:
 @specgen.fuzz_settings(ci_examples=150)
 @given(specgen.yaml_values)
 def test_parser_raises_only_spec_error_on_any_yaml_value(value: Any) -> None:
-    for where in ("document", "spec", "replica", "template", "container"):
-        parse_or_problems(wrap(where, value))
+    """...and what it accepts renders: the renderer merges into these template fields."""
+    for where in ("document", "spec", "replica", "template", "container", *RENDERED_INTO):
+        result = parse_or_problems(wrap(where, value))
+        if isinstance(result, spec.TrainJob):
+            check_renders(result)
 
 
 def check_renders(job: spec.TrainJob) -> None:

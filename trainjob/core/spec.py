@@ -431,10 +431,12 @@ def _parse_replica_specs(c: _Collector, value: object) -> dict[str, ReplicaSpec]
     raw = c.mapping(value, path)
     if value is None:
         c.add(path, "is required")
-    elif isinstance(value, Mapping) and not value:
+    elif isinstance(value, Mapping) and all(item is None for item in value.values()):
         c.add(path, "needs a chief or at least one worker (ps and evaluator alone never finish)")
     result: dict[str, ReplicaSpec] = {}
     for key, item in raw.items():
+        if item is None:
+            continue  # `worker: null` is no worker: the API server prunes nulls before checks
         item_path = _field(path, key)
         if key not in constants.REPLICA_TYPES:
             # str(): YAML keys can be numbers or booleans (`1:`, `yes:`) in local manifests.
@@ -467,8 +469,13 @@ def _parse_replica_specs(c: _Collector, value: object) -> dict[str, ReplicaSpec]
 def _check_template(c: _Collector, template: Mapping[str, Any], path: str) -> None:
     """What the CRD's schema checks of a PodTemplateSpec, plus container names (the CRD keeps
     templates open, so the API server checks the rest when the operator creates the Pod)."""
-    c.mapping(template.get("metadata"), f"{path}.metadata")
+    metadata = c.mapping(template.get("metadata"), f"{path}.metadata")
+    for key in ("labels", "annotations"):
+        _check_string_map(c, metadata.get(key), f"{path}.metadata.{key}")
     pod_spec = c.mapping(template.get("spec"), f"{path}.spec")
+    # The renderer merges its own entries into these: they must have the shape it expects.
+    c.mapping(pod_spec.get("securityContext"), f"{path}.spec.securityContext")
+    _check_objects(c, pod_spec.get("volumes"), f"{path}.spec.volumes")
     containers = pod_spec.get("containers")
     if containers is None:
         return
@@ -499,11 +506,38 @@ def _check_container(c: _Collector, container: object, path: str) -> str | None:
     if image is not None and not isinstance(image, str):
         c.add(f"{path}.image", f"must be a string, got {_type_name(image)}")
     _check_ports(c, container.get("ports"), f"{path}.ports")
+    for j, variable in _check_objects(c, container.get("env"), f"{path}.env"):
+        if not isinstance(variable.get("name"), str):
+            c.add(f"{path}.env[{j}].name", "is required (a string)")
+    _check_objects(c, container.get("volumeMounts"), f"{path}.volumeMounts")
+    c.mapping(container.get("securityContext"), f"{path}.securityContext")
     name = container.get("name")
     if not isinstance(name, str) or not _DNS_1123.match(name) or len(name) > 63:
         c.add(f"{path}.name", "is required and must be a DNS-1123 label")
         return None
     return name
+
+
+def _check_string_map(c: _Collector, value: object, path: str) -> None:
+    for key, item in c.mapping(value, path).items():
+        if item is not None and not isinstance(item, str):  # null: pruned, as above
+            c.add(_field(path, key), f"must be a string, got {_type_name(item)}")
+
+
+def _check_objects(c: _Collector, value: object, path: str) -> list[tuple[int, Mapping[str, Any]]]:
+    """An optional array of objects; the items that are objects, with their index."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        c.add(path, f"must be an array, got {_type_name(value)}")
+        return []
+    objects: list[tuple[int, Mapping[str, Any]]] = []
+    for i, item in enumerate(value):
+        if isinstance(item, Mapping):
+            objects.append((i, item))
+        else:
+            c.add(f"{path}[{i}]", f"must be an object, got {_type_name(item)}")
+    return objects
 
 
 def _check_ports(c: _Collector, ports: object, path: str) -> None:
