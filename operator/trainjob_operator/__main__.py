@@ -20,7 +20,7 @@ import sys
 
 import kopf
 
-from trainjob_operator import config, handlers
+from trainjob_operator import config, handlers, progress_server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainjob-operator: {exc}", file=sys.stderr)
         return 2
     problem = config.credentials_problem(os.environ, os.path.expanduser("~"), os.path.exists)
+    if problem is None and settings.progress_enabled and settings.progress_cert_dir:
+        problem = progress_server.certificate_problem(settings.progress_cert_dir)
     if problem is not None:
         print(f"trainjob-operator: {problem}", file=sys.stderr)
         return 2

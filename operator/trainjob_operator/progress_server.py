@@ -52,6 +52,21 @@ NOT_SERVED_RETRY_SECONDS: Final = 5
 ROUTE: Final = "/v1/namespaces/{namespace}/trainjobs/{name}/progress"
 
 
+def certificate_problem(cert_dir: str) -> str | None:
+    """Why the progress endpoint cannot serve with the files in `cert_dir` (None: it can),
+    checked once at start so that a missing or broken Secret is one clear line."""
+    cert, key, ca = (os.path.join(cert_dir, f) for f in (CERT_FILE, KEY_FILE, CA_FILE))
+    for path in (cert, key, ca):
+        if not os.path.isfile(path):
+            return f"--progress-cert-dir: {path} does not exist (tls.crt, tls.key, ca.crt needed)"
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        return f"--progress-cert-dir: {cert_dir} holds no usable certificate, key and CA: {exc}"
+    return None
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message, "code": status}, status=status, headers=headers)
 

@@ -418,3 +418,15 @@ def test_operator_progress_flags() -> None:
     ):
         with pytest.raises(config.ConfigError, match=field):
             config.from_args(argv, {})
+
+
+def test_a_missing_or_broken_certificate_is_one_clear_line(tmp_path: Any) -> None:
+    from trainjob_operator import progress_server
+
+    problem = progress_server.certificate_problem(str(tmp_path))
+    assert problem is not None and problem.startswith("--progress-cert-dir:")
+    assert "tls.crt does not exist" in problem
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        (tmp_path / name).write_text("not a PEM\n")
+    broken = progress_server.certificate_problem(str(tmp_path))
+    assert broken is not None and "no usable certificate" in broken
