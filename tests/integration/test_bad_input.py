@@ -14,6 +14,7 @@ With $TRAINJOB_RELIABILITY_DIR set, the figures go to bad-input.json there (test
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import urllib.request
@@ -141,7 +142,7 @@ def test_bad_input_is_refused_naming_the_field_and_the_operator_serves_on(
     marked: dict[str, str] = {}
     for path in AT_RUN:
         condition = wait_until(
-            lambda p=path: failed_invalid(cluster, p.stem),
+            functools.partial(failed_invalid, cluster, path.stem),
             timeout=T,
             what=f"{path.stem} Failed/{REASON}; operator log:\n{operator.log_tail(30)}",
         )
