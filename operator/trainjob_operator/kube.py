@@ -26,7 +26,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -68,6 +68,14 @@ Obj = dict[str, Any]
 
 class TransientError(Exception):
     """A call failed for a reason that may go away: retry later."""
+
+    # The HTTP status the API server answered; None: no answer (unreachable, timed out).
+    status: int | None = None
+
+    def answered_no(self) -> bool:
+        """The API server answered and refused (a 4xx other than 429), as opposed to being
+        unreachable, overloaded or failing (no answer, 429, 5xx)."""
+        return self.status is not None and 400 <= self.status < 500 and self.status != 429
 
 
 class RejectedError(Exception):
@@ -142,9 +150,9 @@ def _message(status: int, data: bytes) -> str:
 def _classify(status: int, data: bytes, what: str) -> Exception:
     if status in (400, 422):
         return RejectedError(f"{what}: {_message(status, data)}")
-    if status == 410:
-        return GoneError(f"{what}: {_message(status, data)}")
-    return TransientError(f"{what}: {_message(status, data)}")
+    error = (GoneError if status == 410 else TransientError)(f"{what}: {_message(status, data)}")
+    error.status = status
+    return error
 
 
 # -- paths ----------------------------------------------------------------------------------
@@ -174,28 +182,33 @@ def _delete_options(uid: str | None) -> Obj:
 
 @dataclasses.dataclass
 class CrashAfter:
-    """For crash tests only (`TRAINJOB_TEST_CRASH_AFTER="METHOD PATH-PART N"`): the operator
-    SIGKILLs itself right after the reply to its N-th request whose method is METHOD and
-    whose path contains PATH-PART, so a test can stop it between any two API calls, as a node
-    failure would, at a chosen point of a reconcile."""
+    """For crash tests only (`TRAINJOB_TEST_CRASH_AFTER="METHOD PATH-PART N [SIGSTOP]"`): the
+    operator SIGKILLs (or SIGSTOPs) itself right after the reply to its N-th request whose
+    method is METHOD and whose path contains PATH-PART, so a test can stop it between any two
+    API calls, as a node failure would, at a chosen point of a reconcile."""
 
     method: str
     path_part: str
     remaining: int
+    # SIGKILL: a crash. SIGSTOP: a pause (a long GC, a throttled CPU) that the test ends
+    # with SIGCONT after changing the world under the operator.
+    signal_number: int = signal.SIGKILL
 
     @classmethod
     def parse(cls, value: str | None) -> CrashAfter | None:
         if not value:
             return None
-        method, path_part, count = value.split()
-        return cls(method.upper(), path_part, int(count))
+        method, path_part, count, *how = value.split()
+        number = signal.Signals[how[0]] if how else signal.SIGKILL
+        return cls(method.upper(), path_part, int(count), number)
 
     def after(self, method: str, path: str) -> None:
         if method == self.method and self.path_part in path:
             self.remaining -= 1
-            if self.remaining <= 0:
-                logger.warning("Crashing on purpose after %s %s (%s)", method, path, ENV_CRASH)
-                os.kill(os.getpid(), signal.SIGKILL)
+            if self.remaining == 0:
+                what = signal.Signals(self.signal_number).name
+                logger.warning("%s on purpose after %s %s (%s)", what, method, path, ENV_CRASH)
+                os.kill(os.getpid(), self.signal_number)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -557,11 +570,13 @@ class Kube:
         message: str,
         now: datetime.datetime,
         event_id: str | None = None,
-    ) -> None:
-        """A core/v1 Event on the TrainJob, so `kubectl describe tj` tells the story.
+    ) -> str | None:
+        """A core/v1 Event on the TrainJob, so `kubectl describe tj` tells the story; returns
+        its name when this call created it (None: it was there already, or refused).
         `event_id` makes its name deterministic (`<job>.<event_id>`), so a decision posted
         again after a crash posts its Events once (409 = already posted).
-        Best effort: an Event that cannot be written is logged, never retried."""
+        An Event the API server refuses (4xx) is logged and dropped; an unreachable or failing
+        API server raises TransientError, so the reconcile is retried before any status write."""
         metadata = job.get("metadata") or {}
         namespace = str(metadata.get("namespace"))
         name = str(metadata.get("name"))
@@ -596,17 +611,49 @@ class Kube:
             "count": 1,
         }
         try:
-            await self._request(
+            status, payload = await self._request(
                 "POST",
                 core_path(namespace, "events"),
                 f"posting Event {reason}",
                 body=body,
                 accept=(409,),
             )
-        except (TransientError, RejectedError) as exc:
-            logger.warning(
-                "Could not post Event %s on TrainJob %s/%s: %s", reason, namespace, name, exc
-            )
+            if status == 409:
+                return None
+            return str((json.loads(payload).get("metadata") or {}).get("name") or "") or None
+        except TransientError as exc:
+            if not exc.answered_no():
+                # Unreachable or failing (an API server restart, etcd down): the decision
+                # is not recorded yet, so it is made again later and its Events with it,
+                # rather than going on to write the status and losing the Event for good.
+                raise
+            self._event_refused(reason, namespace, name, exc)
+        except RejectedError as exc:
+            self._event_refused(reason, namespace, name, exc)
+        return None
+
+    async def withdraw_events(self, namespace: str, names: Iterable[str]) -> None:
+        """Delete Events this operator posted for a decision that was never recorded (its
+        status write conflicted), so they do not tell of a transition that did not happen.
+        Best effort: an Event left behind only tells a story twice."""
+        for name in names:
+            try:
+                await self._request(
+                    "DELETE",
+                    core_path(namespace, "events", name),
+                    f"withdrawing Event {namespace}/{name}",
+                    accept=(404,),
+                )
+            except (TransientError, RejectedError) as exc:
+                logger.info("Could not withdraw Event %s/%s: %s", namespace, name, exc)
+
+    @staticmethod
+    def _event_refused(reason: str, namespace: str, name: str, exc: Exception) -> None:
+        """An Event the API server will not take (no RBAC for Events, the namespace is
+        terminating, a malformed Event): the job's story loses a line, the job goes on."""
+        logger.warning(
+            "Could not post Event %s on TrainJob %s/%s: %s", reason, namespace, name, exc
+        )
 
     # -- gang scheduling ------------------------------------------------------------------
 

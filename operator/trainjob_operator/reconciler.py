@@ -18,7 +18,10 @@ killed between any two calls and the next reconcile converges):
 - Events are posted first, under names derived from the job and the status decided from
   (not its resourceVersion), so the same transition decided again (after a crash, or after a
   conflicting status write: kopf's finalizer, a label) posts the same names (409: already
-  there); no Event of a recorded transition is lost and none is posted twice.
+  there); no Event of a recorded transition is lost and none is posted twice. An Event that
+  cannot be posted because the API server is unreachable fails the reconcile (retried) before
+  the status is written; the Events of a decision whose status write conflicted (superseded:
+  the job was suspended or changed meanwhile) are withdrawn.
 Creation is idempotent (deterministic names, 409 is success); the status records which
 attempt each replica is on, and a Pod of a newer attempt than recorded is adopted.
 """
@@ -221,12 +224,14 @@ def event_id(uid: str, fingerprint: str, position: int, event: policy.Event) -> 
 
 async def _post_events(
     rt: Runtime, raw: Mapping[str, Any], events: Iterable[policy.Event], now: datetime.datetime
-) -> None:
+) -> list[str]:
+    """Post a decision's Events; returns the names of those this call created."""
     uid = str((raw.get("metadata") or {}).get("uid") or "")
     status = raw.get("status")
     fingerprint = status_fingerprint(status if isinstance(status, Mapping) else {})
+    created = []
     for position, event in enumerate(events):
-        await rt.kube.post_event(
+        name = await rt.kube.post_event(
             dict(raw),
             event.type,
             event.reason,
@@ -234,6 +239,35 @@ async def _post_events(
             now,
             event_id(uid, fingerprint, position, event),
         )
+        if name is not None:
+            created.append(name)
+    return created
+
+
+async def _record(
+    rt: Runtime,
+    raw: Mapping[str, Any],
+    events: Iterable[policy.Event],
+    patch: dict[str, Any] | None,
+    now: datetime.datetime,
+    seen: Seen | None,
+) -> dict[str, Any] | None:
+    """Record a decision: its Events, then its status (if it changes); returns the TrainJob
+    as written, or `raw` when the status was already so (None: the job is gone).
+
+    When the status write conflicts the decision is superseded (the job changed under it:
+    a suspend, a delete, another writer), so the Events this call posted for it are
+    withdrawn before it is made again from a fresh read; a transition decided again from the
+    same status posts the same names again."""
+    posted = await _post_events(rt, raw, events, now)
+    if patch is None:
+        return dict(raw)
+    try:
+        return await _patch_status(rt, raw, patch, seen)
+    except kube.ConflictError:
+        metadata = raw.get("metadata") or {}
+        await rt.kube.withdraw_events(str(metadata.get("namespace")), posted)
+        raise
 
 
 def _conditions(status: st.JobStatus) -> list[dict[str, Any]]:
@@ -317,17 +351,14 @@ async def reconcile_job(
     options = gang.render_options(job, rt.settings, namespace, rt.progress_endpoint())
 
     # Record the decision before acting on it (see the module docstring for why).
-    await _post_events(rt, raw, decision.events, now)
-    wanted = st.to_dict(job, decision.status)
-    patch = status_patch(raw_status, wanted)
-    if patch is not None:
-        # kube.ConflictError (the job changed since it was read): the caller decides again.
-        written = await _patch_status(rt, raw, patch, seen)
-        if written is None:
-            return Outcome(None, done=True)
-        raw = written
-        raw_status = raw.get("status") if isinstance(raw.get("status"), Mapping) else {}
-        assert isinstance(raw_status, Mapping)
+    # kube.ConflictError (the job changed since it was read): the caller decides again.
+    patch = status_patch(raw_status, st.to_dict(job, decision.status))
+    written = await _record(rt, raw, decision.events, patch, now, seen)
+    if written is None:
+        return Outcome(None, done=True)
+    raw = written
+    raw_status = raw.get("status") if isinstance(raw.get("status"), Mapping) else {}
+    assert isinstance(raw_status, Mapping)
     rt.metrics.transition(namespace, old, decision.status)
     rt.metrics.set_state(uid, namespace, st.state_of(decision.status))
 
@@ -443,8 +474,9 @@ async def _mark_invalid(
     patch = status_patch(raw_status, wanted)
     if patch is None:
         return  # already marked
-    await _post_events(rt, raw, [policy.Event("Warning", policy.REASON_INVALID, message)], now)
-    await _patch_status(rt, raw, patch, seen)
+    await _record(
+        rt, raw, [policy.Event("Warning", policy.REASON_INVALID, message)], patch, now, seen
+    )
     logger.warning("Marked TrainJob %s/%s Failed (InvalidSpec): %s", namespace, name, message)
     rt.metrics.transition(namespace, old, new)
     rt.metrics.set_state(uid, namespace, st.state_of(new))

@@ -362,7 +362,12 @@ def check(
         assert found is not None
         live[found["metadata"]["uid"]] = job.name
         status = found["status"]
-        reasons = collections.Counter(event.reason for event in cluster.events(job.name))
+        events = cluster.events(job.name)
+        reasons = collections.Counter(event.reason for event in events)
+        story = [
+            (e.event_time or e.first_timestamp, e.reason, e.metadata.name, e.message)
+            for e in sorted(events, key=lambda e: str(e.event_time or e.first_timestamp))
+        ]
         if status.get("restartCount") != job.restarts:
             problems.append(f"{job.name} ({job.kind}): restartCount {status.get('restartCount')}")
         if reasons["Restarting"] != status.get("restartCount"):
@@ -377,7 +382,7 @@ def check(
                 f"{job.name}: a Pod of attempt {attempts[job.name]} (at most {allowed})"
             )
         if reasons["Created"] != 1:
-            problems.append(f"{job.name}: {reasons['Created']} Created Events")
+            problems.append(f"{job.name}: {reasons['Created']} Created Events: {story}")
         ended = [c for c in status.get("conditions", []) if c["type"] == job.end]
         if not ended or reasons[ended[0]["reason"]] != 1:
             problems.append(f"{job.name}: terminal Events {dict(reasons)}, conditions {ended}")

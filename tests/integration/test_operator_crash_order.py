@@ -12,6 +12,7 @@ the job's outcome. Each failed before the decision was recorded ahead of the act
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,4 +179,41 @@ def test_an_event_posted_for_a_decision_never_recorded_is_not_posted_again(
     cluster.wait_pods("noted", {"noted-chief-0", "noted-worker-0"})
     cluster.wait_condition("noted", "Created")
     reasons = [event.reason for event in cluster.events("noted")]
+    assert reasons.count("Created") == 1, reasons
+
+
+def stopped(operator: Operator) -> None:
+    """Wait until the operator has paused itself (SIGSTOP) at its chosen point."""
+
+    def state() -> bool:
+        assert operator.process is not None
+        fields = Path(f"/proc/{operator.process.pid}/stat").read_text().rsplit(")", 1)[1]
+        return fields.split()[0] == "T"
+
+    wait_until(state, timeout=T, what="the operator's pause")
+
+
+def test_the_events_of_a_superseded_decision_are_withdrawn(
+    cluster: Cluster, operators: Operators
+) -> None:
+    """The operator posts a new job's Created Event, then pauses before writing the status;
+    meanwhile the job is suspended. Its status write conflicts, so the creation it decided
+    never happened: the Created Event is withdrawn and the job is decided again (suspended).
+    Resumed later, it is created once: one Created Event, not one for each decision."""
+    paused = operators.start(crash_after="POST /events 1 SIGSTOP")
+    cluster.create_job(trainjob("late", chief=1, workers=1))
+    stopped(paused)
+    cluster.patch_job("late", {"spec": {"runPolicy": {"suspend": True}}})
+    assert paused.process is not None
+    paused.process.send_signal(signal.SIGCONT)
+    cluster.wait_condition("late", "Suspended")
+    wait_until(
+        lambda: not [e for e in cluster.events("late") if e.reason == "Created"],
+        timeout=T,
+        what="the superseded Created Event withdrawn",
+    )
+    cluster.patch_job("late", {"spec": {"runPolicy": {"suspend": False}}})
+    cluster.wait_pods("late", {"late-chief-0", "late-worker-0"})
+    cluster.wait_condition("late", "Created")
+    reasons = [event.reason for event in cluster.events("late")]
     assert reasons.count("Created") == 1, reasons

@@ -138,7 +138,7 @@ def test_a_stalled_stream_is_noticed_and_watched_again(
     ).start()
     try:
         finishing = running_job(cluster, "fin")
-        suspended = running_job(cluster, "sus")
+        running_job(cluster, "sus")
         frozen = proxy.stall()
         assert frozen >= 3, frozen  # kopf's TrainJob watch, the Pod and Service watches
         stalled_at = time.monotonic()

@@ -103,10 +103,11 @@ No wildcards, no Secrets, no ConfigMaps.
 - apiGroups: [""]
   resources: [services]
   verbs: [list, watch, create, delete]
-# Record what happened on the TrainJob (kubectl describe tj): our Events and kopf's warnings.
+# Record what happened on the TrainJob (kubectl describe tj): our Events and kopf's warnings;
+# delete withdraws the Events of a decision that was superseded before it was recorded.
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, delete]
 {{- if eq .Values.gangScheduler.type "volcano" }}
 # Gang scheduling with Volcano: one PodGroup per TrainJob with a schedulingPolicy.
 - apiGroups: [scheduling.volcano.sh]
