@@ -153,9 +153,9 @@ class Kubelet(threading.Thread):
             elif uid not in self.ended and time.monotonic() - self.started[uid] > self.run_for[job]:
                 resumed = job in self.resumed
                 code = self.jobs[job].exit_code(rtype, int(index), attempt(pod), resumed)
-                if code is not None:
+                if code is not None:  # None: it runs on (until deleted, or resumed)
                     self.cluster.set_exited(name, code)
-                self.ended.add(uid)
+                    self.ended.add(uid)
 
 
 # -- faults ---------------------------------------------------------------------------------
