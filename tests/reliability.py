@@ -21,7 +21,12 @@ from typing import Final
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 REPORT: Final = ROOT / "tests" / "RELIABILITY.md"
-FULL_ENV: Final = {"TRAINJOB_FUZZ_JOBS": "1000", "TRAINJOB_FUZZ_EXAMPLES": "3000"}
+FULL_ENV: Final = {
+    "TRAINJOB_FUZZ_JOBS": "1000",
+    "TRAINJOB_FUZZ_EXAMPLES": "3000",
+    "TRAINJOB_CHAOS_JOBS": "100",
+    "TRAINJOB_CHAOS_ETCD_DOWN": "20",
+}
 
 HEADER: Final = """# Reliability
 
@@ -41,6 +46,48 @@ class Section:
 
 
 SECTIONS: Final = (
+    Section(
+        title="Chaos",
+        tests=("tests/integration/test_chaos.py",),
+        figures=("chaos.json",),
+        notes="""\
+- The test plays the kubelet (no kwok): every Pod is set Running, then exits as its job's
+  plan says (0; 137 on worker 0's first attempt under ExitCode; 1 under ExitCode; a PS that
+  never exits; a suspended job's first attempt runs until it is resumed; a deleted job's run
+  until deleted). Faults at seeded moments over the storm: the operator SIGKILLed and started
+  again after 0.2-2 s, kube-apiserver SIGKILLed and restarted on its port, etcd SIGKILLed and
+  restarted on its data, a second operator without peering for 8 s.
+- Invariants checked: every job at its planned end (state, restartCount) or gone with no
+  child left; no orphan Pod or Service; never two Pods (UIDs) for one replica and attempt; no
+  Pod of an attempt the status never counted; `Restarting` Events == restartCount; one
+  Created and one terminal Event; Suspended == Resumed (0 or 1: a suspend undone while no
+  operator ran is never seen, as with Job); no reconcile crash in any operator's log.
+- Found and fixed: two Created Events when the first status write conflicted with kopf's
+  finalizer patch (Event names now come from the status decided from, not the
+  resourceVersion); Events dropped when the API server was unreachable while the status
+  write then succeeded (now the reconcile fails and is retried before the status write);
+  the Events of a decision superseded by a suspend stayed (now withdrawn). Each has a
+  deterministic regression test in tests/integration/test_operator_crash_order.py (a kill or
+  a SIGSTOP right after a chosen API call).
+- Two operators without peering: both reconcile every job; status writes are conditional on
+  the resourceVersion, creates are idempotent (deterministic names), Events deterministic, so
+  the losing writer decides again from a fresh read: no invariant broke in the runs here. It
+  doubles API traffic and is not a supported set-up (use peering, README "High
+  availability").""",
+    ),
+    Section(
+        title="Watch loss",
+        tests=("tests/integration/test_watch_loss.py",),
+        figures=("watch-loss-partition.json", "watch-loss-stall.json"),
+        notes="""\
+- The API server runs with `--watch-cache=false` (watches read etcd, so a compacted
+  resourceVersion is a real 410 Gone); the operator reaches it through a TCP proxy on loopback
+  that partitions (closes and refuses) or stalls (freezes open connections) its traffic.
+- Found and fixed: a stalled Pod/Service stream was noticed only after 360 s (the informer's
+  read timeout), so a finished Pod went unseen that long; it now reopens after
+  `--watch-idle-seconds` (70 by default: the API server bookmarks a live stream about every
+  minute), which also sets kopf's inactivity timeout for its TrainJob watch (70 s by default).""",
+    ),
     Section(
         title="Bad input",
         tests=(
@@ -74,6 +121,15 @@ SECTIONS: Final = (
   decoding error names no field.""",
     ),
 )
+
+
+def save_figures(file_name: str, figures: dict[str, object], **extra: object) -> None:
+    """What a reliability test calls with its figures: written to $TRAINJOB_RELIABILITY_DIR
+    as `{"figures": ..., **extra}` when this module runs the test, nothing otherwise."""
+    out = os.environ.get("TRAINJOB_RELIABILITY_DIR")
+    if out:
+        payload = {"figures": figures, **extra}
+        Path(out, file_name).write_text(json.dumps(payload, indent=2), encoding="utf-8")
 
 
 def run_tests(section: Section, out: Path, full: bool) -> int:

@@ -21,7 +21,8 @@ killed between any two calls and the next reconcile converges):
   there); no Event of a recorded transition is lost and none is posted twice. An Event that
   cannot be posted because the API server is unreachable fails the reconcile (retried) before
   the status is written; the Events of a decision whose status write conflicted (superseded:
-  the job was suspended or changed meanwhile) are withdrawn.
+  the job was suspended or changed meanwhile) are withdrawn once a fresh read shows that
+  nobody recorded a transition from the same status.
 Creation is idempotent (deterministic names, 409 is success); the status records which
 attempt each replica is on, and a Pod of a newer attempt than recorded is adopted.
 """
@@ -150,6 +151,21 @@ class Seen:
     known: dict[str, Any] | None = None
     # A conditional write of ours conflicted: the next reconcile reads afresh.
     stale: bool = False
+    # The Events this loop posted for a decision whose status write conflicted.
+    superseded: Superseded | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Superseded:
+    """Events posted for a decision that was never recorded, and the status it was made
+    from. Whether they told of something that did not happen is known only after a fresh
+    read: if the status is still the same, nobody recorded a transition from it, and the
+    Events the new decision does not post again are withdrawn; if the status moved on,
+    another writer (a second operator) recorded a transition from it, most likely the same
+    one, whose Events these are: they stay."""
+
+    fingerprint: str
+    names: tuple[str, ...]
 
 
 def _version(obj: Mapping[str, Any]) -> str | None:
@@ -224,24 +240,27 @@ def event_id(uid: str, fingerprint: str, position: int, event: policy.Event) -> 
 
 async def _post_events(
     rt: Runtime, raw: Mapping[str, Any], events: Iterable[policy.Event], now: datetime.datetime
-) -> list[str]:
-    """Post a decision's Events; returns the names of those this call created."""
+) -> tuple[list[str], list[str]]:
+    """Post a decision's Events; returns the names of all of them and of those this call
+    created (the others were there already, or were refused)."""
     uid = str((raw.get("metadata") or {}).get("uid") or "")
-    status = raw.get("status")
-    fingerprint = status_fingerprint(status if isinstance(status, Mapping) else {})
-    created = []
+    fingerprint = status_fingerprint(_status_of(raw))
+    names: list[str] = []
+    created: list[str] = []
     for position, event in enumerate(events):
+        suffix = event_id(uid, fingerprint, position, event)
         name = await rt.kube.post_event(
-            dict(raw),
-            event.type,
-            event.reason,
-            event.message,
-            now,
-            event_id(uid, fingerprint, position, event),
+            dict(raw), event.type, event.reason, event.message, now, suffix
         )
+        names.append(f"{(raw.get('metadata') or {}).get('name')}.{suffix}")
         if name is not None:
             created.append(name)
-    return created
+    return names, created
+
+
+def _status_of(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    status = raw.get("status")
+    return status if isinstance(status, Mapping) else {}
 
 
 async def _record(
@@ -255,18 +274,28 @@ async def _record(
     """Record a decision: its Events, then its status (if it changes); returns the TrainJob
     as written, or `raw` when the status was already so (None: the job is gone).
 
-    When the status write conflicts the decision is superseded (the job changed under it:
-    a suspend, a delete, another writer), so the Events this call posted for it are
-    withdrawn before it is made again from a fresh read; a transition decided again from the
-    same status posts the same names again."""
-    posted = await _post_events(rt, raw, events, now)
+    A conflicting status write means the decision was superseded (the job changed under it:
+    a suspend, a delete, another writer); the caller decides again from a fresh read, and
+    this loop remembers the Events it posted (see `Superseded`). A transition decided again
+    from the same status posts the same names again."""
+    fingerprint = status_fingerprint(_status_of(raw))
+    names, created = await _post_events(rt, raw, events, now)
+    pending = seen.superseded if seen is not None else None
+    keep: list[str] = []
+    if seen is not None:
+        seen.superseded = None
+    if pending is not None and pending.fingerprint == fingerprint:
+        keep = [name for name in pending.names if name in names]
+        stale = [name for name in pending.names if name not in names]
+        namespace = str((raw.get("metadata") or {}).get("namespace"))
+        await rt.kube.withdraw_events(namespace, stale)
     if patch is None:
         return dict(raw)
     try:
         return await _patch_status(rt, raw, patch, seen)
     except kube.ConflictError:
-        metadata = raw.get("metadata") or {}
-        await rt.kube.withdraw_events(str(metadata.get("namespace")), posted)
+        if seen is not None:
+            seen.superseded = Superseded(fingerprint, tuple(created + keep))
         raise
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +36,7 @@ from tests.integration.operator_harness import (
     trainjob,
     wait_until,
 )
+from tests.reliability import save_figures
 
 pytestmark = pytest.mark.integration
 
@@ -170,16 +170,11 @@ def test_bad_input_is_refused_naming_the_field_and_the_operator_serves_on(
 def write_figures(
     tried: int, at_admission: int, invalid_spec: int, crashes: int, examples: dict[str, str]
 ) -> None:
-    out = os.environ.get("TRAINJOB_RELIABILITY_DIR")
-    if not out:
-        return
-    figures = {
+    figures: dict[str, object] = {
         "bad inputs tried": tried,
         "rejected at admission, naming the field": at_admission,
         "marked Failed/InvalidSpec, naming the field": invalid_spec,
         "operator crashes": crashes,
         "valid job served alongside": "yes",
     }
-    Path(out, "bad-input.json").write_text(
-        json.dumps({"figures": figures, "messages": examples}, indent=2), encoding="utf-8"
-    )
+    save_figures("bad-input.json", figures, messages=examples)

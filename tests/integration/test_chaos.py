@@ -54,6 +54,7 @@ from tests.integration.operator_harness import (
     trainjob,
     wait_until,
 )
+from tests.reliability import save_figures
 
 pytestmark = pytest.mark.integration
 
@@ -314,6 +315,21 @@ def test_a_storm_with_the_operator_killed_at_random_keeps_every_invariant(
         f"{faults['restart-apiserver']}, etcd stops {faults['stop-etcd']} ({ETCD_DOWN:.0f}s), "
         f"two operators side by side {faults['second-operator']}x; pods seen "
         f"{len(kubelet.started)}; invariant violations: {len(violations)}"
+    )
+    save_figures(
+        "chaos.json",
+        {
+            "seed": SEED,
+            "jobs (ok, retry, fail, ps, suspend, delete)": JOBS,
+            "operator SIGKILLs survived": operators.kills,
+            "  at random moments": faults["kill-operator"],
+            "API server killed and restarted": faults["restart-apiserver"],
+            f"etcd stopped ({ETCD_DOWN:.0f} s) and restarted": faults["stop-etcd"],
+            "two operators side by side, no peering (8 s)": faults["second-operator"],
+            "Pods run": len(kubelet.started),
+            "invariant violations": len(violations),
+        },
+        violations=violations,
     )
     assert not violations, "\n".join(violations)
 

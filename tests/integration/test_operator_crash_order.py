@@ -196,24 +196,25 @@ def stopped(operator: Operator) -> None:
 def test_the_events_of_a_superseded_decision_are_withdrawn(
     cluster: Cluster, operators: Operators
 ) -> None:
-    """The operator posts a new job's Created Event, then pauses before writing the status;
-    meanwhile the job is suspended. Its status write conflicts, so the creation it decided
-    never happened: the Created Event is withdrawn and the job is decided again (suspended).
-    Resumed later, it is created once: one Created Event, not one for each decision."""
+    """A worker fails; the operator posts the Restarting Event, then pauses before writing
+    the status that counts the restart; meanwhile the job is suspended. Its status write
+    conflicts, so the restart it decided never happened: decided again, the job is suspended
+    (restartCount 0), and the Restarting Event is withdrawn instead of telling of a restart
+    that no status ever counted."""
+    name = running_job(
+        cluster, operators, trainjob("late", chief=0, workers=2, restart_policy="OnFailure")
+    )
     paused = operators.start(crash_after="POST /events 1 SIGSTOP")
-    cluster.create_job(trainjob("late", chief=1, workers=1))
+    cluster.set_exited("late-worker-1", 137)
     stopped(paused)
-    cluster.patch_job("late", {"spec": {"runPolicy": {"suspend": True}}})
+    cluster.patch_job(name, {"spec": {"runPolicy": {"suspend": True}}})
     assert paused.process is not None
     paused.process.send_signal(signal.SIGCONT)
-    cluster.wait_condition("late", "Suspended")
+    cluster.wait_condition(name, "Suspended")
     wait_until(
-        lambda: not [e for e in cluster.events("late") if e.reason == "Created"],
+        lambda: not [e for e in cluster.events(name) if e.reason == "Restarting"],
         timeout=T,
-        what="the superseded Created Event withdrawn",
+        what="the superseded Restarting Event withdrawn",
     )
-    cluster.patch_job("late", {"spec": {"runPolicy": {"suspend": False}}})
-    cluster.wait_pods("late", {"late-chief-0", "late-worker-0"})
-    cluster.wait_condition("late", "Created")
-    reasons = [event.reason for event in cluster.events("late")]
-    assert reasons.count("Created") == 1, reasons
+    job = cluster.job(name) or {}
+    assert job["status"]["restartCount"] == 0, job["status"]

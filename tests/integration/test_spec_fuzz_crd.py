@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests import specgen
+from tests.reliability import save_figures
 from trainjob import cli
 from trainjob.core import spec
 
@@ -108,10 +108,7 @@ def test_validate_and_the_crd_agree_on_generated_manifests(
 
 
 def write_figures(generated: int, counts: dict[str, int]) -> None:
-    out = os.environ.get("TRAINJOB_RELIABILITY_DIR")
-    if not out:
-        return
     figures: dict[str, object] = {"fuzzed specs (server dry run + trainjob validate)": generated}
     figures.update({f"  {key}": value for key, value in counts.items()})
     figures["disagreements (after the fixes)"] = 0
-    Path(out, "spec-fuzz.json").write_text(json.dumps({"figures": figures}, indent=2))
+    save_figures("spec-fuzz.json", figures)

@@ -11,7 +11,6 @@ CI creates 100 jobs; `TRAINJOB_FUZZ_JOBS=1000` is the full run (tests/RELIABILIT
 from __future__ import annotations
 
 import collections
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from tests.integration.operator_harness import (
     wait_until,
 )
 from tests.integration.test_bad_input import crashes
+from tests.reliability import save_figures
 from trainjob.core import spec
 
 pytestmark = pytest.mark.integration
@@ -151,13 +151,10 @@ def final_states(cluster: Cluster, namespace: str) -> collections.Counter[str]:
 def write_figures(
     jobs: int, at_admission: int, states: collections.Counter[str], crashed: int, seconds: float
 ) -> None:
-    out = os.environ.get("TRAINJOB_RELIABILITY_DIR")
-    if not out:
-        return
     figures: dict[str, object] = {
         "generated jobs created": jobs,
         "  refused at admission": at_admission,
     }
     figures.update({f"  admitted, now {state}": n for state, n in sorted(states.items())})
     figures.update({"operator crashes": crashed, "seconds": round(seconds)})
-    Path(out, "fuzz-operator.json").write_text(json.dumps({"figures": figures}, indent=2))
+    save_figures("fuzz-operator.json", figures)

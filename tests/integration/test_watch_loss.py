@@ -31,6 +31,7 @@ from tests.controlplane.cluster import ControlPlane, ControlPlaneError, Tools, T
 from tests.integration.conftest import CRD_DIR
 from tests.integration.operator_harness import Cluster, Operator, trainjob, wait_until
 from tests.integration.tcp_proxy import TcpProxy
+from tests.reliability import save_figures
 
 pytestmark = pytest.mark.integration
 
@@ -124,6 +125,14 @@ def test_a_partition_past_a_compaction_lists_again_and_decides_from_the_list(
             f"no 410 relist after compacting to {compacted}:\n{operator.log_tail()}"
         )
         assert operator.running(), operator.log_tail()
+        relists = len(re.findall(r"expired; listing again", text))
+        save_figures(
+            "watch-loss-partition.json",
+            {
+                "partition + etcd compaction: relists after 410 Gone": relists,
+                "  job decided from the list (Succeeded, no restart)": "yes",
+            },
+        )
     finally:
         operator.stop()
 
@@ -153,5 +162,12 @@ def test_a_stalled_stream_is_noticed_and_watched_again(
         print(f"stalled connections: {frozen}; both jobs acted on after {took:.1f}s")
         assert took < IDLE + 30, took
         assert f"silent for {IDLE}s; watching again" in log.read_text(), operator.log_tail()
+        save_figures(
+            "watch-loss-stall.json",
+            {
+                "stalled connections (open, forwarding nothing)": frozen,
+                f"  a Pod change and a suspend acted on after (idle {IDLE} s)": f"{took:.1f} s",
+            },
+        )
     finally:
         operator.stop()

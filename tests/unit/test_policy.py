@@ -129,6 +129,21 @@ def test_fresh_job_creates_every_service_and_pod_and_is_created() -> None:
     assert again.create_pods == () and again.create_services == ()
 
 
+def test_a_job_created_suspended_is_created_and_suspended_and_created_only_once() -> None:
+    """Its first decision tells Created whatever the spec says by then (an Event posted for
+    it before a crash is the one posted again after a suspend), and the resume does not."""
+    world = World(make_job({"chief": 1, "worker": 1}, run_policy={"suspend": True}))
+    decision = world.reconcile(at(0))
+    assert [e.reason for e in decision.events] == ["Created", "Suspended"]
+    assert decision.create_pods == () and world.condition(st.CREATED).status
+    world.job = dataclasses.replace(
+        world.job, run_policy=dataclasses.replace(world.job.run_policy, suspend=False)
+    )
+    resumed = world.reconcile(at(5))
+    assert [e.reason for e in resumed.events] == ["Resumed"]
+    assert len(resumed.create_pods) == 2
+
+
 def test_all_replicas_running_makes_the_job_running() -> None:
     world = World(make_job({"worker": 2}))
     world.reconcile(at(0))

@@ -211,6 +211,13 @@ def reconcile(
     completion_time = status.completion_time
     restart_count = status.restart_count
 
+    # Created first, suspended or not: a job created suspended is created (as Job and
+    # TFJob say), and its first decision is the same whatever the spec says by then, so an
+    # Event posted for it before a crash is the one posted again after the spec changed.
+    if not status.finished and not work.is_true(st.CREATED):
+        work.condition(st.CREATED, True, REASON_CREATED, f"TrainJob {job.name} is created")
+        work.event("Normal", "Created", f"Created TrainJob {job.name}")
+
     if not status.finished and job.run_policy.suspend:
         return _suspend(work, pods, existing_services)
 
@@ -221,9 +228,6 @@ def reconcile(
             start_time = attempt_start = now
         if start_time is None:
             start_time = attempt_start = now
-        if not work.is_true(st.CREATED):
-            work.condition(st.CREATED, True, REASON_CREATED, f"TrainJob {job.name} is created")
-            work.event("Normal", "Created", f"Created TrainJob {job.name}")
 
     failures = _observe(work, pods)
 
