@@ -162,4 +162,4 @@ def test_crd_names_and_subresources() -> None:
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["State", "Ready", "Restarts", "Progress", "Age"]
+    assert columns == ["State", "Ready", "Restarts", "Progress", "ETA", "Loss", "Age"]
