@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -35,16 +35,22 @@ from tests.controlplane.cluster import (
 CRD_DIR = REPO_ROOT / "crds"
 
 
-@pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
-    """The session's control plane, with crds/ applied and Established."""
+def started_control_plane(apiserver_flags: Sequence[str] = ()) -> Iterator[ControlPlane]:
+    """A control plane with crds/ applied and Established, stopped after use; a missing
+    tool or a failed start fails the test with one line. Tests that break their control
+    plane on purpose (chaos, watch loss) start their own with this."""
     try:
         tools = Tools.locate().require()
     except ToolsMissingError as exc:
         pytest.fail(str(exc), pytrace=False)
     workdir_env = os.environ.get("TRAINJOB_CP_WORKDIR")
     workdir = Path(workdir_env) / f"cp-{uuid.uuid4().hex[:8]}" if workdir_env else None
-    plane = ControlPlane(tools=tools, workdir=workdir, crds=sorted(CRD_DIR.glob("*.yaml")))
+    plane = ControlPlane(
+        tools=tools,
+        workdir=workdir,
+        crds=sorted(CRD_DIR.glob("*.yaml")),
+        apiserver_flags=apiserver_flags,
+    )
     try:
         plane.start()
     except ControlPlaneError as exc:
@@ -53,6 +59,12 @@ def control_plane() -> Iterator[ControlPlane]:
         yield plane
     finally:
         plane.stop()
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """The session's control plane, with crds/ applied and Established."""
+    yield from started_control_plane()
 
 
 @pytest.fixture(scope="session")

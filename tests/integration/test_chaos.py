@@ -46,8 +46,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import ControlPlane, ControlPlaneError, Tools, ToolsMissingError
-from tests.integration.conftest import CRD_DIR
+from tests.controlplane.cluster import ControlPlane
+from tests.integration.conftest import started_control_plane
 from tests.integration.operator_harness import (
     JOB_LABEL,
     Cluster,
@@ -277,19 +277,8 @@ def timeline(rng: random.Random, jobs: list[JobPlan]) -> list[tuple[float, str, 
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
-    try:
-        tools = Tools.locate().require()
-    except ToolsMissingError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    control = ControlPlane(tools=tools, crds=sorted(CRD_DIR.glob("*.yaml")))
-    try:
-        control.start()
-    except ControlPlaneError as exc:
-        pytest.fail(f"the control plane did not start: {exc}", pytrace=False)
-    try:
-        yield control
-    finally:
-        control.stop()
+    """A control plane of this module's own: the tests break it on purpose."""
+    yield from started_control_plane(())
 
 
 def test_a_storm_with_the_operator_killed_at_random_keeps_every_invariant(

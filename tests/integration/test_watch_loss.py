@@ -27,8 +27,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from tests.controlplane.cluster import ControlPlane, ControlPlaneError, Tools, ToolsMissingError
-from tests.integration.conftest import CRD_DIR
+from tests.controlplane.cluster import ControlPlane
+from tests.integration.conftest import started_control_plane
 from tests.integration.operator_harness import Cluster, Operator, trainjob, wait_until
 from tests.integration.tcp_proxy import TcpProxy
 from tests.reliability import save_figures
@@ -41,21 +41,8 @@ T = 60.0
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
-    try:
-        tools = Tools.locate().require()
-    except ToolsMissingError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    control = ControlPlane(
-        tools=tools, crds=sorted(CRD_DIR.glob("*.yaml")), apiserver_flags=["--watch-cache=false"]
-    )
-    try:
-        control.start()
-    except ControlPlaneError as exc:
-        pytest.fail(f"the control plane did not start: {exc}", pytrace=False)
-    try:
-        yield control
-    finally:
-        control.stop()
+    """A control plane of this module's own: the tests break it on purpose."""
+    yield from started_control_plane(["--watch-cache=false"])
 
 
 @pytest.fixture

@@ -331,22 +331,14 @@ def test_a_local_run_needs_no_image_and_an_unwritable_data_dir_is_one_line(
     assert saved["state"] == "Failed" and "cannot write" in saved["problem"]
 
 
-def test_a_reader_that_leaves_after_the_last_line_stops_the_run(tmp_path: Path) -> None:
-    """The reader takes every line the run will ever write (both replicas' `serving`) and
-    closes the pipe: no later write can fail, yet the run notices and stops (it used to train
-    on unseen until killed; CI saw it with `| head -3` reading a fourth line in its chunk)."""
-    write_job(tmp_path / "job.yaml", job_manifest("quiet", {"worker": command_replica(SERVE, 2)}))
-    (tmp_path / "reader.py").write_text(
-        "import sys\n"
-        "seen = 0\n"
-        "for line in sys.stdin:\n"
-        "    seen += 'serving' in line\n"
-        "    if seen == 2:\n"
-        "        break\n"
-    )
+def run_piped(tmp_path: Path, name: str, reader: str) -> subprocess.CompletedProcess[str]:
+    """`trainjob run` of a 2-replica job that prints one line per replica and then serves
+    on, piped into `reader`; checks that the run stopped as SIGPIPE asks: exit 141, no
+    traceback, Interrupted, no replica left."""
+    write_job(tmp_path / "job.yaml", job_manifest(name, {"worker": command_replica(SERVE, 2)}))
     shell = subprocess.run(
         f"set -o pipefail; {sys.executable} -m trainjob run -f job.yaml --run-dir run 2>err.txt"
-        f" | {sys.executable} reader.py",
+        f" | {reader}",
         shell=True,
         executable="/bin/bash",
         cwd=str(tmp_path),
@@ -362,29 +354,26 @@ def test_a_reader_that_leaves_after_the_last_line_stops_the_run(tmp_path: Path) 
     for info in read_json(tmp_path / "run" / "processes.json").values():
         assert not info["alive"]
         assert group_alive(info["pid"]) == []
+    return shell
+
+
+def test_a_reader_that_leaves_after_the_last_line_stops_the_run(tmp_path: Path) -> None:
+    """The reader takes every line the run will ever write (both replicas' `serving`) and
+    closes the pipe: no later write can fail, yet the run notices and stops (it used to train
+    on unseen until killed; CI saw it with `| head -3` reading a fourth line in its chunk)."""
+    (tmp_path / "reader.py").write_text(
+        "import sys\n"
+        "seen = 0\n"
+        "for line in sys.stdin:\n"
+        "    seen += 'serving' in line\n"
+        "    if seen == 2:\n"
+        "        break\n"
+    )
+    run_piped(tmp_path, "quiet", f"{sys.executable} reader.py")
 
 
 def test_a_closed_pipe_stops_the_run_cleanly(tmp_path: Path) -> None:
     """`trainjob run ... | head -3`: once the reader is gone, every replica is stopped and the
     run exits 141 (128 + SIGPIPE) without a traceback, instead of training on unseen."""
-    write_job(tmp_path / "job.yaml", job_manifest("pipe", {"worker": command_replica(SERVE, 2)}))
-    shell = subprocess.run(
-        f"set -o pipefail; {sys.executable} -m trainjob run -f job.yaml --run-dir run 2>err.txt"
-        " | head -3",
-        shell=True,
-        executable="/bin/bash",
-        cwd=str(tmp_path),
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
-    assert shell.returncode == 141, shell
+    shell = run_piped(tmp_path, "pipe", "head -3")
     assert len(shell.stdout.splitlines()) == 3
-    assert (tmp_path / "err.txt").read_text() == ""
-    saved = read_json(tmp_path / "run" / "status.json")
-    assert saved["state"] == "Interrupted"
-    for info in read_json(tmp_path / "run" / "processes.json").values():
-        assert not info["alive"]
-        assert group_alive(info["pid"]) == []
