@@ -248,15 +248,24 @@ def test_printer_columns(
                 "state": "Restarting",
                 "ready": "2/3",
                 "restartCount": 4,
-                "progress": {"summary": "epoch-7/10"},
+                "progress": {"summary": "70%-(7/10)", "eta": "4m", "loss": 0.2314},
             }
         },
         _content_type="application/merge-patch+json",
     )
     out = control_plane.kubectl("get", "tj", "columns", "-n", namespace).stdout
     header, row = out.splitlines()[:2]
-    assert header.split() == ["NAME", "STATE", "READY", "RESTARTS", "PROGRESS", "AGE"]
-    assert row.split()[:5] == ["columns", "Restarting", "2/3", "4", "epoch-7/10"]
+    assert header.split() == [
+        "NAME",
+        "STATE",
+        "READY",
+        "RESTARTS",
+        "PROGRESS",
+        "ETA",
+        "LOSS",
+        "AGE",
+    ]
+    assert row.split()[:7] == ["columns", "Restarting", "2/3", "4", "70%-(7/10)", "4m", "0.2314"]
 
 
 # ----------------------------------------------------------------------------- GC
