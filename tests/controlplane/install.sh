@@ -20,9 +20,11 @@
 # places. Needs only Go (>= 1.25; /usr/local/go/bin is searched) and network access
 # to the Go module proxy. No stdin, no Docker, no root.
 #
-# Usage: bash tests/controlplane/install.sh [--print-dir] [--node]
-#   --print-dir   print the tools directory and exit
-#   --node        also install the node's parts (see above)
+# Usage: bash tests/controlplane/install.sh [--print-dir] [--node] [--node-packages]
+#   --print-dir      print the tools directory and exit
+#   --node           also install the node's parts (see above)
+#   --node-packages  only the node's Debian packages (buildah, debootstrap, ...), so the images
+#                    can build (network, disk) while the Go tools compile (CPU)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -40,6 +42,7 @@ HELM_VERSION="v3.22.0"
 
 COREDNS_VERSION="$(modversion "$HERE/coredns/go.mod" github.com/coredns/coredns)"
 NODE=""
+PACKAGES_ONLY=""
 for arg in "$@"; do
     case "$arg" in
     --print-dir)
@@ -47,6 +50,7 @@ for arg in "$@"; do
         exit 0
         ;;
     --node) NODE=1 ;;
+    --node-packages) PACKAGES_ONLY=1 ;;
     *)
         echo "install.sh: unknown argument $arg" >&2
         exit 2
@@ -214,6 +218,12 @@ build_node() {
     gcc -Os -Wall -Werror -static -DVERSION="$K8S_VERSION-trainjob" -o "$out/pause" "$src"
     strip "$out/pause"
 }
+
+if [[ -n "$PACKAGES_ONLY" ]]; then
+    install_node_packages
+    echo "==> ${SUMMARY[-1]}"
+    exit 0
+fi
 
 total_start=$SECONDS
 build_into etcd "$ETCD_VERSION" build_etcd etcd
