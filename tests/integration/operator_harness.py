@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -101,6 +102,18 @@ class Operator:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def wait_serving(self, timeout: float = 30.0) -> Operator:
+        """Wait until the liveness endpoint answers 200 (the operator has started up); fail
+        with its log if it exits first."""
+        url = f"http://127.0.0.1:{self.liveness_port}/healthz"
+        wait_until(
+            lambda: http_ok(url) or not self.running(),
+            timeout=timeout,
+            what="the operator's liveness endpoint",
+        )
+        assert self.running(), self.log_tail()
+        return self
+
     def kill(self) -> None:
         """SIGKILL: no cleanup at all, as when a node dies under the operator."""
         if self.process is not None and self.running():
@@ -123,6 +136,14 @@ class Operator:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -73,26 +72,12 @@ def server_message(exc: ApiException) -> str:
     )
 
 
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     op = Operator(kubeconfig, log, "--namespace=test-bad-*").start()
     try:
-        wait_until(
-            lambda: _http_ok(f"http://127.0.0.1:{op.liveness_port}/healthz") or not op.running(),
-            timeout=T,
-            what="the operator's liveness endpoint",
-        )
-        assert op.running(), op.log_tail()
-        yield op
+        yield op.wait_serving(T)
     finally:
         op.stop()
 

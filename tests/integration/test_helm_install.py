@@ -106,14 +106,6 @@ def _uninstall(control_plane: ControlPlane, release: Release) -> None:
     control_plane.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
 
 
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
 def _start_as_service_account(
     control_plane: ControlPlane,
     namespace: str,
@@ -124,16 +116,7 @@ def _start_as_service_account(
     kubeconfig = control_plane.service_account_kubeconfig(
         namespace, service_account, path=workdir / "kubeconfig", duration="1h"
     )
-    operator = Operator(kubeconfig, workdir / "operator.log", *args).start()
-    wait_until(
-        lambda: (
-            _http_ok(f"http://127.0.0.1:{operator.liveness_port}/healthz") or not operator.running()
-        ),
-        timeout=T,
-        what="the operator's liveness endpoint",
-    )
-    assert operator.running(), operator.log_tail()
-    return operator
+    return Operator(kubeconfig, workdir / "operator.log", *args).start().wait_serving(T)
 
 
 def _permission_errors(operator: Operator) -> list[str]:

@@ -31,24 +31,10 @@ def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     op = Operator(kubeconfig, log, "--namespace=test-op-*").start()
     try:
-        wait_until(
-            lambda: _http_ok(f"http://127.0.0.1:{op.liveness_port}/healthz") or not op.running(),
-            timeout=T,
-            what="the operator's liveness endpoint",
-        )
-        assert op.running(), op.log_tail()
-        yield op
+        yield op.wait_serving(T)
     finally:
         op.stop()
         print(f"operator log: {log}\n{op.log_tail(30)}")
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 @pytest.fixture
