@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import json
 import os
 import signal
 import subprocess
@@ -21,10 +22,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import REPO_ROOT, free_port
+from tests.controlplane.cluster import REPO_ROOT, Tools, ToolsMissingError, free_port
 
 GROUP: Final = "trainjob.dev"
 VERSION: Final = "v1alpha1"
@@ -136,6 +138,28 @@ class Operator:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def run_benchmark(
+    script: str, *args: str, json_out: Path, timeout: float
+) -> tuple[str, dict[str, Any]]:
+    """Run bench/<script> with `args` (it writes its figures to `json_out`); fail the test
+    with its output's tail unless it exits 0. Returns its stdout and its figures."""
+    try:
+        Tools.locate().require()
+    except ToolsMissingError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / script), *args, f"--json={json_out}"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    figures: dict[str, Any] = json.loads(json_out.read_text(encoding="utf-8"))
+    return result.stdout, figures
 
 
 def http_ok(url: str) -> bool:
