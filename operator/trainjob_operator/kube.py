@@ -180,6 +180,11 @@ def _delete_options(uid: str | None) -> Obj:
     return options
 
 
+def event_name(job_name: str, event_id: str) -> str:
+    """The name of a TrainJob's Event with a deterministic id (`<job>.<event_id>`)."""
+    return f"{job_name}.{event_id}"
+
+
 @dataclasses.dataclass
 class CrashAfter:
     """For crash tests only (`TRAINJOB_TEST_CRASH_AFTER="METHOD PATH-PART N [SIGSTOP]"`): the
@@ -586,7 +591,7 @@ class Kube:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": (
-                {"name": f"{name}.{event_id}", "namespace": namespace}
+                {"name": event_name(name, event_id), "namespace": namespace}
                 if event_id
                 else {"generateName": f"{name}.", "namespace": namespace}
             ),

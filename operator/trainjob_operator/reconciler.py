@@ -239,12 +239,17 @@ def event_id(uid: str, fingerprint: str, position: int, event: policy.Event) -> 
 
 
 async def _post_events(
-    rt: Runtime, raw: Mapping[str, Any], events: Iterable[policy.Event], now: datetime.datetime
+    rt: Runtime,
+    raw: Mapping[str, Any],
+    fingerprint: str,
+    events: Iterable[policy.Event],
+    now: datetime.datetime,
 ) -> tuple[list[str], list[str]]:
-    """Post a decision's Events; returns the names of all of them and of those this call
-    created (the others were there already, or were refused)."""
-    uid = str((raw.get("metadata") or {}).get("uid") or "")
-    fingerprint = status_fingerprint(_status_of(raw))
+    """Post the Events of a decision made from the status `fingerprint`; returns the names
+    of all of them and of those this call created (the others were there already, or were
+    refused)."""
+    metadata = raw.get("metadata") or {}
+    uid, job_name = str(metadata.get("uid") or ""), str(metadata.get("name"))
     names: list[str] = []
     created: list[str] = []
     for position, event in enumerate(events):
@@ -252,7 +257,7 @@ async def _post_events(
         name = await rt.kube.post_event(
             dict(raw), event.type, event.reason, event.message, now, suffix
         )
-        names.append(f"{(raw.get('metadata') or {}).get('name')}.{suffix}")
+        names.append(kube.event_name(job_name, suffix))
         if name is not None:
             created.append(name)
     return names, created
@@ -279,7 +284,7 @@ async def _record(
     this loop remembers the Events it posted (see `Superseded`). A transition decided again
     from the same status posts the same names again."""
     fingerprint = status_fingerprint(_status_of(raw))
-    names, created = await _post_events(rt, raw, events, now)
+    names, created = await _post_events(rt, raw, fingerprint, events, now)
     pending = seen.superseded if seen is not None else None
     keep: list[str] = []
     if seen is not None:
