@@ -27,6 +27,7 @@ import functools
 import ipaddress
 import json
 import os
+import random
 import re
 import secrets
 import shutil
@@ -165,12 +166,42 @@ class Tools:
 # --------------------------------------------------------------------------- helpers
 
 
+# Ports this test process has handed out: never handed out twice.
+_HANDED_OUT_PORTS: set[int] = set()
+# Listening ports for the tests come from below the kernel's ephemeral range (and below
+# Kubernetes' NodePort range, 30000-32767). A port asked of the kernel with bind(0) comes
+# from the ephemeral range, where (a) two consecutive asks can return the same port (3 in
+# 20,000 pairs here: an operator got one port for metrics and liveness and died on it) and
+# (b) every outgoing connection also takes its local port, so a port free when chosen can be
+# taken before its server binds.
+_LISTEN_PORTS = range(10000, 30000)
+
+
+def _ephemeral_ports() -> range:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free right now, outside the kernel's ephemeral range,
+    and never handed out before by this process."""
+    ephemeral = _ephemeral_ports()
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.choice(_LISTEN_PORTS)
+        if port in _HANDED_OUT_PORTS or port in ephemeral:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue
+        _HANDED_OUT_PORTS.add(port)
         return port
+    raise ControlPlaneError("no free TCP port below the ephemeral range on 127.0.0.1")
 
 
 def wait_for(
