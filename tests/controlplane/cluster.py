@@ -23,6 +23,7 @@ import base64
 import contextlib
 import ctypes
 import datetime
+import errno
 import functools
 import ipaddress
 import json
@@ -185,6 +186,20 @@ def _ephemeral_ports() -> range:
         return range(32768, 61000)
 
 
+def _bindable_everywhere(port: int) -> bool:
+    """Whether nothing listens on `port` on any address (TF servers bind all interfaces)."""
+    families = [(socket.AF_INET, "")] + ([(socket.AF_INET6, "::")] if socket.has_ipv6 else [])
+    for family, host in families:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return False
+            # No IPv6 on this machine (EADDRNOTAVAIL, EAFNOSUPPORT): IPv4 decides.
+    return True
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now, outside the kernel's ephemeral range,
     and never handed out before by this process."""
@@ -194,11 +209,8 @@ def free_port() -> int:
         port = rng.choice(_LISTEN_PORTS)
         if port in _HANDED_OUT_PORTS or port in ephemeral:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((LOOPBACK, port))
-            except OSError:
-                continue
+        if not _bindable_everywhere(port):
+            continue
         _HANDED_OUT_PORTS.add(port)
         return port
     raise ControlPlaneError("no free TCP port below the ephemeral range on 127.0.0.1")

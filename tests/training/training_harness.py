@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.controlplane.cluster import free_port
 from trainjob.core import constants
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -25,22 +25,8 @@ POLL_S = 0.05
 T = TypeVar("T")
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports: every TF task binds its port on all interfaces."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def cluster_spec(roles: Mapping[str, int]) -> dict[str, list[str]]:
-    ports = iter(free_ports(sum(roles.values())))
+    ports = iter(free_port() for _ in range(sum(roles.values())))
     return {role: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for role, n in roles.items() if n}
 
 
