@@ -73,6 +73,7 @@ from tests.controlplane.cluster import (  # noqa: E402 - after the sys.path line
     ControlPlane,
     Tools,
     free_port,
+    http_ok,
     tools_dir,
     wait_for,
 )
@@ -505,16 +506,6 @@ class OperatorProcess:
                 self.process.wait(timeout=grace)
 
 
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
 def kubeflow_dir() -> Path:
     gomod = (BENCH_DIR / "kubeflow" / "go.mod").read_text(encoding="utf-8")
     match = re.search(
@@ -780,7 +771,7 @@ class Bench:
             if operator == KUBEFLOW and not mounted:
                 mounted.extend([True] if self.mount_webhook_certs() else [])
                 return False
-            return _http_ok(ready_url)
+            return http_ok(ready_url)
 
         wait_for(ready, timeout=120, what=f"{operator} to become ready", interval=0.2)
         return proc

@@ -60,14 +60,19 @@ if str(REPO_ROOT) not in sys.path:
 from bench.operator_scale import (  # noqa: E402 - after the sys.path line above
     Api,
     OperatorProcess,
-    _http_ok,
     bench_workdir,
     machine_info,
     metric_sum,
     percentile,
     proc_stats,
 )
-from tests.controlplane.cluster import ControlPlane, Tools, free_port, wait_for  # noqa: E402
+from tests.controlplane.cluster import (  # noqa: E402
+    ControlPlane,
+    Tools,
+    free_port,
+    http_ok,
+    wait_for,
+)
 
 Obj = dict[str, Any]
 NAMESPACE: Final = "bench-progress"
@@ -351,7 +356,7 @@ class Bench:
         ]
         operator = OperatorProcess(argv, env, self.workdir / f"operator-{budget:g}.log")
         wait_for(
-            lambda: _http_ok(f"http://127.0.0.1:{liveness}/healthz") or not operator.running(),
+            lambda: http_ok(f"http://127.0.0.1:{liveness}/healthz") or not operator.running(),
             timeout=120,
             what="the operator's liveness endpoint",
         )

@@ -216,6 +216,15 @@ def free_port() -> int:
     raise ControlPlaneError("no free TCP port below the ephemeral range on 127.0.0.1")
 
 
+def http_ok(url: str) -> bool:
+    """Whether a plain-HTTP endpoint answers 200 right now."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:  # URLError is an OSError
+        return False
+
+
 def wait_for(
     condition: Callable[[], bool],
     *,
@@ -609,7 +618,7 @@ class ControlPlane:
         self.components.remove(revived)
         self.components.insert(index, revived)
         checks: dict[str, Callable[[], bool]] = {
-            "etcd": lambda: self._http_ok(f"{self.etcd_url}/health"),
+            "etcd": lambda: http_ok(f"{self.etcd_url}/health"),
             "kube-apiserver": lambda: self._https_ok(f"{self.apiserver_url}/readyz"),
         }
         self._wait_healthy(revived, checks.get(name, revived.running))
@@ -942,7 +951,7 @@ class ControlPlane:
                 "--v=WARN",
             ],
         )
-        self._wait_healthy(kwok, lambda: self._http_ok(f"http://{LOOPBACK}:{port}/healthz"))
+        self._wait_healthy(kwok, lambda: http_ok(f"http://{LOOPBACK}:{port}/healthz"))
         if nodes is not None:
             self.kubectl("apply", "-f", nodes)
             self.kubectl(
@@ -954,14 +963,6 @@ class ControlPlane:
                 timeout=timeout + 10,
             )
         return kwok
-
-    @staticmethod
-    def _http_ok(url: str) -> bool:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                return bool(resp.status == 200)
-        except (OSError, urllib.error.URLError):
-            return False
 
     # -- misc ----------------------------------------------------------------------------
 

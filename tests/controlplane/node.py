@@ -50,6 +50,7 @@ from tests.controlplane.cluster import (
     ToolsMissingError,
     _go_mod_version,
     free_port,
+    http_ok,
     tools_dir,
     wait_for,
 )
@@ -640,9 +641,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             encoding="utf-8",
         )
         coredns = self._spawn("coredns", [self.tools.coredns, "-conf", corefile])
-        self.plane._wait_healthy(
-            coredns, lambda: self.plane._http_ok(f"http://{LOOPBACK}:{ready_port}/ready")
-        )
+        self.plane._wait_healthy(coredns, lambda: http_ok(f"http://{LOOPBACK}:{ready_port}/ready"))
 
     def _start_kube_proxy(self) -> None:
         config = self.root / "kube-proxy.yaml"

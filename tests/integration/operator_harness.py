@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -26,7 +25,13 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import REPO_ROOT, Tools, ToolsMissingError, free_port
+from tests.controlplane.cluster import (
+    REPO_ROOT,
+    Tools,
+    ToolsMissingError,
+    free_port,
+    http_ok,
+)
 
 GROUP: Final = "trainjob.dev"
 VERSION: Final = "v1alpha1"
@@ -105,14 +110,17 @@ class Operator:
         return self.process is not None and self.process.poll() is None
 
     def wait_serving(self, timeout: float = 30.0) -> Operator:
-        """Wait until the liveness endpoint answers 200 (the operator has started up); fail
-        with its log if it exits first."""
+        """Wait until the liveness endpoint answers 200 (the operator has started up)."""
         url = f"http://127.0.0.1:{self.liveness_port}/healthz"
-        wait_until(
-            lambda: http_ok(url) or not self.running(),
-            timeout=timeout,
-            what="the operator's liveness endpoint",
+        return self.wait_answering(
+            lambda: http_ok(url), "the operator's liveness endpoint", timeout
         )
+
+    def wait_answering(
+        self, probe: Callable[[], bool], what: str, timeout: float = 30.0
+    ) -> Operator:
+        """Wait until `probe` passes; fail with the operator's log if it exits first."""
+        wait_until(lambda: probe() or not self.running(), timeout=timeout, what=what)
         assert self.running(), self.log_tail()
         return self
 
@@ -160,14 +168,6 @@ def run_benchmark(
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     figures: dict[str, Any] = json.loads(json_out.read_text(encoding="utf-8"))
     return result.stdout, figures
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager

@@ -60,13 +60,7 @@ def progress_operator(
     ).start()
     op.progress_port = port  # type: ignore[attr-defined]
     try:
-        wait_until(
-            lambda: _reachable(port) or not op.running(),
-            timeout=T,
-            what="the operator's progress endpoint",
-        )
-        assert op.running(), op.log_tail()
-        yield op
+        yield op.wait_answering(lambda: _reachable(port), "the operator's progress endpoint", T)
     finally:
         op.stop()
         print(f"operator log:\n{op.log_tail(30)}")
