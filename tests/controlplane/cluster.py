@@ -178,6 +178,7 @@ _HANDED_OUT_PORTS: set[int] = set()
 _LISTEN_PORTS = range(10000, 30000)
 
 
+@functools.cache
 def _ephemeral_ports() -> range:
     try:
         low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
@@ -203,13 +204,13 @@ def _bindable_everywhere(port: int) -> bool:
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now, outside the kernel's ephemeral range,
     and never handed out before by this process."""
-    ephemeral = _ephemeral_ports()
-    rng = random.Random()
     for _ in range(1000):
-        port = rng.choice(_LISTEN_PORTS)
-        if port in _HANDED_OUT_PORTS or port in ephemeral:
-            continue
-        if not _bindable_everywhere(port):
+        port = random.choice(_LISTEN_PORTS)
+        if (
+            port in _HANDED_OUT_PORTS
+            or port in _ephemeral_ports()
+            or not _bindable_everywhere(port)
+        ):
             continue
         _HANDED_OUT_PORTS.add(port)
         return port
