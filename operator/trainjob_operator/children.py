@@ -20,6 +20,7 @@ JobKey = tuple[str, str]  # (namespace, TrainJob name)
 
 PODS: Final = "pods"
 SERVICES: Final = "services"
+WORKLOADS: Final = "workloads"  # Kueue's, with the Kueue integration on
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -37,6 +38,17 @@ class ChildService:
     key: policy.ReplicaKey
     uid: str
     owner_uid: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChildWorkload:
+    """A Kueue Workload of some TrainJob: what the Kueue protocol reads of it (conditions,
+    admission, the podSets' stash of template fields), without the podSets' Pod specs."""
+
+    name: str
+    uid: str
+    owner_uid: str | None
+    body: Mapping[str, Any]
 
 
 def controller_uid(metadata: Mapping[str, Any]) -> str | None:
@@ -75,7 +87,58 @@ def index_service(body: Mapping[str, Any]) -> ChildService | None:
     return ChildService(key, str(metadata.get("uid") or ""), controller_uid(metadata))
 
 
-C = TypeVar("C", ChildPod, ChildService)
+def _trimmed_pod_set(pod_set: Mapping[str, Any]) -> dict[str, Any]:
+    template = pod_set.get("template") or {}
+    meta = template.get("metadata") or {}
+    pod_spec = template.get("spec") or {}
+    return {
+        "name": pod_set.get("name"),
+        "count": pod_set.get("count"),
+        "template": {
+            "metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta},
+            "spec": {
+                k: pod_spec[k]
+                for k in ("nodeSelector", "tolerations", "schedulingGates")
+                if k in pod_spec
+            },
+        },
+    }
+
+
+def index_workload(body: Mapping[str, Any]) -> ChildWorkload | None:
+    """What the Kueue protocol needs of a Workload: everything but the podSets' Pod specs
+    (the bulk of it), which only its creation and the equivalence hash ever used."""
+    metadata = body.get("metadata") or {}
+    name = metadata.get("name")
+    if not name:
+        return None
+    spec = dict(body.get("spec") or {})
+    spec["podSets"] = [
+        _trimmed_pod_set(ps) for ps in spec.get("podSets") or [] if isinstance(ps, Mapping)
+    ]
+    kept_meta = {
+        k: metadata[k]
+        for k in (
+            "name",
+            "namespace",
+            "uid",
+            "resourceVersion",
+            "generation",
+            "labels",
+            "annotations",
+            "finalizers",
+            "ownerReferences",
+            "deletionTimestamp",
+        )
+        if k in metadata
+    }
+    trimmed = {"metadata": kept_meta, "spec": spec, "status": body.get("status") or {}}
+    return ChildWorkload(
+        str(name), str(metadata.get("uid") or ""), controller_uid(metadata), trimmed
+    )
+
+
+C = TypeVar("C", ChildPod, ChildService, ChildWorkload)
 
 
 class _Kind(Generic[C]):
@@ -122,6 +185,7 @@ class ChildIndex:
         self._kinds: dict[str, _Kind[Any]] = {
             PODS: _Kind(index_pod),
             SERVICES: _Kind(index_service),
+            WORKLOADS: _Kind(index_workload),
         }
         # Called with every Pod watch event's job and body (progress_status reads final
         # progress from termination messages here, so it needs no watch of its own).
@@ -153,4 +217,8 @@ class ChildIndex:
 
     def services(self, job: JobKey) -> list[ChildService]:
         children: dict[str, ChildService] = self._kinds[SERVICES].by_job.get(job, {})
+        return list(children.values())
+
+    def workloads(self, job: JobKey) -> list[ChildWorkload]:
+        children: dict[str, ChildWorkload] = self._kinds[WORKLOADS].by_job.get(job, {})
         return list(children.values())

@@ -55,6 +55,11 @@ ENV_PROGRESS_URL: Final = "TRAINJOB_OPERATOR_PROGRESS_URL"
 ENV_PROGRESS_CERT_DIR: Final = "TRAINJOB_PROGRESS_CERT_DIR"
 ENV_PROGRESS_INTERVAL: Final = "TRAINJOB_PROGRESS_INTERVAL_SECONDS"
 ENV_PROGRESS_WRITES: Final = "TRAINJOB_PROGRESS_STATUS_WRITES_PER_SECOND"
+ENV_KUEUE: Final = "TRAINJOB_KUEUE"
+ENV_KUEUE_MANAGE_ALL: Final = "TRAINJOB_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME"
+ENV_KUEUE_NAMESPACES: Final = "TRAINJOB_KUEUE_MANAGED_NAMESPACES"
+# Kueue's default managedJobsNamespaceSelector: never its own namespace nor kube-system.
+DEFAULT_KUEUE_NAMESPACES: Final = "kubernetes.io/metadata.name notin (kube-system,kueue-system)"
 
 DEFAULT_PROGRESS_INTERVAL: Final = 5.0
 DEFAULT_PROGRESS_WRITES: Final = 20.0
@@ -95,6 +100,12 @@ class Settings:
     # The most status writes of progress per second (the write budget); final reports go at once.
     progress_writes_per_second: float = DEFAULT_PROGRESS_WRITES
     verbose: bool = False
+    # Kueue integration (kueue.py): jobs with a kueue.x-k8s.io/queue-name label wait for
+    # Kueue's admission; with `kueue_manage_all`, every job in the namespaces matching the
+    # label selector `kueue_namespaces` does (Kueue's manageJobsWithoutQueueName).
+    kueue: bool = False
+    kueue_manage_all: bool = False
+    kueue_namespaces: str = DEFAULT_KUEUE_NAMESPACES
 
     @property
     def progress_enabled(self) -> bool:
@@ -264,6 +275,26 @@ def parser() -> argparse.ArgumentParser:
         help="status writes of progress per second, at most: the write budget (env "
         f"{ENV_PROGRESS_WRITES}; default 20)",
     )
+    p.add_argument(
+        "--kueue",
+        action="store_true",
+        default=None,
+        help="Kueue integration: jobs with a kueue.x-k8s.io/queue-name label wait for Kueue's "
+        f"admission (env {ENV_KUEUE}; Kueue needs externalFrameworks: "
+        "[TrainJob.v1alpha1.trainjob.dev])",
+    )
+    p.add_argument(
+        "--kueue-manage-jobs-without-queue-name",
+        action="store_true",
+        default=None,
+        help="as Kueue's manageJobsWithoutQueueName: jobs without a queue label are managed too, "
+        f"in the namespaces of --kueue-managed-namespaces (env {ENV_KUEUE_MANAGE_ALL})",
+    )
+    p.add_argument(
+        "--kueue-managed-namespaces",
+        help="label selector of the namespaces where jobs without a queue label are managed "
+        f"(env {ENV_KUEUE_NAMESPACES}; default {DEFAULT_KUEUE_NAMESPACES!r})",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -345,6 +376,14 @@ def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         progress_interval_seconds=interval,
         progress_writes_per_second=writes,
         verbose=bool(args.verbose),
+        kueue=args.kueue if args.kueue is not None else _bool(env.get(ENV_KUEUE)),
+        kueue_manage_all=(
+            args.kueue_manage_jobs_without_queue_name
+            if args.kueue_manage_jobs_without_queue_name is not None
+            else _bool(env.get(ENV_KUEUE_MANAGE_ALL))
+        ),
+        kueue_namespaces=pick(args.kueue_managed_namespaces, ENV_KUEUE_NAMESPACES)
+        or DEFAULT_KUEUE_NAMESPACES,
     )
 
 

@@ -313,6 +313,16 @@ async def trainjob_daemon(
                 timeout = min(timeout, max(outcome.requeue_after, 0.0) + REQUEUE_SLACK)
             await _sleep(stopped, waker, timeout)
     finally:
+        reason = stopped.reason
+        if (
+            runtime.settings.kueue
+            and reason
+            and reason & kopf.DaemonStoppingReason.RESOURCE_DELETED
+        ):
+            # Kueue holds quota for the job's Workload until it is finished and released.
+            await reconciler.release_workloads(
+                runtime, key, datetime.datetime.now(datetime.timezone.utc)
+            )
         runtime.informer.release(namespace)
         runtime.forget(key)
         runtime.metrics.forget(uid)

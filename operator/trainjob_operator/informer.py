@@ -33,7 +33,18 @@ from trainjob_operator import children, kube
 logger = logging.getLogger("trainjob_operator.informer")
 
 SELECTOR: Final = constants.LABEL_JOB_NAME
-KINDS: Final = (children.PODS, children.SERVICES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resource:
+    plural: str
+    group: str = ""
+    version: str = "v1"
+
+
+KINDS: Final = (Resource(children.PODS), Resource(children.SERVICES))
+# With the Kueue integration on, the jobs' Workloads too (they carry the job-name label).
+WORKLOADS: Final = Resource(children.WORKLOADS, "kueue.x-k8s.io", "v1beta2")
 BACKOFF_FIRST: Final = 0.5
 BACKOFF_MAX: Final = 30.0
 
@@ -122,7 +133,9 @@ class ChildInformer:
         index: children.ChildIndex,
         wake: Callable[[children.JobKey], None],
         clusterwide: bool,
+        kinds: tuple[Resource, ...] = KINDS,
     ) -> None:
+        self._kinds = kinds
         self._api = api
         self._index = index
         self._wake = wake
@@ -142,15 +155,15 @@ class ChildInformer:
         scope_key = self._scope_of(namespace)
         scope = self._scopes.get(scope_key)
         if scope is None:
-            listed = {plural: asyncio.Event() for plural in KINDS}
+            listed = {kind.plural: asyncio.Event() for kind in self._kinds}
             scope = _Scope(tasks=[], listed=listed, ready=asyncio.Event(), health=[])
-            for plural in KINDS:
-                health = WatchHealth(f"{plural} in {scope_key or 'all namespaces'}")
+            for kind in self._kinds:
+                health = WatchHealth(f"{kind.plural} in {scope_key or 'all namespaces'}")
                 scope.health.append(health)
                 scope.tasks.append(
                     asyncio.get_running_loop().create_task(
-                        self._run(scope_key, plural, scope, health),
-                        name=f"informer {plural} {scope_key}",
+                        self._run(scope_key, kind, scope, health),
+                        name=f"informer {kind.plural} {scope_key}",
                     )
                 )
             self._scopes[scope_key] = scope
@@ -179,8 +192,12 @@ class ChildInformer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(
-        self, namespace: str | None, plural: str, scope: _Scope, health: WatchHealth
+        self, namespace: str | None, kind: Resource, scope: _Scope, health: WatchHealth
     ) -> None:
+        plural = kind.plural
+        # Core kinds use the API layer's defaults (group "", version v1).
+        extra = {"group": kind.group, "version": kind.version} if kind.group else {}
+
         def on_list(items: list[dict[str, Any]]) -> None:
             for listed in self._index.replace(plural, namespace, items):
                 self._wake(listed)
@@ -188,15 +205,15 @@ class ChildInformer:
             if all(event.is_set() for event in scope.listed.values()):
                 scope.ready.set()
 
-        def on_event(kind: str, body: dict[str, Any]) -> None:
-            job = self._index.event(plural, body, deleted=kind == "DELETED")
+        def on_event(event_type: str, body: dict[str, Any]) -> None:
+            job = self._index.event(plural, body, deleted=event_type == "DELETED")
             if job is not None:
                 self._wake(job)
 
         await reflect(
             health.what,
-            lambda: self._api.list_labelled(namespace, plural, SELECTOR),
-            lambda version: self._api.watch_labelled(namespace, plural, SELECTOR, version),
+            lambda: self._api.list_labelled(namespace, plural, SELECTOR, **extra),
+            lambda version: self._api.watch_labelled(namespace, plural, SELECTOR, version, **extra),
             on_list,
             on_event,
             health,

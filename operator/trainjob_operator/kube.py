@@ -372,23 +372,37 @@ class Kube:
 
     # -- list + watch (children.py's informer) --------------------------------------------
 
-    async def list_labelled(self, namespace: str | None, plural: str, selector: str) -> Listing:
-        """Every Pod or Service (`plural`) matching `selector`, in `namespace` or in all
-        namespaces (None), page by page, with the resourceVersion to watch from."""
+    async def list_labelled(
+        self,
+        namespace: str | None,
+        plural: str,
+        selector: str,
+        group: str = "",
+        version: str = "v1",
+    ) -> Listing:
+        """Every object of `plural` (Pods, Services; Workloads with their `group`) matching
+        `selector`, in `namespace` or in all namespaces (None), page by page, with the
+        resourceVersion to watch from."""
         return await self._list(
-            core_path(namespace, plural),
+            _path(group, version, namespace, plural),
             f"listing {plural} ({selector}) in {namespace or 'all namespaces'}",
             {"labelSelector": selector},
         )
 
     def watch_labelled(
-        self, namespace: str | None, plural: str, selector: str, resource_version: str
+        self,
+        namespace: str | None,
+        plural: str,
+        selector: str,
+        resource_version: str,
+        group: str = "",
+        version: str = "v1",
     ) -> AsyncIterator[Obj]:
         """Watch events ({"type", "object"}) after `resource_version`, bookmarks included,
         until the server ends the stream (about WATCH_SECONDS). Raises GoneError when the
         version is too old, TransientError on other trouble."""
         return self._watch(
-            core_path(namespace, plural),
+            _path(group, version, namespace, plural),
             f"watching {plural} ({selector}) in {namespace or 'all namespaces'}",
             {"labelSelector": selector},
             resource_version,
@@ -659,6 +673,115 @@ class Kube:
         logger.warning(
             "Could not post Event %s on TrainJob %s/%s: %s", reason, namespace, name, exc
         )
+
+    # -- any object (Kueue's Workloads, ResourceFlavors, priority classes) ------------------
+
+    async def get_object(
+        self, group: str, version: str, namespace: str | None, plural: str, name: str
+    ) -> Obj | None:
+        """One object, or None when it does not exist (404). A 404 for the whole resource
+        (its CRD is not installed) is also None: the caller says what is missing."""
+        where = f"{namespace}/{name}" if namespace else name
+        status, payload = await self._request(
+            "GET",
+            _path(group, version, namespace, plural, name),
+            f"reading {plural} {where}",
+            accept=(404,),
+        )
+        if status == 404:
+            return None
+        result = json.loads(payload)
+        return result if isinstance(result, dict) else None
+
+    async def create_object(self, manifest: Obj, plural: str) -> Obj | None:
+        """Create `manifest`; returns it as stored, or None when one of that name already
+        existed (409 is success: names are deterministic)."""
+        group, _, version = str(manifest["apiVersion"]).rpartition("/")
+        metadata = manifest["metadata"]
+        namespace = metadata.get("namespace")
+        what = f"creating {manifest['kind']} {namespace}/{metadata['name']}"
+        status, payload = await self._request(
+            "POST", _path(group, version, namespace, plural), what, body=manifest, accept=(409,)
+        )
+        if status == 409:
+            return None
+        logger.info("Created %s %s/%s", manifest["kind"], namespace, metadata["name"])
+        result = json.loads(payload)
+        return result if isinstance(result, dict) else None
+
+    async def patch_object(
+        self,
+        group: str,
+        version: str,
+        namespace: str | None,
+        plural: str,
+        name: str,
+        patch: Obj,
+        resource_version: str | None = None,
+        subresource: str | None = None,
+    ) -> Obj | None:
+        """A merge patch (of `subresource`, e.g. "status"); with `resource_version`, only if
+        the object is still at that version (ConflictError otherwise). Returns the object as
+        patched, None when it is gone."""
+        body = dict(patch)
+        if resource_version:
+            body["metadata"] = {
+                **dict(body.get("metadata") or {}),
+                "resourceVersion": resource_version,
+            }
+        rest = (name, subresource) if subresource else (name,)
+        what = f"patching {plural}{'/' + subresource if subresource else ''} {namespace}/{name}"
+        code, payload = await self._request(
+            "PATCH",
+            _path(group, version, namespace, plural, *rest),
+            what,
+            body=body,
+            content_type=MERGE_PATCH,
+            accept=(404, 409),
+        )
+        if code == 404:
+            return None
+        if code == 409:
+            raise ConflictError(f"{what}: {_message(code, payload)}")
+        result = json.loads(payload)
+        return result if isinstance(result, dict) else None
+
+    async def delete_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str, uid: str | None
+    ) -> None:
+        await self._delete(
+            _path(group, version, namespace, plural, name), plural, namespace, name, uid
+        )
+
+    async def patch_trainjob(
+        self, namespace: str, name: str, patch: Obj, resource_version: str | None
+    ) -> Obj | None:
+        """A merge patch of the TrainJob itself (not its status): Kueue's suspend and the
+        admission's templates. Conditional on `resource_version` (ConflictError)."""
+        result = await self.patch_object(
+            constants.GROUP,
+            constants.VERSION,
+            namespace,
+            constants.PLURAL,
+            name,
+            patch,
+            resource_version,
+        )
+        if result is not None:
+            logger.info("Patched TrainJob %s/%s", namespace, name)
+        return result
+
+    async def namespace_matches(self, namespace: str, selector: str) -> bool:
+        """Whether `namespace` matches the label `selector`: the API server evaluates it
+        (a list of the one namespace, by field), so every selector syntax works."""
+        _, payload = await self._request(
+            "GET",
+            core_path(None, "namespaces"),
+            f"matching namespace {namespace} against {selector!r}",
+            params={"labelSelector": selector, "fieldSelector": f"metadata.name={namespace}"},
+            accept_type=METADATA_LIST,
+        )
+        return bool(json.loads(payload).get("items"))
 
     # -- gang scheduling ------------------------------------------------------------------
 

@@ -41,7 +41,17 @@ from typing import Any, Final
 
 from trainjob.core import naming, policy, render, spec
 from trainjob.core import status as st
-from trainjob_operator import children, config, gang, informer, kube, metrics, watchdog
+from trainjob_operator import (
+    children,
+    config,
+    gang,
+    informer,
+    kube,
+    kueue,
+    metrics,
+    watchdog,
+)
+from trainjob_operator import kueue_workload as kw
 
 JobKey = children.JobKey
 
@@ -98,13 +108,16 @@ class Runtime:
     watchdog: watchdog.Watchdog = dataclasses.field(init=False)
     # Where new Pods report progress (progress_server.serve sets it); None: no reporting.
     progress_endpoint: Callable[[], render.ProgressEndpoint | None] = lambda: None
+    # Which namespaces Kueue manages every job of (--kueue-manage-jobs-without-queue-name).
+    kueue_namespaces: kueue.Namespaces = dataclasses.field(default_factory=kueue.Namespaces)
 
     def __post_init__(self) -> None:
         self.creating = asyncio.Semaphore(creating_jobs(self.settings.api_workers))
         # One list+watch per kind for the cluster when kopf watches TrainJobs cluster-wide
         # (no namespace given, or namespace patterns), else one per watched namespace.
+        kinds = informer.KINDS + ((informer.WORKLOADS,) if self.settings.kueue else ())
         self.informer = informer.ChildInformer(
-            self.kube, self.child_index, self.wake, not self.settings.kopf_namespaces
+            self.kube, self.child_index, self.wake, not self.settings.kopf_namespaces, kinds
         )
         self.watchdog = watchdog.Watchdog(
             self.kube, self.settings, self.metrics, self.reconciled.__contains__
@@ -376,13 +389,46 @@ async def reconcile_job(
 
     mine_pods = [p for p in pods if p.owner_uid in (uid, None)]
     mine_services = [s for s in services if s.owner_uid in (uid, None)]
+    options = gang.render_options(job, rt.settings, namespace, rt.progress_endpoint())
+
+    # Kueue first: it may suspend the job (before any Pod exists) or start it with the
+    # admission's templates, and the decision below is made from the job as it left it.
+    queued: kueue.Step | None = None
+    if await kueue.is_managed(rt.kube, rt.settings, rt.kueue_namespaces, job, namespace):
+        try:
+            queued = await kueue.sync(
+                rt.kube,
+                rt.settings,
+                raw,
+                job,
+                rt.child_index.workloads((namespace, name)),
+                mine_pods,
+                options,
+                now,
+            )
+        except kube.ConflictError:
+            if seen is not None:
+                seen.stale = True
+            raise
+        if queued.raw is not raw:
+            raw = dict(queued.raw)
+            if seen is not None:
+                seen.known = raw
+            job = spec.parse(raw)
+            options = gang.render_options(job, rt.settings, namespace, rt.progress_endpoint())
+    if kw.managed_elsewhere(job.managed_by):
+        # MultiKueue runs this job on a worker cluster and mirrors its status here: no
+        # Pods, Services or status of ours.
+        return Outcome(None)
+
     observed = {p.key: p.observed for p in mine_pods}
     pod_uids = {p.key: p.uid for p in mine_pods}
     service_uids = {s.key: s.uid for s in mine_services}
 
     decision = policy.reconcile(job, old, observed, set(service_uids), now)
+    if queued is not None:
+        decision = kw.held_decision(decision, old, queued.hold, queued.workload, now)
     owner = render.Owner(name=name, uid=uid)
-    options = gang.render_options(job, rt.settings, namespace, rt.progress_endpoint())
 
     # Record the decision before acting on it (see the module docstring for why).
     # kube.ConflictError (the job changed since it was read): the caller decides again.
@@ -414,11 +460,26 @@ async def reconcile_job(
         await _mark_invalid(rt, raw, raw_status, decision.status, job, str(exc), now, seen)
         return Outcome(None)
 
+    if queued is not None:
+        await kueue.sync_pods_ready(rt.kube, queued.workload, decision.status, now)
+
     if decision.delete_job:
         await rt.kube.delete_trainjob(namespace, name, uid)
         rt.metrics.forget(uid)
         return Outcome(None, done=True)
     return Outcome(decision.requeue_after)
+
+
+async def release_workloads(rt: Runtime, key: JobKey, now: datetime.datetime) -> None:
+    """A deleted job's Workloads are finished and released (best effort: a Workload left
+    behind is released by the next operator that sees it)."""
+    workloads = [w.body for w in rt.child_index.workloads(key)]
+    if not workloads:
+        return
+    try:
+        await kueue.finalize(rt.kube, workloads, now)
+    except (kube.TransientError, kube.RejectedError) as exc:
+        logger.warning("Could not release the Workloads of TrainJob %s/%s: %s", *key, exc)
 
 
 async def _create_children(

@@ -5,6 +5,8 @@
 #   etcd   built from its Go module (wrapper module in tests/controlplane/etcd)
 #   kwok   go install sigs.k8s.io/kwok/cmd/kwok
 #   helm   go install helm.sh/helm/v3/cmd/helm
+#   kueue  the Kueue controller, built from its Go module (wrapper module tests/controlplane/kueue),
+#          with its CRDs and webhook manifests copied from the module (tests/controlplane/kueue.py)
 # and, with --node, the parts of a real node (tests/controlplane/node.py), in a cache folder of
 # their own so that the control plane's stays valid:
 #   kubelet, kube-proxy   from the same k8s.io/kubernetes module and version as the control plane
@@ -41,6 +43,7 @@ KWOK_VERSION="v0.8.0"
 HELM_VERSION="v3.22.0"
 
 COREDNS_VERSION="$(modversion "$HERE/coredns/go.mod" github.com/coredns/coredns)"
+KUEUE_VERSION="$(modversion "$HERE/kueue/go.mod" sigs.k8s.io/kueue)"
 NODE=""
 PACKAGES_ONLY=""
 for arg in "$@"; do
@@ -167,6 +170,18 @@ build_helm() {
         "helm.sh/helm/v3/cmd/helm@$version"
 }
 
+build_kueue() {
+    local out="$1" _version="$2"
+    local t0=$SECONDS src
+    (cd "$HERE/kueue" && "$GO" build -trimpath -ldflags "-s -w" -o "$out/kueue" sigs.k8s.io/kueue/cmd/kueue)
+    src="$(cd "$HERE/kueue" && "$GO" list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+    mkdir -p "$out/crds"
+    cp "$src"/config/components/crd/bases/*.yaml "$out/crds/"
+    cp "$src/config/components/webhook/manifests.yaml" "$out/webhooks.yaml"
+    chmod -R u+w "$out"
+    SUMMARY+=("  kueue: $((SECONDS - t0))s")
+}
+
 # The node's Debian packages: binary -> package.
 NODE_PACKAGES=(
     /usr/bin/containerd:containerd
@@ -230,6 +245,7 @@ build_into etcd "$ETCD_VERSION" build_etcd etcd
 build_into kwok "$KWOK_VERSION" build_kwok kwok
 build_into helm "$HELM_VERSION" build_helm helm
 build_into kubernetes "$K8S_VERSION" build_kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl
+build_into kueue "$KUEUE_VERSION" build_kueue kueue
 if [[ -n "$NODE" ]]; then
     install_node_packages
     build_into node "$K8S_VERSION-coredns-$COREDNS_VERSION" build_node kubelet kube-proxy coredns pause

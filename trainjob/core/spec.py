@@ -140,6 +140,8 @@ class TrainJob:
     run_policy: RunPolicy
     success_policy: str
     labels: Mapping[str, str]
+    # The controller that runs the job (spec.managedBy): None is this operator.
+    managed_by: str | None = None
 
     def replicas(self, replica_type: str) -> int:
         spec = self.replica_specs.get(replica_type)
@@ -363,8 +365,17 @@ def parse(manifest: object, *, require_images: bool = True) -> TrainJob:
     c.unknown_keys(
         spec,
         "spec",
-        ("image", "runtime", "replicaSpecs", "checkpoint", "runPolicy", "successPolicy"),
+        (
+            "managedBy",
+            "image",
+            "runtime",
+            "replicaSpecs",
+            "checkpoint",
+            "runPolicy",
+            "successPolicy",
+        ),
     )
+    managed_by = c.string(spec.get("managedBy"), "spec.managedBy")
     image = c.string(spec.get("image"), "spec.image")
     replica_specs = _parse_replica_specs(c, spec.get("replicaSpecs"))
     runtime = _parse_runtime(c, spec.get("runtime"))
@@ -387,6 +398,7 @@ def parse(manifest: object, *, require_images: bool = True) -> TrainJob:
         run_policy=run_policy,
         success_policy=success_policy,
         labels={str(k): str(v) for k, v in labels.items()},
+        managed_by=managed_by,
     )
     _check_topology(c, job)
     if require_images:
