@@ -74,8 +74,8 @@ REASON_FAILED_TO_START: Final = "FailedToStart"
 REASON_OUT_OF_SYNC: Final = "OutOfSync"
 
 # The TrainJob's own condition reasons while Kueue holds it (Suspended=True).
-JOB_REASON_QUEUED: Final = "Queued"
-JOB_REASON_EVICTED: Final = "EvictedByKueue"
+JOB_REASON_QUEUED: Final = st.REASON_QUEUED
+JOB_REASON_EVICTED: Final = st.REASON_EVICTED_BY_QUEUE
 JOB_REASON_WORKLOAD_FINISHED: Final = "WorkloadFinished"
 
 # PodSets in TFJob's order (kubeflowjob: Chief, Master, PS, Worker, Evaluator).

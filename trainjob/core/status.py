@@ -81,10 +81,24 @@ class JobStatus:
         return self.replicas.get(key, ReplicaRecord())
 
 
+# A job a queue manager (Kueue) holds is Suspended with one of these reasons: waiting for
+# admission, or evicted and waiting to be admitted again. `kubectl get tj` says Queued.
+STATE_QUEUED: Final = "Queued"
+REASON_QUEUED: Final = "Queued"
+REASON_EVICTED_BY_QUEUE: Final = "EvictedByKueue"
+
+
 def state_of(status: JobStatus) -> str:
-    """One word for `kubectl get tj`: the most significant true condition."""
+    """One word for `kubectl get tj`: the most significant true condition (Queued for a job
+    its queue holds)."""
     for condition_type in (FAILED, SUCCEEDED, SUSPENDED, RESTARTING, RUNNING, CREATED):
         if status.is_true(condition_type):
+            suspended = status.condition(SUSPENDED) if condition_type == SUSPENDED else None
+            if suspended is not None and suspended.reason in (
+                REASON_QUEUED,
+                REASON_EVICTED_BY_QUEUE,
+            ):
+                return STATE_QUEUED
             return condition_type
     return "Pending"
 
