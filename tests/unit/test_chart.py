@@ -58,6 +58,14 @@ MODES: Final = {
         "--set",
         "gangScheduler.type=scheduler-plugins",
     ],
+    "kueue-namespaced": [
+        "--set",
+        "watchNamespaces={team-a}",
+        "--set",
+        "kueue.enabled=true",
+        "--set",
+        "kueue.manageJobsWithoutQueueName=true",
+    ],
 }
 
 
@@ -273,6 +281,27 @@ def test_gang_scheduler_and_peering_options() -> None:
     assert grants(plugins, "ClusterRole", "scheduling.x-k8s.io", "podgroups", "create")
     assert grants(plugins, "ClusterRole", "kopf.dev", "clusterkopfpeerings", "patch")
     assert only(plugins, "ClusterKopfPeering")["metadata"]["name"] == "trainjob-operator"
+
+
+def test_kueue_option_grants_workloads_and_lets_kueue_read_trainjobs() -> None:
+    docs = template(*MODES["kueue-namespaced"])
+    assert grants(docs, "Role", "kueue.x-k8s.io", "workloads", "create")
+    assert grants(docs, "Role", "kueue.x-k8s.io", "workloads/status", "patch")
+    # Cluster-scoped reads need a ClusterRole even in namespaced mode.
+    assert grants(docs, "ClusterRole", "kueue.x-k8s.io", "resourceflavors", "get")
+    assert grants(docs, "ClusterRole", "", "namespaces", "list")
+    assert grants(docs, "ClusterRole", "trainjob.dev", "trainjobs", "watch")
+    bindings = {b["metadata"]["name"]: b for b in of_kind(docs, "ClusterRoleBinding")}
+    for_kueue = bindings["tj-trainjob-operator-for-kueue"]
+    assert for_kueue["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kueue-system"}
+    ]
+    args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--kueue" in args and "--kueue-manage-jobs-without-queue-name" in args
+    off = template()
+    assert not grants(off, "ClusterRole", "kueue.x-k8s.io", "workloads", "create")
+    args = only(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--kueue" not in args
 
 
 # -- the Deployment ----------------------------------------------------------------------------

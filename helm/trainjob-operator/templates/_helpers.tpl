@@ -108,6 +108,19 @@ No wildcards, no Secrets, no ConfigMaps.
 - apiGroups: [""]
   resources: [events]
   verbs: [create, delete]
+{{- if .Values.kueue.enabled }}
+# Kueue: one Workload per queued TrainJob. Index and watch them (list/watch) with the Pods,
+# create it, keep its PodsReady/Finished conditions and clear an evicted admission (status
+# patch), drop its resource-in-use finalizer (patch), replace it when the job changed (delete),
+# and read a prebuilt one (get, MultiKueue workers).
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, create, patch, delete]
+# Kueue's protocol on the Workload's status: PodsReady, Finished, an evicted admission cleared.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
+{{- end }}
 {{- if eq .Values.gangScheduler.type "volcano" }}
 # Gang scheduling with Volcano: one PodGroup per TrainJob with a schedulingPolicy.
 - apiGroups: [scheduling.volcano.sh]
