@@ -31,6 +31,8 @@ from tests.controlplane.cluster import (
     ToolsMissingError,
     wait_for,
 )
+from tests.controlplane.kueue import Kueue, start_kueue
+from tests.integration.kueue_harness import KUEUE_PODS_READY_TIMEOUT
 
 CRD_DIR = REPO_ROOT / "crds"
 
@@ -80,6 +82,20 @@ def kwok(control_plane: ControlPlane) -> Component:
         return control_plane.start_kwok()
     except ControlPlaneError as exc:
         pytest.fail(f"kwok did not start: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kueue(control_plane: ControlPlane) -> Iterator[Kueue]:
+    """The real Kueue controller against the session's control plane, its CRDs applied and
+    its webhooks registered (started by the first test that needs it)."""
+    try:
+        controller = start_kueue(control_plane, pods_ready_timeout=f"{KUEUE_PODS_READY_TIMEOUT}s")
+    except (ControlPlaneError, ToolsMissingError) as exc:
+        pytest.fail(f"Kueue did not start: {exc}", pytrace=False)
+    try:
+        yield controller
+    finally:
+        controller.stop()
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,8 @@ KUEUE: Final = "kueue.x-k8s.io"
 KV: Final = "v1beta2"
 QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"
+# The PodsReady timeout the session's Kueue runs with (Kueue's default is 30 min).
+KUEUE_PODS_READY_TIMEOUT: Final = 20
 
 Obj = dict[str, Any]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from tests.controlplane.cluster import ControlPlane, ControlPlaneError
-from tests.controlplane.kueue import Kueue, start_kueue
+from tests.controlplane.kueue import Kueue
 from tests.integration.kueue_harness import (
+    KUEUE_PODS_READY_TIMEOUT,
     QUEUE_LABEL,
     Queues,
     condition,
@@ -27,21 +27,7 @@ from tests.integration.operator_harness import Cluster, Operator, attempt, wait_
 pytestmark = pytest.mark.integration
 
 T = 60.0  # per step; Kueue admits within a second or two, the machine has 2 cores
-# The PodsReady timeout Kueue runs with here (its default is 30 min).
-PODS_READY_TIMEOUT = 20
-
-
-@pytest.fixture(scope="module")
-def kueue(control_plane: ControlPlane) -> Iterator[Kueue]:
-    try:
-        controller = start_kueue(control_plane, pods_ready_timeout=f"{PODS_READY_TIMEOUT}s")
-    except ControlPlaneError as exc:
-        pytest.fail(f"Kueue did not start: {exc}", pytrace=False)
-    try:
-        yield controller
-    finally:
-        print(f"kueue log, last lines:\n{controller.log_tail(40)}")
-        controller.stop()
+PODS_READY_TIMEOUT = KUEUE_PODS_READY_TIMEOUT
 
 
 @pytest.fixture(scope="module")

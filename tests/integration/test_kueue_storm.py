@@ -1,0 +1,193 @@
+"""A storm of TrainJobs through one ClusterQueue under the real Kueue, with the operator
+SIGKILLed at random and restarted: the quota is never over-committed by running Pods, no
+job's Pod exists without its Workload's admission, and every job ends.
+
+Pods run on kwok's fake nodes (kube-scheduler binds them, kwok plays the kubelet): each
+chief exits 0 after a short run, so jobs finish by themselves and the queue drains.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+from kubernetes import client as k8s
+
+from tests.controlplane.cluster import Component
+from tests.controlplane.kueue import Kueue
+from tests.integration.kueue_harness import QUEUE_LABEL, Queues
+from tests.integration.operator_harness import Cluster, Operator, trainjob, wait_until
+
+pytestmark = pytest.mark.integration
+
+JOBS: Final = int(os.environ.get("TRAINJOB_KUEUE_STORM_JOBS", "50"))
+KILLS: Final = 5
+QUOTA_CPU: Final = 9  # three jobs of three 1-CPU replicas at a time
+SEED: Final = int(os.environ.get("TRAINJOB_KUEUE_STORM_SEED", "20"))
+
+
+def storm_job(name: str, queue: str) -> dict[str, Any]:
+    body = trainjob(name, chief=1, workers=2)
+    for replica in body["spec"]["replicaSpecs"].values():
+        template = replica["template"]
+        template["spec"].pop("schedulerName", None)  # kube-scheduler binds, kwok runs
+        template["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+    chief = body["spec"]["replicaSpecs"]["chief"]["template"]
+    chief["metadata"] = {
+        "annotations": {
+            "trainjob.dev/kwok-exit-code": "0",
+            "trainjob.dev/kwok-run-duration": "1500ms",
+        }
+    }
+    body["metadata"]["labels"] = {QUEUE_LABEL: queue}
+    return body
+
+
+class Watcher(threading.Thread):
+    """Checks the invariants every few hundred milliseconds until stopped."""
+
+    def __init__(self, core: k8s.CoreV1Api, queues: Queues, namespace: str) -> None:
+        super().__init__(daemon=True)
+        self.core = core
+        self.queues = queues
+        self.namespace = namespace
+        self.stopped = threading.Event()
+        self.violations: list[str] = []
+        self.peak_cpu = 0
+        self.checks = 0
+
+    def live_pods(self) -> dict[str, k8s.V1Pod]:
+        pods = self.core.list_namespaced_pod(
+            self.namespace, label_selector="trainjob.dev/job-name"
+        ).items
+        return {
+            p.metadata.uid: p
+            for p in pods
+            if p.metadata.deletion_timestamp is None
+            and p.status.phase in (None, "Pending", "Running")
+        }
+
+    def check(self) -> None:
+        pods = self.live_pods()
+        workloads = {
+            (w["metadata"].get("labels") or {}).get("trainjob.dev/job-name"): w
+            for w in self.queues.workloads()
+        }
+        counted: set[str] = set()  # live Pods of jobs whose quota is held (not Finished)
+        suspects: set[str] = set()  # ... of those, Pods whose Workload has no admission
+        for uid, pod in pods.items():
+            status = (workloads.get(pod.metadata.labels["trainjob.dev/job-name"]) or {}).get(
+                "status"
+            ) or {}
+            finished = any(
+                c.get("type") == "Finished" and c.get("status") == "True"
+                for c in status.get("conditions") or []
+            )
+            if finished:
+                continue  # quota released; its leftover Pods are being cleaned up
+            counted.add(uid)
+            if not status.get("admission"):
+                suspects.add(uid)
+        if suspects or len(counted) > QUOTA_CPU:
+            # Pods and Workloads were read one after the other: a Pod deleted in between
+            # (before its admission was cleared) is no violation. Only Pods still alive in a
+            # second read count.
+            again = set(self.live_pods())
+            for uid in sorted(suspects & again):
+                self.violations.append(
+                    f"Pod {pods[uid].metadata.name} runs while its Workload has no admission"
+                )
+            if len(counted & again) > QUOTA_CPU:
+                self.violations.append(
+                    f"{len(counted & again)} one-CPU Pods run on a quota of {QUOTA_CPU}"
+                )
+        self.peak_cpu = max(self.peak_cpu, len(counted))
+        self.checks += 1
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.3):
+            try:
+                self.check()
+            except Exception as exc:  # an API hiccup is not a violation; note it
+                self.violations.append(f"watcher error: {exc!r}")
+                return
+
+
+def test_kueue_storm_with_operator_kills_keeps_quota_and_admission(
+    kueue: Kueue,
+    kwok: Component,
+    kubeconfig: Path,
+    api_client: k8s.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(SEED)
+    cluster = Cluster(api_client, namespace)
+    queues = Queues(api_client, namespace)
+    log = tmp_path / "operator.log"
+    operator = Operator(kubeconfig, log, f"--namespace={namespace}", "--kueue").start()
+    watcher = Watcher(k8s.CoreV1Api(api_client), queues, namespace)
+    try:
+        operator.wait_serving(60)
+        flavor = queues.flavor()
+        cq = queues.cluster_queue(flavor, str(QUOTA_CPU))
+        lq = queues.local_queue(cq)
+        watcher.start()
+        started = time.monotonic()
+        kill_at = sorted(rng.uniform(2, 40) for _ in range(KILLS))
+        kills = 0
+        for i in range(JOBS):
+            cluster.create_job(storm_job(f"s{i:03d}", lq))
+            while kill_at and time.monotonic() - started >= kill_at[0]:
+                kill_at.pop(0)
+                operator.kill()
+                kills += 1
+                operator.start()
+            time.sleep(rng.uniform(0, 0.2))
+        while kill_at:
+            time.sleep(max(0.0, kill_at[0] - (time.monotonic() - started)))
+            kill_at.pop(0)
+            operator.kill()
+            kills += 1
+            operator.start()
+
+        def all_done() -> bool:
+            jobs = cluster.custom.list_namespaced_custom_object(
+                "trainjob.dev", "v1alpha1", namespace, "trainjobs"
+            )["items"]
+            return len(jobs) == JOBS and all(
+                (j.get("status") or {}).get("state") in ("Succeeded", "Failed") for j in jobs
+            )
+
+        wait_until(all_done, timeout=60 + JOBS * 6, what=f"all {JOBS} jobs to end", interval=1)
+        elapsed = time.monotonic() - started
+        watcher.stopped.set()
+        watcher.join(10)
+        jobs = cluster.custom.list_namespaced_custom_object(
+            "trainjob.dev", "v1alpha1", namespace, "trainjobs"
+        )["items"]
+        states = sorted({(j.get("status") or {}).get("state") for j in jobs})
+        print(
+            f"{JOBS} jobs through a {QUOTA_CPU}-CPU ClusterQueue in {elapsed:.0f}s, operator "
+            f"killed {kills} times; peak CPUs of live Pods {watcher.peak_cpu}; "
+            f"{watcher.checks} checks"
+        )
+        assert kills == KILLS
+        assert states == ["Succeeded"], states
+        assert watcher.checks > 10
+        assert watcher.violations == [], watcher.violations[:10]
+        wait_until(
+            lambda: queues.cluster_queue_status(cq).get("admittedWorkloads") == 0,
+            timeout=60,
+            what="the quota released",
+        )
+    finally:
+        watcher.stopped.set()
+        operator.stop()
+        print(f"operator log, last lines:\n{operator.log_tail(30)}")
+        queues.cleanup()
