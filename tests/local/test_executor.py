@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from trainjob.local import executor
-from trainjob.local.cli import run_main
 
 from .conftest import (
     command_replica,
@@ -19,6 +18,7 @@ from .conftest import (
     job_manifest,
     pid_alive,
     read_json,
+    run_main,
     start_run,
     wait_until,
     write_job,
