@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from trainjob.cliutil import CliError, Streams, dump, load_documents, parse_job, source_name
 from trainjob.core import spec
-from trainjob.local import display, executor, plan
+from trainjob.local import executor, outcome, plan, runs, view
 
 RUN_DESCRIPTION: Final = """\
 Run a TrainJob on this machine: every replica is a process on 127.0.0.1 with the same
@@ -236,11 +236,11 @@ def cmd_run(args: argparse.Namespace, streams: Streams) -> int:
         except OSError as error:
             raise CliError(f"run directory {run_dir}: {error}") from error
         with contextlib.suppress(OSError):  # the terminal or pipe may be gone (SIGHUP, EPIPE)
-            out.write(display.summary_text(summary, color=color))
+            out.write(view.summary_text(summary, color=color))
             out.flush()
     finally:
         lock.release()
-    return display.exit_code_of(summary)
+    return outcome.exit_code_of(summary)
 
 
 # ----- status and logs -----
@@ -282,16 +282,16 @@ def cmd_status(args: argparse.Namespace, streams: Streams) -> int:
         data = executor.read_status_file(os.path.join(run_dir, plan.STATUS_FILE)) or {}
         holder = executor.run_dir_holder(run_dir)
         progress = executor.read_log_tail(os.path.join(run_dir, plan.PROGRESS_FILE), 16 * 1024)
-        entries.append(display.RunEntry(run_dir, data, holder, display.last_step(progress)))
+        entries.append(runs.RunEntry(run_dir, data, holder, runs.last_step(progress)))
     if args.output is not None:
-        payload: Any = [display.status_data(e) for e in entries]
+        payload: Any = [runs.status_data(e) for e in entries]
         dump(payload[0] if args.run_dir is not None else payload, out, args.output)
         return 0
     if args.run_dir is None and len(entries) > 1:
-        out.write("\n".join(display.runs_table(entries)) + "\n")
+        out.write("\n".join(runs.runs_table(entries)) + "\n")
     else:
         for entry in entries:
-            out.write("\n".join(display.status_lines(entry)) + "\n")
+            out.write("\n".join(runs.status_lines(entry)) + "\n")
     return 0
 
 

@@ -35,7 +35,7 @@ from typing import IO, Any, Final, TextIO
 from trainjob.core import constants, policy
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local import display, plan
+from trainjob.local import events, logfilter, outcome, plan, view
 
 ReplicaKey = tuple[str, int]
 
@@ -185,7 +185,7 @@ def print_logs(
             grew = grew or bool(text)
             label = None if names is not None else name.removesuffix(".log")
             for line in text.splitlines():
-                out.write(display.log_line(label, line, width) + "\n")
+                out.write(view.log_line(label, line, width) + "\n")
         out.flush()
         return grew
 
@@ -348,12 +348,12 @@ class Executor:
         self.size = size or (lambda: terminal_size(out))
         self.children: dict[ReplicaKey, Child] = {}
         self.lines: queue.Queue[Any] = queue.Queue()
-        self.progress: dict[ReplicaKey, display.ReplicaProgress] = {}
+        self.progress: dict[ReplicaKey, events.ReplicaProgress] = {}
         self.status = st.JobStatus()
         self.stop_signal: str | None = None
-        self.width = display.prefix_width(plan.all_keys(run_plan))
+        self.width = view.prefix_width(plan.all_keys(run_plan))
         self.export: str | None = None
-        self.clock: display.StepClock | None = None
+        self.timer = core_progress.StepTimer()  # the job's step time, for the ETA
         # The chief's latest progress report (events carry it) and when it arrived: what the
         # operator would write to status.progress, written to status.json the same way.
         self.report: core_progress.Report | None = None
@@ -365,14 +365,12 @@ class Executor:
         self._drawn_at = 0.0
         self._out_gone = False
         self._drawn_widths: list[int] = []  # visible width of each table line last drawn
-        self._filters: dict[ReplicaKey, display.FilterState] = {}
+        self._filters: dict[ReplicaKey, logfilter.FilterState] = {}
         self._stopped_attempts: set[tuple[ReplicaKey, int]] = set()
         self._finished_attempts: set[tuple[ReplicaKey, int]] = set()
         self._exit_codes: dict[ReplicaKey, int | None] = {}
         self._waiting_port: dict[ReplicaKey, int] = {}  # key -> attempt waiting for its port
-        self._styles = {
-            key: display.prefix_style(i) for i, key in enumerate(plan.all_keys(run_plan))
-        }
+        self._styles = {key: view.prefix_style(i) for i, key in enumerate(plan.all_keys(run_plan))}
 
     # ----- output -----
     def emit(self, text: str) -> None:
@@ -407,21 +405,20 @@ class Executor:
             self.stop_signal = self.stop_signal or "SIGPIPE"
 
     def _table_lines(self, started: datetime.datetime, width: int, height: int) -> list[str]:
-        state = display.INTERRUPTED if self.stop_signal else None
-        segments = display.table_segments(
+        state = outcome.INTERRUPTED if self.stop_signal else None
+        snapshot = view.Snapshot(
             self.job,
             self.status,
             self._rows(),
             self.progress,
-            display.elapsed(started, self.now()),
-            width=width,
-            height=height,
-            clock=self.clock,
+            view.elapsed(started, self.now()),
+            timer=self.timer,
             state=state,
             report=self.report,
         )
-        self._drawn_widths = [len(display.plain(line)) for line in segments]
-        return [display.render_segments(line, self.color) for line in segments]
+        segments = view.table_segments(snapshot, width=width, height=height)
+        self._drawn_widths = [len(view.plain(line)) for line in segments]
+        return [view.render_segments(line, self.color) for line in segments]
 
     def _flush_display(self, started: datetime.datetime, force: bool = False) -> None:
         if not self.tty:
@@ -431,9 +428,9 @@ class Executor:
             return
         self._drawn_at = mono
         width, height = self.size()
-        previous = display.drawn_height(self._drawn_widths, width)
+        previous = view.drawn_height(self._drawn_widths, width)
         lines = self._table_lines(started, width, height)
-        self._write(display.redraw(previous, lines, self._pending))
+        self._write(view.redraw(previous, lines, self._pending))
         self._pending = []
 
     def _erase_display(self) -> None:
@@ -441,12 +438,12 @@ class Executor:
         if not self.tty:
             return
         width, _ = self.size()
-        previous = display.drawn_height(self._drawn_widths, width)
-        self._write(display.redraw(previous, [], self._pending))
+        previous = view.drawn_height(self._drawn_widths, width)
+        self._write(view.redraw(previous, [], self._pending))
         self._pending = []
         self._drawn_widths = []
 
-    def _rows(self) -> list[display.ReplicaRow]:
+    def _rows(self) -> list[view.ReplicaRow]:
         rows = []
         for key in self.job.replica_keys():
             record = self.status.record(key)
@@ -457,7 +454,7 @@ class Executor:
             elif key in self._waiting_port:
                 state = "WaitPort"
             rows.append(
-                display.ReplicaRow(
+                view.ReplicaRow(
                     key=key,
                     state=state,
                     attempt=record.attempt,
@@ -468,18 +465,13 @@ class Executor:
         return rows
 
     def _note_progress(self, event: Mapping[str, Any]) -> None:
-        """Keep the job's step clock (for the ETA): reset when training (re)starts."""
+        """Keep the job's step timer (for the ETA): started afresh when training (re)starts.
+        Replicas report the same global step; the timer ignores steps it has seen."""
         step = event.get("step")
-        mono = time.monotonic()
         if event.get("event") == "start":
-            self.clock = None
-            return
-        if not isinstance(step, int):
-            return
-        if self.clock is None or step < self.clock.last_step:
-            self.clock = display.StepClock(mono, step, mono, step)
-        elif step > self.clock.last_step:
-            self.clock = dataclasses.replace(self.clock, last_time=mono, last_step=step)
+            self.timer = core_progress.StepTimer()
+        elif isinstance(step, int) and not isinstance(step, bool):
+            self.timer = self.timer.observe(step, time.monotonic())
 
     def _note_report(self, event: Mapping[str, Any]) -> None:
         if not isinstance(event.get("progress"), Mapping):
@@ -503,13 +495,13 @@ class Executor:
             if event is not None:
                 if event.get("event") == "end" and event.get("status") == "succeeded":
                     self._finished_attempts.add((key, attempt))
-                self.progress[key] = display.fold(self.progress.get(key), event)
+                self.progress[key] = events.fold(self.progress.get(key), event)
                 self._note_progress(event)
                 self._note_report(event)
                 if event.get("export") and event.get("chief"):
                     self.export = str(event["export"])
-                if not self.tty or (display.keeps_line(key, event, self.job) and not stopping):
-                    self.emit(display.event_line(key, event, self.job, stopped=stopping))
+                if not self.tty or (view.keeps_line(key, event, self.job) and not stopping):
+                    self.emit(view.event_line(key, event, self.job, stopped=stopping))
                 continue
             if not self.show_logs:
                 continue
@@ -517,15 +509,15 @@ class Executor:
                 # After its own successful end a replica only tears down; under
                 # MultiWorkerMirrored the last one out logs its peers' "crash" (heartbeats).
                 continue
-            shown, self._filters[key] = display.filter_line(
+            shown, self._filters[key] = logfilter.filter_line(
                 text,
-                self._filters.get(key, display.FilterState()),
+                self._filters.get(key, logfilter.FilterState()),
                 verbose=self.verbose,
                 stopping=stopping,
             )
             if shown is not None:
                 self.emit(
-                    display.prefix_line(
+                    view.prefix_line(
                         key, shown, self.width, color=self.color, style=self._styles.get(key)
                     )
                 )
@@ -565,7 +557,7 @@ class Executor:
             message = f"=== trainjob: cannot start {process.argv[0]!r}: {error}\n"
             log.write(message.encode())
             log.close()
-            self.emit(display.prefix_line(key, message.strip(), self.width))
+            self.emit(view.prefix_line(key, message.strip(), self.width))
             self.children[key] = Child(
                 process, attempt, None, None, EXEC_FAILED_EXIT_CODE, self.now()
             )
@@ -583,10 +575,10 @@ class Executor:
         self._exit_codes[key] = None
         self._write_processes()
 
-    def _cause(self, key: ReplicaKey) -> display.Cause:
+    def _cause(self, key: ReplicaKey) -> outcome.Cause:
         path = self.plan.process(key).log_path
-        return display.Cause(
-            display.label(key), display.last_exception_line(read_log_tail(path)), path
+        return outcome.Cause(
+            plan.label(key), logfilter.last_exception_line(read_log_tail(path)), path
         )
 
     def _poll(self) -> None:
@@ -605,7 +597,7 @@ class Executor:
                     self._write_processes()
                     if child.exit_code != 0 and not child.deleting and self.stop_signal is None:
                         self._drain_lines()  # its last lines before the cause
-                        self.emit(display.exit_line(self._cause(key), child.exit_code))
+                        self.emit(view.exit_line(self._cause(key), child.exit_code))
             if child.alive and child.kill_at is not None and mono >= child.kill_at:
                 assert child.popen is not None
                 _signal_group(child.popen.pid, signal.SIGKILL)
@@ -664,7 +656,7 @@ class Executor:
         if self.report is not None:
             data["progress"] = core_progress.status_progress(self.report, self.report_received)
         if self.stop_signal is not None and not self.status.finished:
-            data["state"] = display.INTERRUPTED
+            data["state"] = outcome.INTERRUPTED
         if self.problem is not None and not self.status.finished:
             data["state"] = st.FAILED
             data["problem"] = self.problem
@@ -723,7 +715,7 @@ class Executor:
                 log_path = os.path.join(self.plan.log_dir, "prepare-data.log")
                 with open(log_path, "w", encoding="utf-8") as handle:
                     handle.write(result.stdout + result.stderr)
-                why = display.last_exception_line(result.stdout + result.stderr)
+                why = logfilter.last_exception_line(result.stdout + result.stderr)
                 return (
                     f"preparing the offline MNIST failed (exit {result.returncode}): "
                     f"{why or 'no error message'} (log: {log_path})"
@@ -756,7 +748,7 @@ class Executor:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-    def run(self) -> display.Summary:
+    def run(self) -> outcome.Summary:
         os.makedirs(self.plan.checkpoint_dir, exist_ok=True)
         os.makedirs(self.plan.log_dir, exist_ok=True)
         started = self.now()
@@ -799,7 +791,7 @@ class Executor:
                     )
                     self.status = decision.status
                     for event in decision.events:
-                        self.emit(display.engine_event_line(event, self.color))
+                        self.emit(view.engine_event_line(event, self.color))
                     for key in decision.delete_pods:
                         self._terminate(key)
                     for rtype, index, attempt in decision.create_pods:
@@ -830,7 +822,7 @@ class Executor:
                 self._drain_lines()
                 self._write_processes()
             if self.stop_signal is not None and not self.status.finished:
-                self.status = display.stopped_status(
+                self.status = outcome.stopped_status(
                     self.status, self._exit_codes, self.stop_signal, self.now()
                 )
             self._erase_display()
@@ -847,21 +839,21 @@ class Executor:
             return False
         return any(not name.startswith(".") for name in entries)
 
-    def _summary(self, started: datetime.datetime) -> display.Summary:
+    def _summary(self, started: datetime.datetime) -> outcome.Summary:
         self._write_status()
         export = self.export
         if export is None:
             candidate = os.path.join(self.plan.checkpoint_dir, "export")
             if os.path.exists(candidate):
                 export = candidate
-        causes: list[display.Cause] = []
+        causes: list[outcome.Cause] = []
         if self.status.is_true(st.FAILED):
-            causes = [self._cause(key) for key in display.failed_replicas(self.status, self.job)]
-        return display.Summary(
+            causes = [self._cause(key) for key in outcome.failed_replicas(self.status, self.job)]
+        return outcome.Summary(
             job=self.job,
             status=self.status,
             interrupted=self.stop_signal,
-            elapsed_seconds=display.elapsed(started, self.now()),
+            elapsed_seconds=view.elapsed(started, self.now()),
             run_dir=self.plan.run_dir,
             log_dir=self.plan.log_dir,
             checkpoint_dir=self.plan.checkpoint_dir,
