@@ -12,7 +12,11 @@ Pure (no I/O; import-linter keeps them away from processes):
 
 With side effects:
 
-- :mod:`trainjob.local.executor`: subprocesses, signals, clock, terminal and run-dir files; it
-  feeds observed processes to the same policy engine the operator uses.
+- :mod:`trainjob.local.supervisor`: the replicas' processes (start, poll, stop, signals).
+- :mod:`trainjob.local.rundir`: the run directory: lock, status.json, processes.json, logs.
+- :mod:`trainjob.local.terminal`: log lines and the live table on the output stream.
+- :mod:`trainjob.local.data`: the shared data dir and the offline MNIST prepared once.
+- :mod:`trainjob.local.executor`: the loop wiring them: observed processes go to the same
+  policy engine the operator uses, its decisions back to the supervisor.
 - :mod:`trainjob.local.cli`: the run/status/logs commands: checks made up front, and wiring.
 """

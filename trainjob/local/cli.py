@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from trainjob.cliutil import CliError, Streams, dump, load_documents, parse_job, source_name
 from trainjob.core import spec
-from trainjob.local import executor, outcome, plan, runs, view
+from trainjob.local import data, executor, outcome, plan, rundir, runs, supervisor, view
 
 RUN_DESCRIPTION: Final = """\
 Run a TrainJob on this machine: every replica is a process on 127.0.0.1 with the same
@@ -191,8 +191,10 @@ def cmd_run(args: argparse.Namespace, streams: Streams) -> int:
         raise CliError(f"{name}: {too_many}")
     cwd = os.getcwd()
     run_dir = os.path.abspath(args.run_dir or plan.default_run_dir(cwd, job.name))
-    data_dir = os.path.abspath(args.data_dir or executor.default_data_dir(environ))
-    ports = dict(zip(job.replica_keys(), executor.free_ports(len(job.replica_keys())), strict=True))
+    data_dir = os.path.abspath(args.data_dir or data.default_data_dir(environ))
+    ports = dict(
+        zip(job.replica_keys(), supervisor.free_ports(len(job.replica_keys())), strict=True)
+    )
     try:
         run_plan = plan.make_plan(
             job,
@@ -200,7 +202,7 @@ def cmd_run(args: argparse.Namespace, streams: Streams) -> int:
             run_dir=run_dir,
             python=sys.executable,
             data_dir=data_dir,
-            python_path=executor.package_root(),
+            python_path=supervisor.package_root(),
         )
     except plan.PlanError as error:
         raise CliError(f"{name}: {error}") from error
@@ -210,13 +212,13 @@ def cmd_run(args: argparse.Namespace, streams: Streams) -> int:
     problems = _up_front_problems(job, run_plan, cwd)
     if problems:
         raise CliError("\n".join(f"{name}: {problem}" for problem in problems))
-    previous = executor.read_status_file(run_plan.status_file)
+    previous = rundir.read_status_file(run_plan.status_file)
     again = plan.rerun_refusal(job, previous, run_dir) if not args.rerun else None
     if again is not None:
         raise CliError(again)
     try:
-        lock = executor.lock_run_dir(run_dir)
-    except executor.RunDirError as error:
+        lock = rundir.lock_run_dir(run_dir)
+    except rundir.RunDirError as error:
         raise CliError(str(error)) from error
     tty = out.isatty() and not args.no_tty and environ.get("TERM") != "dumb"
     color = tty and not environ.get("NO_COLOR")
@@ -279,9 +281,9 @@ def cmd_status(args: argparse.Namespace, streams: Streams) -> int:
     out = streams.out
     entries = []
     for run_dir in _run_dirs(args.run_dir, os.getcwd()):
-        data = executor.read_status_file(os.path.join(run_dir, plan.STATUS_FILE)) or {}
-        holder = executor.run_dir_holder(run_dir)
-        progress = executor.read_log_tail(os.path.join(run_dir, plan.PROGRESS_FILE), 16 * 1024)
+        data = rundir.read_status_file(os.path.join(run_dir, plan.STATUS_FILE)) or {}
+        holder = rundir.run_dir_holder(run_dir)
+        progress = rundir.read_log_tail(os.path.join(run_dir, plan.PROGRESS_FILE), 16 * 1024)
         entries.append(runs.RunEntry(run_dir, data, holder, runs.last_step(progress)))
     if args.output is not None:
         payload: Any = [runs.status_data(e) for e in entries]
@@ -318,7 +320,7 @@ def _logs_target(targets: Sequence[str], cwd: str) -> tuple[str, str | None]:
 def cmd_logs(args: argparse.Namespace, streams: Streams) -> int:
     run_dir, replica = _logs_target(args.targets, os.getcwd())
     log_dir = os.path.join(run_dir, plan.LOGS_DIR)
-    names = _log_names(log_dir)
+    names = rundir.log_names(log_dir)
     if replica is not None:
         if f"{replica}.log" not in names:
             have = ", ".join(n.removesuffix(".log") for n in names) or "none yet"
@@ -326,14 +328,10 @@ def cmd_logs(args: argparse.Namespace, streams: Streams) -> int:
         names = [f"{replica}.log"]
     if not names and not args.follow:
         raise CliError(f"no logs yet in {log_dir}")
-    executor.print_logs(
+    rundir.print_logs(
         log_dir,
         None if replica is None else names,
         streams.out,
         follow_until_free=run_dir if args.follow else None,
     )
     return 0
-
-
-def _log_names(log_dir: str) -> list[str]:
-    return executor.log_names(log_dir)

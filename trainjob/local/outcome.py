@@ -10,7 +10,7 @@ import dataclasses
 import datetime
 import signal
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 from trainjob import cliutil
 from trainjob.core import progress as core_progress
@@ -128,3 +128,26 @@ def stopped_status(
         now,
     )
     return dataclasses.replace(status, replicas=replicas, conditions=conditions)
+
+
+def status_file_data(
+    job: spec.TrainJob,
+    status: st.JobStatus,
+    *,
+    report: core_progress.Report | None,
+    report_received: datetime.datetime,
+    stop_signal: str | None,
+    problem: str | None,
+) -> dict[str, Any]:
+    """status.json: the job's status as the operator writes it (with the chief's progress), but
+    Interrupted while a stop the user asked for is under way, and Failed with the problem when
+    the run could not start."""
+    data = {"jobName": job.name, **st.to_dict(job, status)}
+    if report is not None:
+        data["progress"] = core_progress.status_progress(report, report_received)
+    if stop_signal is not None and not status.finished:
+        data["state"] = INTERRUPTED
+    if problem is not None and not status.finished:
+        data["state"] = st.FAILED
+        data["problem"] = problem
+    return data
