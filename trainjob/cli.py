@@ -10,87 +10,32 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TextIO
 
-import yaml
-
 from trainjob import __version__
+from trainjob.cliutil import (
+    EXIT_CODES_HELP,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_SIGINT,
+    EXIT_SIGPIPE,
+    OUTPUT_FORMATS,
+    CliError,
+    Streams,
+    dump,
+    dump_all,
+    load_documents,
+    parse_job,
+    source_name,
+)
 from trainjob.core import constants, convert, render, spec
+from trainjob.local import cli as local_cli
 
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1  # the job failed; validate: the manifests have problems
-EXIT_USAGE: Final = 2  # a bad command line, or input that cannot be used at all
-EXIT_SIGPIPE: Final = 141  # the reader of our output went away (`| head -1`), as 128 + SIGPIPE
-
-EXIT_CODES_HELP: Final = """\
-exit codes:
-  0    success (run: the job Succeeded)
-  1    run: the job Failed; validate: a manifest has problems
-  2    bad command line or unusable input: unreadable file, not YAML, duplicate key,
-       invalid TrainJob (render/run/convert), run directory in use, cannot run locally
-  130  run: stopped by Ctrl-C (SIGINT); 143: by SIGTERM; 129: the terminal closed (SIGHUP)
-  141  the reader of the output went away (| head); run stops every replica first
-"""
-OUTPUT_FORMATS: Final = ("yaml", "json")
-
-
-class CliError(Exception):
-    """A user mistake: one line (or a few) for stderr, and the exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-
-
-# ----- input -----
-def read_source(path: str, stdin: TextIO) -> str:
-    """The text of a file (`-`: stdin); CliError for anything that is not readable UTF-8 text."""
-    name = "<stdin>" if path == "-" else path
-    try:
-        if path == "-":
-            return stdin.read()
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except IsADirectoryError as error:
-        raise CliError(f"cannot read {name}: it is a directory") from error
-    except OSError as error:
-        raise CliError(f"cannot read {name}: {error.strerror or error}") from error
-    except UnicodeDecodeError as error:
-        raise CliError(
-            f"cannot read {name}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at "
-            f"offset {error.start}); a manifest is YAML text"
-        ) from error
-    except ValueError as error:  # e.g. NUL bytes from a binary file given as stdin
-        raise CliError(f"cannot read {name}: {error}") from error
-
-
-def load_documents(path: str, stdin: TextIO) -> list[Any]:
-    """Every YAML document of one file, at least one."""
-    name = "<stdin>" if path == "-" else path
-    text = read_source(path, stdin)
-    if "\x00" in text:
-        raise CliError(f"cannot read {name}: a binary file (NUL bytes); a manifest is YAML text")
-    try:
-        documents = spec.load_documents(text, name)
-    except spec.YamlError as error:
-        raise CliError(str(error)) from error
-    if not documents:
-        raise CliError(f"{name} holds no YAML document")
-    return documents
-
-
-def parse_job(document: Any, name: str, *, require_images: bool = True) -> spec.TrainJob:
-    try:
-        return spec.parse(document, require_images=require_images)
-    except spec.SpecError as error:
-        lines = "\n".join(f"{name}: {problem}" for problem in error.problems)
-        raise CliError(f"{lines}\n{name} is not a valid TrainJob") from error
+Handler = Callable[[argparse.Namespace, Streams], int]
 
 
 def _files(args: argparse.Namespace) -> list[str]:
@@ -98,27 +43,6 @@ def _files(args: argparse.Namespace) -> list[str]:
     if files.count("-") > 1:
         raise CliError("-f - (stdin) can be given only once")
     return files
-
-
-def _dump(data: Any, out: TextIO, output: str) -> None:
-    if output == "json":
-        json.dump(data, out, indent=2)
-        out.write("\n")
-    else:
-        yaml.dump(data, out, Dumper=_DUMPER, sort_keys=False, default_flow_style=False)
-
-
-def _dump_all(documents: Sequence[Any], out: TextIO, output: str) -> None:
-    """Several objects: multi-document YAML, or a Kubernetes `List` in JSON (as kubectl)."""
-    if output == "json":
-        _dump({"apiVersion": "v1", "kind": "List", "items": list(documents)}, out, "json")
-    else:
-        yaml.dump_all(documents, out, Dumper=_DUMPER, sort_keys=False, default_flow_style=False)
-
-
-# libyaml's emitter when PyYAML has it: 100x faster on a 1,000-replica render (TF_CONFIG grows
-# with the square of the replica count, and the pure-Python emitter scans every character).
-_DUMPER: Final[Any] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 # ----- commands -----
@@ -130,12 +54,13 @@ def _document_label(document: Any, number: int) -> str:
     return f"document {number}"
 
 
-def cmd_validate(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+def cmd_validate(args: argparse.Namespace, streams: Streams) -> int:
+    out = streams.out
     exit_code = EXIT_OK
     results: list[dict[str, Any]] = []
     for path in _files(args):
-        name = "<stdin>" if path == "-" else path
-        for number, document in enumerate(load_documents(path, stdin), start=1):
+        name = source_name(path)
+        for number, document in enumerate(load_documents(path, streams.stdin), start=1):
             problems = spec.problems_of(document)
             if problems:
                 exit_code = EXIT_FAILED
@@ -155,7 +80,7 @@ def cmd_validate(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
                 if not problems:
                     out.write(f"{name}: {label}: valid\n")
     if args.output is not None:
-        _dump(results, out, args.output)
+        dump(results, out, args.output)
     return exit_code
 
 
@@ -172,11 +97,12 @@ def _namespace(text: str) -> str:
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
-def cmd_render(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+def cmd_render(args: argparse.Namespace, streams: Streams) -> int:
+    out = streams.out
     manifests: list[dict[str, Any]] = []
     for path in _files(args):
-        name = "<stdin>" if path == "-" else path
-        for document in load_documents(path, stdin):
+        name = source_name(path)
+        for document in load_documents(path, streams.stdin):
             job = parse_job(document, name)
             namespace = args.namespace or job.namespace or "default"
             owner = render.Owner(job.name, job.uid) if job.uid else None
@@ -185,21 +111,21 @@ def cmd_render(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
             )
             manifests.extend(render.render_all(job, options, owner))
     if args.output == "json":
-        _dump_all(manifests, out, "json")
+        dump_all(manifests, out, "json")
         return EXIT_OK
     out.write(
         "# Rendered by `trainjob render`: the Services and Pods the operator creates.\n"
         "# ownerReferences are added when metadata.uid is known (on the cluster).\n"
     )
-    _dump_all(manifests, out, "yaml")
+    dump_all(manifests, out, "yaml")
     return EXIT_OK
 
 
-def cmd_convert(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+def cmd_convert(args: argparse.Namespace, streams: Streams) -> int:
     results: list[dict[str, Any]] = []
     for path in _files(args):
-        name = "<stdin>" if path == "-" else path
-        for document in load_documents(path, stdin):
+        name = source_name(path)
+        for document in load_documents(path, streams.stdin):
             if not isinstance(document, dict):
                 raise CliError(f"{name}: expected a TFJob object, got {type(document).__name__}")
             try:
@@ -207,32 +133,19 @@ def cmd_convert(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
             except convert.ConvertError as error:
                 raise CliError(f"{name}: {error}") from error
             for note in conversion.notes:
-                sys.stderr.write(f"note: {note}\n")
+                streams.err.write(f"note: {note}\n")
             problems = spec.problems_of(conversion.trainjob)
             if problems:
                 details = "\n".join(f"  {p}" for p in problems)
                 raise CliError(f"{name}: the converted TrainJob is not valid:\n{details}")
             results.append(conversion.trainjob)
-    _dump_all(results, out, args.output or "yaml")
+    dump_all(results, streams.out, args.output or "yaml")
     return EXIT_OK
 
 
-def cmd_completion(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
-    del stdin
-    out.write(completion_script(build_parser(), args.shell))
+def cmd_completion(args: argparse.Namespace, streams: Streams) -> int:
+    streams.out.write(completion_script(build_parser(), args.shell))
     return EXIT_OK
-
-
-def _local(function: str) -> Callable[[argparse.Namespace, TextIO, TextIO], int]:
-    """A handler of trainjob.local.cli, imported when the command runs."""
-
-    def handler(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
-        from trainjob.local import cli as local_cli
-
-        result: int = getattr(local_cli, function)(args, out, stdin)
-        return result
-
-    return handler
 
 
 # ----- completion -----
@@ -315,8 +228,6 @@ def _sub(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trainjob.local import cli as local_cli
-
     parser = argparse.ArgumentParser(
         prog="trainjob",
         description=(
@@ -343,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
             local_cli.RUN_DESCRIPTION,
             local_cli.RUN_EXAMPLES,
         )
-    ).set_defaults(handler=_local("cmd_run"))
+    ).set_defaults(handler=local_cli.cmd_run)
     local_cli.add_status_parser(
         _sub(
             commands,
@@ -352,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
             local_cli.STATUS_DESCRIPTION,
             local_cli.STATUS_EXAMPLES,
         )
-    ).set_defaults(handler=_local("cmd_status"))
+    ).set_defaults(handler=local_cli.cmd_status)
     local_cli.add_logs_parser(
         _sub(
             commands,
@@ -361,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
             local_cli.LOGS_DESCRIPTION,
             local_cli.LOGS_EXAMPLES,
         )
-    ).set_defaults(handler=_local("cmd_logs"))
+    ).set_defaults(handler=local_cli.cmd_logs)
 
     validate = _sub(
         commands,
@@ -468,8 +379,8 @@ def main(
     errors = err or sys.stderr
     try:
         args = build_parser().parse_args(arguments)
-        handler: Callable[[argparse.Namespace, TextIO, TextIO], int] = args.handler
-        return handler(args, out or sys.stdout, stdin or sys.stdin)
+        handler: Handler = args.handler
+        return handler(args, Streams(out or sys.stdout, stdin or sys.stdin, errors))
     except CliError as error:
         command = arguments[0] if arguments and not arguments[0].startswith("-") else ""
         errors.write(f"trainjob {command}: {error.message}\n".replace("trainjob : ", "trainjob: "))
@@ -479,4 +390,4 @@ def main(
         return EXIT_SIGPIPE
     except KeyboardInterrupt:
         errors.write("\n")
-        return 130
+        return EXIT_SIGINT

@@ -10,10 +10,12 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import pytest
 import yaml
+
+from trainjob import cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.05
@@ -39,6 +41,11 @@ def command_replica(
     if grace is not None:
         pod_spec["terminationGracePeriodSeconds"] = grace
     return {"replicas": replicas, "restartPolicy": restart_policy, "template": {"spec": pod_spec}}
+
+
+def run_main(argv: Sequence[str], *, stdin: TextIO | None = None, out: TextIO | None = None) -> int:
+    """`trainjob run ARGV` in this process (what `python -m trainjob run` does)."""
+    return cli.main(["run", *argv], out=out, stdin=stdin)
 
 
 def write_job(path: Path, manifest: Mapping[str, Any]) -> Path:

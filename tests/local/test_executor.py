@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from trainjob.local import executor
-from trainjob.local.cli import run_main
+from trainjob.local import supervisor
 
 from .conftest import (
     command_replica,
@@ -19,6 +18,7 @@ from .conftest import (
     job_manifest,
     pid_alive,
     read_json,
+    run_main,
     start_run,
     wait_until,
     write_job,
@@ -51,10 +51,10 @@ def _run(tmp_path: Path, manifest: dict[str, object]) -> tuple[int, str]:
 
 
 def test_exit_code_mapping() -> None:
-    assert executor.exit_code_of(0) == 0
-    assert executor.exit_code_of(3) == 3
-    assert executor.exit_code_of(-9) == 137
-    assert executor.exit_code_of(-15) == 143
+    assert supervisor.exit_code_of(0) == 0
+    assert supervisor.exit_code_of(3) == 3
+    assert supervisor.exit_code_of(-9) == 137
+    assert supervisor.exit_code_of(-15) == 143
 
 
 def test_success_with_prefixed_logs_saved_to_files(tmp_path: Path) -> None:

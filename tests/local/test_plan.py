@@ -9,9 +9,8 @@ import pytest
 
 from trainjob.core import constants, spec
 from trainjob.local import plan
-from trainjob.local.cli import run_main
 
-from .conftest import command_replica, job_manifest, write_job
+from .conftest import command_replica, job_manifest, run_main, write_job
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,6 @@
 """`trainjob run`, `trainjob status` and `trainjob logs`: arguments, checks made before anything
-starts, and wiring. The command line itself is parsed by `trainjob.cli`, which calls these."""
+starts, and wiring. `trainjob.cli` builds the command line from these parsers and calls these
+handlers; what both share (errors, loading, dumping, streams) is in `trainjob.cliutil`."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any, Final, TextIO
+from typing import Any, Final
 
+from trainjob.cliutil import CliError, Streams, dump, load_documents, parse_job, source_name
 from trainjob.core import spec
-from trainjob.local import display, executor, plan
+from trainjob.local import data, executor, outcome, plan, rundir, runs, supervisor, view
 
 RUN_DESCRIPTION: Final = """\
 Run a TrainJob on this machine: every replica is a process on 127.0.0.1 with the same
@@ -41,13 +43,6 @@ LOGS_EXAMPLES: Final = """\
   trainjob logs mnist-multiworker worker-1
   trainjob logs /tmp/run1 -f"""
 _REPLICA_NAME: Final = re.compile(r"^(chief|worker|ps|evaluator)-\d+$")
-
-
-def _cli() -> Any:
-    """trainjob.cli (imported here: it imports this module to build its parser)."""
-    from trainjob import cli
-
-    return cli
 
 
 # ----- parsers -----
@@ -174,32 +169,32 @@ def _tf_version() -> str | None:
     return None
 
 
-def cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
-    cli = _cli()
+def cmd_run(args: argparse.Namespace, streams: Streams) -> int:
+    out = streams.out
     files: list[str] = args.file
     if len(files) > 1:
-        raise cli.CliError(
+        raise CliError(
             f"give one -f (got {len(files)}: {', '.join(files)}); trainjob run runs one TrainJob"
         )
     path = files[0]
-    name = "<stdin>" if path == "-" else path
-    documents = cli.load_documents(path, stdin)
+    name = source_name(path)
+    documents = load_documents(path, streams.stdin)
     if len(documents) != 1:
-        raise cli.CliError(
-            f"{name} must hold exactly one TrainJob, found {len(documents)} documents"
-        )
-    job = cli.parse_job(documents[0], name, require_images=False)
+        raise CliError(f"{name} must hold exactly one TrainJob, found {len(documents)} documents")
+    job = parse_job(documents[0], name, require_images=False)
     if job.run_policy.suspend:
         out.write(f"TrainJob {job.name} has runPolicy.suspend: true; nothing to run\n")
         return 0
     environ = dict(os.environ)
     too_many = plan.too_many_processes(job, args.max_processes, os.cpu_count() or 1)
     if too_many is not None:
-        raise cli.CliError(f"{name}: {too_many}")
+        raise CliError(f"{name}: {too_many}")
     cwd = os.getcwd()
     run_dir = os.path.abspath(args.run_dir or plan.default_run_dir(cwd, job.name))
-    data_dir = os.path.abspath(args.data_dir or executor.default_data_dir(environ))
-    ports = dict(zip(job.replica_keys(), executor.free_ports(len(job.replica_keys())), strict=True))
+    data_dir = os.path.abspath(args.data_dir or data.default_data_dir(environ))
+    ports = dict(
+        zip(job.replica_keys(), supervisor.free_ports(len(job.replica_keys())), strict=True)
+    )
     try:
         run_plan = plan.make_plan(
             job,
@@ -207,24 +202,24 @@ def cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
             run_dir=run_dir,
             python=sys.executable,
             data_dir=data_dir,
-            python_path=executor.package_root(),
+            python_path=supervisor.package_root(),
         )
     except plan.PlanError as error:
-        raise cli.CliError(f"{name}: {error}") from error
+        raise CliError(f"{name}: {error}") from error
     if args.dry_run:
         out.write(plan.format_plan(run_plan))
         return 0
     problems = _up_front_problems(job, run_plan, cwd)
     if problems:
-        raise cli.CliError("\n".join(f"{name}: {problem}" for problem in problems))
-    previous = executor.read_status_file(run_plan.status_file)
+        raise CliError("\n".join(f"{name}: {problem}" for problem in problems))
+    previous = rundir.read_status_file(run_plan.status_file)
     again = plan.rerun_refusal(job, previous, run_dir) if not args.rerun else None
     if again is not None:
-        raise cli.CliError(again)
+        raise CliError(again)
     try:
-        lock = executor.lock_run_dir(run_dir)
-    except executor.RunDirError as error:
-        raise cli.CliError(str(error)) from error
+        lock = rundir.lock_run_dir(run_dir)
+    except rundir.RunDirError as error:
+        raise CliError(str(error)) from error
     tty = out.isatty() and not args.no_tty and environ.get("TERM") != "dumb"
     color = tty and not environ.get("NO_COLOR")
     try:
@@ -241,30 +236,19 @@ def cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
         try:
             summary = runner.run()
         except OSError as error:
-            raise cli.CliError(f"run directory {run_dir}: {error}") from error
+            raise CliError(f"run directory {run_dir}: {error}") from error
         with contextlib.suppress(OSError):  # the terminal or pipe may be gone (SIGHUP, EPIPE)
-            out.write(display.summary_text(summary, color=color))
+            out.write(view.summary_text(summary, color=color))
             out.flush()
     finally:
         lock.release()
-    return display.exit_code_of(summary)
-
-
-def run_main(argv: list[str], *, stdin: TextIO | None = None, out: TextIO | None = None) -> int:
-    """`trainjob run ARGV` (what `python -m trainjob run` does), for callers with a list."""
-    result: int = _cli().main(["run", *argv], out=out, stdin=stdin)
-    return result
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(list(sys.argv[1:] if argv is None else argv))
+    return outcome.exit_code_of(summary)
 
 
 # ----- status and logs -----
 def _run_dirs(target: str | None, cwd: str) -> list[str]:
     """The run dirs a command means: TARGET as a directory or a job name under ./trainjob-runs;
     without TARGET every run under ./trainjob-runs."""
-    cli = _cli()
     runs = os.path.join(cwd, plan.DEFAULT_RUNS_DIR)
     if target is None:
         if os.path.isfile(os.path.join(cwd, plan.STATUS_FILE)):
@@ -272,7 +256,7 @@ def _run_dirs(target: str | None, cwd: str) -> list[str]:
         try:
             names = sorted(os.listdir(runs))
         except OSError as error:
-            raise cli.CliError(
+            raise CliError(
                 f"no runs here: {runs} does not exist; give a run dir (trainjob run --run-dir)"
             ) from error
         found = [
@@ -281,43 +265,41 @@ def _run_dirs(target: str | None, cwd: str) -> list[str]:
             if os.path.isfile(os.path.join(runs, n, plan.STATUS_FILE))
         ]
         if not found:
-            raise cli.CliError(f"no runs in {runs}")
+            raise CliError(f"no runs in {runs}")
         return found
     for candidate in (target, os.path.join(runs, target)):
         if os.path.isfile(os.path.join(candidate, plan.STATUS_FILE)) or os.path.isdir(
             os.path.join(candidate, plan.LOGS_DIR)
         ):
             return [os.path.abspath(candidate)]
-    raise cli.CliError(
+    raise CliError(
         f"{target} is not a run dir (no {plan.STATUS_FILE}) and no run named so is in {runs}"
     )
 
 
-def cmd_status(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
-    del stdin
-    cli = _cli()
+def cmd_status(args: argparse.Namespace, streams: Streams) -> int:
+    out = streams.out
     entries = []
     for run_dir in _run_dirs(args.run_dir, os.getcwd()):
-        data = executor.read_status_file(os.path.join(run_dir, plan.STATUS_FILE)) or {}
-        holder = executor.run_dir_holder(run_dir)
-        progress = executor.read_log_tail(os.path.join(run_dir, plan.PROGRESS_FILE), 16 * 1024)
-        entries.append(display.RunEntry(run_dir, data, holder, display.last_step(progress)))
+        data = rundir.read_status_file(os.path.join(run_dir, plan.STATUS_FILE)) or {}
+        holder = rundir.run_dir_holder(run_dir)
+        progress = rundir.read_log_tail(os.path.join(run_dir, plan.PROGRESS_FILE), 16 * 1024)
+        entries.append(runs.RunEntry(run_dir, data, holder, runs.last_step(progress)))
     if args.output is not None:
-        payload: Any = [display.status_data(e) for e in entries]
-        cli._dump(payload[0] if args.run_dir is not None else payload, out, args.output)
+        payload: Any = [runs.status_data(e) for e in entries]
+        dump(payload[0] if args.run_dir is not None else payload, out, args.output)
         return 0
     if args.run_dir is None and len(entries) > 1:
-        out.write("\n".join(display.runs_table(entries)) + "\n")
+        out.write("\n".join(runs.runs_table(entries)) + "\n")
     else:
         for entry in entries:
-            out.write("\n".join(display.status_lines(entry)) + "\n")
+            out.write("\n".join(runs.status_lines(entry)) + "\n")
     return 0
 
 
 def _logs_target(targets: Sequence[str], cwd: str) -> tuple[str, str | None]:
-    cli = _cli()
     if len(targets) > 2:
-        raise cli.CliError(f"expected [RUN_DIR] [REPLICA], got {len(targets)} arguments")
+        raise CliError(f"expected [RUN_DIR] [REPLICA], got {len(targets)} arguments")
     replica: str | None = None
     target: str | None = None
     if len(targets) == 2:
@@ -329,33 +311,27 @@ def _logs_target(targets: Sequence[str], cwd: str) -> tuple[str, str | None]:
     dirs = _run_dirs(target, cwd)
     if len(dirs) > 1:
         names = ", ".join(os.path.basename(d) for d in dirs)
-        raise cli.CliError(f"several runs here ({names}); name one: trainjob logs RUN_DIR")
+        raise CliError(f"several runs here ({names}); name one: trainjob logs RUN_DIR")
     if replica is not None and not _REPLICA_NAME.match(replica):
-        raise cli.CliError(f"{replica} is not a replica name such as worker-0 or chief-0")
+        raise CliError(f"{replica} is not a replica name such as worker-0 or chief-0")
     return dirs[0], replica
 
 
-def cmd_logs(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
-    del stdin
-    cli = _cli()
+def cmd_logs(args: argparse.Namespace, streams: Streams) -> int:
     run_dir, replica = _logs_target(args.targets, os.getcwd())
     log_dir = os.path.join(run_dir, plan.LOGS_DIR)
-    names = _log_names(log_dir)
+    names = rundir.log_names(log_dir)
     if replica is not None:
         if f"{replica}.log" not in names:
             have = ", ".join(n.removesuffix(".log") for n in names) or "none yet"
-            raise cli.CliError(f"no log for {replica} in {log_dir} (replicas: {have})")
+            raise CliError(f"no log for {replica} in {log_dir} (replicas: {have})")
         names = [f"{replica}.log"]
     if not names and not args.follow:
-        raise cli.CliError(f"no logs yet in {log_dir}")
-    executor.print_logs(
+        raise CliError(f"no logs yet in {log_dir}")
+    rundir.print_logs(
         log_dir,
         None if replica is None else names,
-        out,
+        streams.out,
         follow_until_free=run_dir if args.follow else None,
     )
     return 0
-
-
-def _log_names(log_dir: str) -> list[str]:
-    return executor.log_names(log_dir)

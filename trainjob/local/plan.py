@@ -68,7 +68,7 @@ class ProcessPlan:
     @property
     def label(self) -> str:
         """`worker-0`: the runtime's replica name, used as the terminal prefix."""
-        return f"{self.key[0]}-{self.key[1]}"
+        return label(self.key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +89,11 @@ class RunPlan:
             if process.key == key:
                 return process
         raise KeyError(key)
+
+
+def label(key: ReplicaKey) -> str:
+    """`worker-0`: how a replica is named in logs, tables and file names."""
+    return f"{key[0]}-{key[1]}"
 
 
 def default_run_dir(cwd: str, job_name: str) -> str:

@@ -1,5 +1,6 @@
-"""Display (pure): progress folding, the live table at every width, noise filtering, failure
-causes, the summary, exit codes and `trainjob status` rendering."""
+"""Local mode's pure modules: progress folding (events), the live table at every width and the
+summary (view), noise filtering and failure causes (logfilter), exit codes and the status after
+a stop (outcome), and `trainjob status` rendering (runs)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import time
 import pytest
 
 from trainjob.core import policy, spec
+from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local import display
+from trainjob.local import events, logfilter, outcome, runs, view
 
 from .conftest import job_manifest
 
@@ -34,52 +36,51 @@ JOB = spec.parse(
     )
 )
 ROWS = [
-    display.ReplicaRow(("chief", 0), "Running", 1, None, 123456),
-    display.ReplicaRow(("worker", 0), "Running", 1, None, 42),
-    display.ReplicaRow(("worker", 1), "Failed", 0, 137, None),
-    display.ReplicaRow(("ps", 0), "", 0, None, None),
+    view.ReplicaRow(("chief", 0), "Running", 1, None, 123456),
+    view.ReplicaRow(("worker", 0), "Running", 1, None, 42),
+    view.ReplicaRow(("worker", 1), "Failed", 0, 137, None),
+    view.ReplicaRow(("ps", 0), "", 0, None, None),
 ]
 PROGRESS = {
-    ("chief", 0): display.ReplicaProgress(epoch=1, step=80, loss=0.42104, examples_per_sec=1234.5),
-    ("worker", 0): display.ReplicaProgress(epoch=1, step=80, loss=0.421, examples_per_sec=1200),
+    ("chief", 0): events.ReplicaProgress(epoch=1, step=80, loss=0.42104, examples_per_sec=1234.5),
+    ("worker", 0): events.ReplicaProgress(epoch=1, step=80, loss=0.421, examples_per_sec=1200),
 }
-CLOCK = display.StepClock(0.0, 40, 10.0, 80)
+TIMER = core_progress.StepTimer().observe(40, 0.0).observe(80, 10.0)
 
 
 def _table(width: int, height: int = 40, status: st.JobStatus | None = None) -> list[str]:
-    return display.table(
-        JOB,
-        status or st.JobStatus(restart_count=1),
-        ROWS,
-        PROGRESS,
-        65.0,
-        width=width,
-        height=height,
-        clock=CLOCK,
+    snapshot = view.Snapshot(
+        JOB, status or st.JobStatus(restart_count=1), ROWS, PROGRESS, 65.0, timer=TIMER
     )
+    return _lines(snapshot, width, height)
+
+
+def _lines(snapshot: view.Snapshot, width: int, height: int) -> list[str]:
+    segments = view.table_segments(snapshot, width=width, height=height)
+    return [view.render_segments(line, color=False) for line in segments]
 
 
 def test_fold_keeps_the_latest_known_numbers() -> None:
-    p = display.fold(None, {"event": "start", "epoch": 1, "step": 40, "initial_step": 40})
-    p = display.fold(
+    p = events.fold(None, {"event": "start", "epoch": 1, "step": 40, "initial_step": 40})
+    p = events.fold(
         p, {"event": "epoch", "epoch": 1, "step": 80, "loss": 0.5, "examples_per_sec": 1234.5}
     )
-    p = display.fold(p, {"event": "checkpoint", "epoch": 1, "step": 80, "loss": None})
+    p = events.fold(p, {"event": "checkpoint", "epoch": 1, "step": 80, "loss": None})
     assert (p.epoch, p.step, p.loss, p.examples_per_sec, p.initial_step) == (1, 80, 0.5, 1234.5, 40)
-    assert display.progress_text(p, JOB) == "epoch 2/3 step 80/120 loss 0.5000 1,234 ex/s"
+    assert view.progress_text(p, JOB) == "epoch 2/3 step 80/120 loss 0.5000 1,234 ex/s"
 
 
 def test_event_lines_for_plain_output() -> None:
     key = ("worker", 0)
-    assert display.event_line(key, {"event": "start", "initial_step": 40}, JOB) == (
+    assert view.event_line(key, {"event": "start", "initial_step": 40}, JOB) == (
         "[worker-0] progress: resumed at step 40"
     )
-    line = display.event_line(
+    line = view.event_line(
         key, {"event": "end", "status": "succeeded", "export": "/r/export", "step": 120}, JOB
     )
     assert line == "[worker-0] progress: ended (succeeded), model at /r/export step 120/120"
     # A replica trainjob stopped itself (Ctrl-C, end of job) is stopped, not "Preempted".
-    stopped = display.event_line(
+    stopped = view.event_line(
         ("ps", 0), {"event": "end", "status": "Preempted", "step": 7}, JOB, stopped=True
     )
     assert stopped == "[ps-0] progress: stopped step 7/120"
@@ -87,22 +88,22 @@ def test_event_lines_for_plain_output() -> None:
 
 def test_on_a_terminal_the_lead_replica_keeps_one_line_per_epoch() -> None:
     epoch = {"event": "epoch", "epoch": 0, "step": 40}
-    assert display.keeps_line(("chief", 0), epoch, JOB)
-    assert not display.keeps_line(("worker", 0), epoch, JOB)  # the chief speaks for this job
-    assert not display.keeps_line(("chief", 0), {"event": "step", "step": 3}, JOB)
+    assert view.keeps_line(("chief", 0), epoch, JOB)
+    assert not view.keeps_line(("worker", 0), epoch, JOB)  # the chief speaks for this job
+    assert not view.keeps_line(("chief", 0), {"event": "step", "step": 3}, JOB)
     no_chief = spec.parse(job_manifest("w", {"worker": {"replicas": 2}}, image="i"))
-    assert display.keeps_line(("worker", 0), epoch, no_chief)
+    assert view.keeps_line(("worker", 0), epoch, no_chief)
 
 
 def test_prefix_lines_align_and_cannot_move_the_cursor() -> None:
-    width = display.prefix_width([("worker", 0), ("ps", 0)])
-    assert display.prefix_line(("ps", 0), "hello\n", width) == "ps-0     | hello"
+    width = view.prefix_width([("worker", 0), ("ps", 0)])
+    assert view.prefix_line(("ps", 0), "hello\n", width) == "ps-0     | hello"
     # A Keras progress bar redraws with \r; escape sequences would move the cursor under the
     # live table: only what a terminal would leave visible is kept.
     bar = " 1/40 [>....] - ETA: 3s\r 2/40 [=>...] - ETA: 2s\r"
-    assert display.prefix_line(("ps", 0), bar, width) == "ps-0     |  2/40 [=>...] - ETA: 2s"
-    assert display.terminal_safe("\x1b[31mred\x1b[0m\x1b[2A\x07 ok\tx") == "red ok  x"
-    colored = display.prefix_line(("ps", 0), "hi", width, color=True, style="36")
+    assert view.prefix_line(("ps", 0), bar, width) == "ps-0     |  2/40 [=>...] - ETA: 2s"
+    assert logfilter.terminal_safe("\x1b[31mred\x1b[0m\x1b[2A\x07 ok\tx") == "red ok  x"
+    colored = view.prefix_line(("ps", 0), "hi", width, color=True, style="36")
     assert colored == "\x1b[36mps-0     |\x1b[0m hi"
 
 
@@ -153,13 +154,13 @@ def test_a_thousand_replicas_render_fast_and_fit() -> None:
         job_manifest("big", {"worker": {"replicas": 1000}, "ps": {"replicas": 2}}, image="i")
     )
     rows = [
-        display.ReplicaRow(key, "Running", 0, None, 1000 + i)
+        view.ReplicaRow(key, "Running", 0, None, 1000 + i)
         for i, key in enumerate(job.replica_keys())
     ]
-    progress = {key: display.ReplicaProgress(step=5, loss=0.1) for key in job.replica_keys()}
+    progress = {key: events.ReplicaProgress(step=5, loss=0.1) for key in job.replica_keys()}
     started = time.perf_counter()
     for _ in range(10):
-        lines = display.table(job, st.JobStatus(), rows, progress, 3.0, width=80, height=24)
+        lines = _lines(view.Snapshot(job, st.JobStatus(), rows, progress, 3.0), 80, 24)
     per_frame = (time.perf_counter() - started) / 10
     assert per_frame < 0.05, per_frame  # redrawn twice a second at most
     assert len(lines) == 23
@@ -167,18 +168,17 @@ def test_a_thousand_replicas_render_fast_and_fit() -> None:
 
 
 def test_redraw_goes_back_to_the_first_line_and_clears_everything_below() -> None:
-    text = display.redraw(3, ["table"], ["a log line far wider than the terminal " * 5])
+    text = view.redraw(3, ["table"], ["a log line far wider than the terminal " * 5])
     assert text.startswith("\x1b[3A\r\x1b[J")  # one clear for all rows, wrapped ones included
     assert text.endswith("\ntable\n")
-    assert display.redraw(0, ["t"], []) == "\r\x1b[Jt\n"
-    assert display.erase(2) == "\x1b[2A\r\x1b[J"
-    assert display.erase(0) == ""
+    assert view.redraw(0, ["t"], []) == "\r\x1b[Jt\n"
+    assert view.redraw(2, [], []) == "\x1b[2A\r\x1b[J"  # erased: the summary takes its place
 
 
 def test_drawn_height_follows_a_terminal_made_narrower() -> None:
-    assert display.drawn_height([79, 40, 10], 80) == 3
-    assert display.drawn_height([79, 40, 10], 60) == 4  # the 79-column line re-wraps
-    assert display.drawn_height([0], 60) == 1
+    assert view.drawn_height([79, 40, 10], 80) == 3
+    assert view.drawn_height([79, 40, 10], 60) == 4  # the 79-column line re-wraps
+    assert view.drawn_height([0], 60) == 1
 
 
 REAL_NOISE = [
@@ -206,15 +206,15 @@ USER_LINES = [
 
 
 def test_tensorflow_noise_is_recognised_and_user_lines_are_not() -> None:
-    assert [line for line in REAL_NOISE if not display.is_noise(line)] == []
-    assert [line for line in USER_LINES if display.is_noise(line)] == []
+    assert [line for line in REAL_NOISE if not logfilter.is_noise(line)] == []
+    assert [line for line in USER_LINES if logfilter.is_noise(line)] == []
 
 
 def test_filter_hides_noise_unless_verbose_and_folds_a_stop_we_asked_for() -> None:
-    state = display.FilterState()
-    assert display.filter_line(REAL_NOISE[0], state, verbose=False, stopping=False)[0] is None
+    state = logfilter.FilterState()
+    assert logfilter.filter_line(REAL_NOISE[0], state, verbose=False, stopping=False)[0] is None
     assert (
-        display.filter_line(REAL_NOISE[0], state, verbose=True, stopping=False)[0]
+        logfilter.filter_line(REAL_NOISE[0], state, verbose=True, stopping=False)[0]
         == (REAL_NOISE[0])
     )
     lines = [
@@ -228,7 +228,7 @@ def test_filter_hides_noise_unless_verbose_and_folds_a_stop_we_asked_for() -> No
     ]
     shown = []
     for line in lines:
-        text, state = display.filter_line(line, state, verbose=False, stopping=True)
+        text, state = logfilter.filter_line(line, state, verbose=False, stopping=True)
         if text is not None:
             shown.append(text)
     assert shown == ["stopped (exit 143)", lines[-1]]
@@ -250,10 +250,10 @@ def test_protobuf_text_that_goes_on_a_hidden_record_is_hidden_too() -> None:
         "Epoch 1/2",
         "  indented user text",
     ]
-    state = display.FilterState()
+    state = logfilter.FilterState()
     shown = []
     for line in lines:
-        text, state = display.filter_line(line, state, verbose=False, stopping=False)
+        text, state = logfilter.filter_line(line, state, verbose=False, stopping=False)
         if text is not None:
             shown.append(text)
     assert shown == ["Epoch 1/2", "  indented user text"]
@@ -270,46 +270,46 @@ def test_the_last_exception_line_is_the_cause() -> None:
             "",
         ]
     )
-    assert display.last_exception_line(log) == (
+    assert logfilter.last_exception_line(log) == (
         "ValueError: learning rate must be positive, got -1"
     )
     grpc = "E1123 13:08:25.466 1 server.cc:1] Could not start gRPC server\n"
-    assert display.last_exception_line(grpc) == grpc.strip()
-    assert display.last_exception_line("all good\n") is None
+    assert logfilter.last_exception_line(grpc) == grpc.strip()
+    assert logfilter.last_exception_line("all good\n") is None
 
 
 def test_a_failing_replica_gets_one_line_with_its_cause() -> None:
-    cause = display.Cause("worker-1", "ValueError: bad", "/r/logs/worker-1.log")
-    assert display.exit_line(cause, 1) == (
+    cause = outcome.Cause("worker-1", "ValueError: bad", "/r/logs/worker-1.log")
+    assert view.exit_line(cause, 1) == (
         "! worker-1 exited with code 1: ValueError: bad (log: /r/logs/worker-1.log)"
     )
-    killed = display.Cause("worker-1", None, "/l")
+    killed = outcome.Cause("worker-1", None, "/l")
     assert (
-        display.exit_line(killed, 137)
+        view.exit_line(killed, 137)
         == "! worker-1 exited with code 137: killed by SIGKILL (log: /l)"
     )
     assert (
-        display.exit_line(killed, 3)
+        view.exit_line(killed, 3)
         == "! worker-1 exited with code 3: (no exception in its log) (log: /l)"
     )
-    assert display.killed_by(139) == "killed by SIGSEGV"
-    assert display.killed_by(1) is None and display.killed_by(None) is None
+    assert outcome.killed_by(139) == "killed by SIGSEGV"
+    assert outcome.killed_by(1) is None and outcome.killed_by(None) is None
 
 
 def test_eta_from_the_rate_seen_since_the_attempt_started() -> None:
-    assert display.eta_seconds(CLOCK, 120) == pytest.approx(10.0)
-    assert display.eta_seconds(display.StepClock(0.0, 80, 0.0, 80), 120) is None
-    assert display.eta_seconds(CLOCK, None) is None
+    assert TIMER.eta(80, 120) == pytest.approx(10.0)
+    assert core_progress.StepTimer().observe(80, 0.0).eta(80, 120) is None
+    assert TIMER.eta(80, None) is None
 
 
 def _summary(
     status: st.JobStatus,
     interrupted: str | None = None,
     *,
-    causes: tuple[display.Cause, ...] = (),
+    causes: tuple[outcome.Cause, ...] = (),
     has_checkpoint: bool = False,
-) -> display.Summary:
-    return display.Summary(
+) -> outcome.Summary:
+    return outcome.Summary(
         JOB,
         status,
         interrupted,
@@ -334,29 +334,29 @@ def test_summary_of_a_failed_job_quotes_the_cause_and_the_log() -> None:
             ("worker", 1): st.ReplicaRecord(0, st.STATE_FAILED, 143),
         },
     )
-    assert display.failed_replicas(status, JOB) == [("worker", 0)]
-    cause = display.Cause("worker-0", "ValueError: bad shape", "/r/logs/worker-0.log")
+    assert outcome.failed_replicas(status, JOB) == [("worker", 0)]
+    cause = outcome.Cause("worker-0", "ValueError: bad shape", "/r/logs/worker-0.log")
     summary = _summary(status, causes=(cause,))
-    text = display.summary_text(summary)
+    text = view.summary_text(summary)
     assert "TrainJob mnist-multiworker Failed after 12.0s" in text
     assert "ReplicaFailed: worker 0 exited with code 1" in text
     assert "  cause:      worker-0: ValueError: bad shape\n" in text
     assert "full log: /r/logs/worker-0.log" in text
     assert "worker-0=1 (Failed, attempt 0)" in text
-    assert display.exit_code_of(summary) == 1
+    assert outcome.exit_code_of(summary) == 1
 
 
 def test_exit_codes_and_the_word_about_resuming() -> None:
     succeeded = st.JobStatus(conditions=(st.Condition(st.SUCCEEDED, True, "r", "m", NOW),))
-    assert display.exit_code_of(_summary(succeeded)) == 0
-    assert display.exit_code_of(_summary(st.JobStatus(), "SIGINT")) == 130
-    assert display.exit_code_of(_summary(st.JobStatus(), "SIGTERM")) == 143
-    assert display.exit_code_of(_summary(st.JobStatus(), "SIGHUP")) == 129
-    assert display.exit_code_of(_summary(st.JobStatus(), "SIGPIPE")) == 141
-    assert display.exit_code_of(dataclasses.replace(_summary(st.JobStatus()), problem="x")) == 2
-    with_checkpoint = display.summary_text(_summary(st.JobStatus(), "SIGINT", has_checkpoint=True))
+    assert outcome.exit_code_of(_summary(succeeded)) == 0
+    assert outcome.exit_code_of(_summary(st.JobStatus(), "SIGINT")) == 130
+    assert outcome.exit_code_of(_summary(st.JobStatus(), "SIGTERM")) == 143
+    assert outcome.exit_code_of(_summary(st.JobStatus(), "SIGHUP")) == 129
+    assert outcome.exit_code_of(_summary(st.JobStatus(), "SIGPIPE")) == 141
+    assert outcome.exit_code_of(dataclasses.replace(_summary(st.JobStatus()), problem="x")) == 2
+    with_checkpoint = view.summary_text(_summary(st.JobStatus(), "SIGINT", has_checkpoint=True))
     assert "Run the same command again to resume from the checkpoint" in with_checkpoint
-    without = display.summary_text(_summary(st.JobStatus(), "SIGINT"))
+    without = view.summary_text(_summary(st.JobStatus(), "SIGINT"))
     assert "resume" not in without and "No checkpoint was written yet" in without
 
 
@@ -368,20 +368,20 @@ def test_stopped_status_is_true_after_an_interruption() -> None:
             ("worker", 1): st.ReplicaRecord(0, st.STATE_SUCCEEDED, 0),
         },
     )
-    stopped = display.stopped_status(status, {("worker", 0): 143, ("worker", 1): 0}, "SIGINT", NOW)
+    stopped = outcome.stopped_status(status, {("worker", 0): 143, ("worker", 1): 0}, "SIGINT", NOW)
     assert stopped.record(("worker", 0)) == st.ReplicaRecord(
         0, st.STATE_STOPPED, 143, "Interrupted"
     )
     assert stopped.record(("worker", 1)).state == st.STATE_SUCCEEDED
     assert not stopped.is_true(st.RUNNING)
     assert stopped.condition(st.RUNNING).reason == "Interrupted"  # type: ignore[union-attr]
-    text = display.summary_text(_summary(stopped, "SIGINT"))
+    text = view.summary_text(_summary(stopped, "SIGINT"))
     assert "worker-0=143 (Stopped, attempt 0)" in text
 
 
 def test_engine_events_are_marked() -> None:
     warning = policy.Event("Warning", "Restarting", "worker 1 exited 137")
-    assert display.engine_event_line(warning) == "! Restarting: worker 1 exited 137"
+    assert view.engine_event_line(warning) == "! Restarting: worker 1 exited 137"
 
 
 def test_status_of_a_run_nobody_holds_is_unknown_not_running() -> None:
@@ -394,21 +394,21 @@ def test_status_of_a_run_nobody_holds_is_unknown_not_running() -> None:
             "worker": {"indexes": [{"index": 0, "attempt": 0, "state": "Running"}]}
         },
     }
-    held = display.RunEntry("/runs/mnist", data, 4242)
-    assert display.effective_state(held) == "Running"
-    assert display.status_lines(held)[0] == "TrainJob mnist: Running (trainjob run pid 4242)"
-    lost = display.RunEntry("/runs/mnist", data, None)
-    lines = display.status_lines(lost)
+    held = runs.RunEntry("/runs/mnist", data, 4242)
+    assert runs.effective_state(held) == "Running"
+    assert runs.status_lines(held)[0] == "TrainJob mnist: Running (trainjob run pid 4242)"
+    lost = runs.RunEntry("/runs/mnist", data, None)
+    lines = runs.status_lines(lost)
     assert lines[0] == "TrainJob mnist: Unknown"
     assert "no trainjob run holds this run dir" in lines[2]
     assert lines[-1].split() == ["worker-0", "Running", "0", "-"]
-    assert display.status_data(lost)["state"] == "Unknown"
-    assert display.last_step('{"step": 3}\n{"step": 40, "event": "epoch"}\n{"st') == 40
-    assert display.last_step("") is None
-    stepped = display.RunEntry("/runs/mnist", data, 4242, 40)
-    assert "  step:       40" in display.status_lines(stepped)
-    assert display.status_data(stepped)["step"] == 40
-    done = display.RunEntry("/runs/b", {"state": "Succeeded", "ready": "0/2"}, None)
-    table = display.runs_table([held, done])
+    assert runs.status_data(lost)["state"] == "Unknown"
+    assert runs.last_step('{"step": 3}\n{"step": 40, "event": "epoch"}\n{"st') == 40
+    assert runs.last_step("") is None
+    stepped = runs.RunEntry("/runs/mnist", data, 4242, 40)
+    assert "  step:       40" in runs.status_lines(stepped)
+    assert runs.status_data(stepped)["step"] == 40
+    done = runs.RunEntry("/runs/b", {"state": "Succeeded", "ready": "0/2"}, None)
+    table = runs.runs_table([held, done])
     assert table[0].split() == ["NAME", "STATE", "READY", "RESTARTS", "COMPLETED", "RUN", "DIR"]
     assert table[2].split()[:2] == ["b", "Succeeded"]

@@ -1,0 +1,54 @@
+"""What replicas report about their training (pure): the TRAINJOB_PROGRESS events of each
+replica folded into its latest numbers, and which replica speaks for the job."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from trainjob.core import spec
+from trainjob.local.plan import ReplicaKey
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaProgress:
+    """The latest progress event numbers of one replica (from TRAINJOB_PROGRESS lines)."""
+
+    epoch: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    examples_per_sec: float | None = None
+    checkpoint: str | None = None
+    export: str | None = None
+    initial_step: int | None = None
+    end_status: str | None = None
+
+
+def fold(current: ReplicaProgress | None, event: Mapping[str, Any]) -> ReplicaProgress:
+    """Update one replica's progress with one event; unknown or null fields keep old values."""
+    base = current or ReplicaProgress()
+    kind = event.get("event")
+    changes: dict[str, Any] = {}
+    for name in ("epoch", "step", "loss", "examples_per_sec", "checkpoint", "export"):
+        value = event.get(name)
+        if value is not None:
+            changes[name] = value
+    if kind == "start":
+        changes["initial_step"] = event.get("initial_step")
+        changes["end_status"] = None
+    if kind == "end":
+        changes["end_status"] = event.get("status")
+    return dataclasses.replace(base, **changes)
+
+
+def lead_replica(job: spec.TrainJob) -> ReplicaKey:
+    """The replica whose numbers speak for the job: the chief, else worker 0."""
+    return ("chief", 0) if job.replicas("chief") else ("worker", 0)
+
+
+def job_step(progress: Mapping[ReplicaKey, ReplicaProgress]) -> int | None:
+    """The job's global step: the highest any replica reported (all-reduce workers agree; under
+    ParameterServer only the chief counts steps)."""
+    steps = [p.step for p in progress.values() if p.step is not None]
+    return max(steps) if steps else None

@@ -1,0 +1,351 @@
+"""The replicas' processes: started, watched, stopped. The only module of local mode that
+starts processes or sends them signals.
+
+A "pod" created is a process started in its own process group, a "pod" deleted is that group
+sent SIGTERM, then SIGKILL after the grace period. Observations map to Pod phases: running ->
+Running, exit 0 -> Succeeded, exit n -> Failed(n), killed by signal N -> Failed(128 + N), as the
+kubelet reports containers. Each replica's output is copied to its log file and, line by line,
+to `Supervisor.lines` for the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import errno
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from types import FrameType
+from typing import IO, Final
+
+from trainjob.core import policy
+from trainjob.local import plan
+from trainjob.local.plan import ReplicaKey
+
+EXEC_FAILED_EXIT_CODE: Final = 127  # what a shell reports for a command it cannot run
+STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+Line = tuple[ReplicaKey, int, str]  # replica, attempt, the line without its end
+
+
+def exit_code_of(returncode: int) -> int:
+    """Popen's -N (killed by signal N) is 128 + N, as container runtimes report it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def observed_replica(
+    attempt: int, exit_code: int | None, deleting: bool, finished_at: datetime.datetime | None
+) -> policy.ObservedReplica:
+    """A process as the policy engine sees a Pod: Running until it exits, then its exit code."""
+    if exit_code is None:
+        phase = policy.PHASE_RUNNING
+    else:
+        phase = policy.PHASE_SUCCEEDED if exit_code == 0 else policy.PHASE_FAILED
+    return policy.ObservedReplica(
+        phase=phase,
+        attempt=attempt,
+        exit_code=exit_code,
+        deleting=deleting,
+        finished_at=finished_at,
+    )
+
+
+def port_in_use(port: int) -> bool:
+    """Whether another process listens on `port` (on any interface, as a TF task binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as error:
+            return error.errno == errno.EADDRINUSE
+    return False
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Distinct free TCP ports, chosen once per run (every TF task binds its own port)."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def package_root() -> str:
+    """The directory holding the `trainjob` package, for children's PYTHONPATH."""
+    import trainjob
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(trainjob.__file__)))
+
+
+@contextlib.contextmanager
+def stop_signals(on_signal: Callable[[str], None]) -> Iterator[None]:
+    """Call `on_signal(name)` for SIGINT, SIGTERM and SIGHUP while inside (main thread only).
+    SIGHUP: the terminal went away. The replicas run in their own sessions, so without this
+    they would outlive a closed window."""
+
+    def record(signum: int, frame: FrameType | None) -> None:
+        del frame
+        on_signal(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, record) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessRecord:
+    """The latest process of a replica, as processes.json shows it."""
+
+    pid: int | None
+    attempt: int
+    port: int
+    exit_code: int | None  # None while it runs; 128 + N when a signal ended it
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_code is None
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit:
+    """A replica's process that ended by itself (not one we were stopping)."""
+
+    key: ReplicaKey
+    exit_code: int
+
+
+@dataclasses.dataclass
+class _Child:
+    process: plan.ProcessPlan
+    attempt: int
+    popen: subprocess.Popen[bytes] | None
+    reader: threading.Thread | None
+    exit_code: int | None = None  # set once exited (already 128+N for signals)
+    finished_at: datetime.datetime | None = None
+    deleting: bool = False
+    kill_at: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_code is None
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)
+
+
+def _read_output(
+    key: ReplicaKey, attempt: int, stream: IO[bytes], log: IO[bytes], lines: queue.Queue[Line]
+) -> None:
+    """Copy a child's output to its log file and to the terminal queue, line by line."""
+    with log:
+        for raw in iter(stream.readline, b""):
+            log.write(raw)
+            log.flush()
+            lines.put((key, attempt, raw.decode("utf-8", errors="replace").rstrip("\r\n")))
+    stream.close()
+
+
+class Supervisor:
+    """Every replica's current process, and the ones waiting for their port."""
+
+    def __init__(
+        self,
+        environ: Mapping[str, str],
+        cwd: str,
+        now: Callable[[], datetime.datetime],
+    ) -> None:
+        self._environ = dict(environ)
+        self._cwd = cwd
+        self._now = now
+        self._children: dict[ReplicaKey, _Child] = {}
+        self._waiting_port: dict[ReplicaKey, int] = {}  # key -> attempt waiting for its port
+        self._stopped_attempts: set[tuple[ReplicaKey, int]] = set()
+        self.lines: queue.Queue[Line] = queue.Queue()
+        self.records: dict[ReplicaKey, ProcessRecord] = {}
+
+    # ----- what is running -----
+    def any_alive(self) -> bool:
+        return any(child.alive for child in self._children.values())
+
+    def stopping(self, key: ReplicaKey) -> bool:
+        """Whether we asked this replica's process to stop and it has not exited yet."""
+        child = self._children.get(key)
+        return child is not None and child.deleting and child.alive
+
+    def waiting_for_port(self, key: ReplicaKey) -> bool:
+        return key in self._waiting_port
+
+    def stopped_by_us(self, key: ReplicaKey, attempt: int) -> bool:
+        return (key, attempt) in self._stopped_attempts
+
+    def pid(self, key: ReplicaKey) -> int | None:
+        """The pid of the replica's live process, None when none runs."""
+        child = self._children.get(key)
+        if child is None or not child.alive or child.popen is None:
+            return None
+        return child.popen.pid
+
+    def observed(self) -> dict[ReplicaKey, policy.ObservedReplica]:
+        """The processes as the policy engine sees Pods (a replica waiting for its port is a
+        Pending Pod)."""
+        observed = {
+            key: observed_replica(child.attempt, child.exit_code, child.deleting, child.finished_at)
+            for key, child in self._children.items()
+        }
+        for key, attempt in self._waiting_port.items():
+            observed[key] = policy.ObservedReplica(
+                phase=policy.PHASE_PENDING,
+                attempt=attempt,
+                exit_code=None,
+                deleting=False,
+                finished_at=None,
+            )
+        return observed
+
+    def _record(self, key: ReplicaKey, child: _Child) -> None:
+        pid = child.popen.pid if child.popen is not None else None
+        self.records[key] = ProcessRecord(pid, child.attempt, child.process.port, child.exit_code)
+
+    # ----- actions -----
+    def start(self, process: plan.ProcessPlan, attempt: int, log: IO[bytes]) -> str | None:
+        """Start a replica's process writing to `log` (which it then owns); the reason it could
+        not start (also written to the log), else None."""
+        key = process.key
+        self._waiting_port.pop(key, None)
+        try:
+            popen = subprocess.Popen(
+                list(process.argv),
+                env=plan.process_env(process, self._environ),
+                cwd=self._cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stopped as a whole
+            )
+        except OSError as error:
+            message = f"=== trainjob: cannot start {process.argv[0]!r}: {error}"
+            log.write(f"{message}\n".encode())
+            log.close()
+            child = _Child(process, attempt, None, None, EXEC_FAILED_EXIT_CODE, self._now())
+            self._children[key] = child
+            self._record(key, child)
+            return message
+        assert popen.stdout is not None
+        reader = threading.Thread(
+            target=_read_output,
+            args=(key, attempt, popen.stdout, log, self.lines),
+            name=f"trainjob-{process.label}",
+            daemon=True,
+        )
+        reader.start()
+        self._children[key] = _Child(process, attempt, popen, reader)
+        self._record(key, self._children[key])
+        return None
+
+    def wait_for_port(self, key: ReplicaKey, attempt: int) -> bool:
+        """Note that the replica waits for its port (like a Pod that cannot get its host port:
+        Pending until the port is free); True the first time for this attempt."""
+        first = self._waiting_port.get(key) != attempt
+        self._waiting_port[key] = attempt
+        return first
+
+    def waiting(self) -> list[tuple[ReplicaKey, int]]:
+        return list(self._waiting_port.items())
+
+    def started(self, key: ReplicaKey) -> bool:
+        return key in self._children
+
+    def poll(self) -> list[Exit]:
+        """Reap processes that exited, SIGKILL those past their grace period, forget the
+        stopped ones; the processes that ended by themselves with a failure."""
+        failures: list[Exit] = []
+        mono = time.monotonic()
+        for key, child in list(self._children.items()):
+            if child.alive and child.popen is not None:
+                code = child.popen.poll()
+                if code is not None:
+                    child.exit_code = exit_code_of(code)
+                    child.finished_at = self._now()
+                    self._record(key, child)
+                    # Whatever the leader left behind in its group goes with it.
+                    _signal_group(child.popen.pid, signal.SIGKILL)
+                    if child.reader is not None:
+                        child.reader.join(timeout=5)  # its last lines are in `lines` now
+                    if child.exit_code != 0 and not child.deleting:
+                        failures.append(Exit(key, child.exit_code))
+            if child.alive and child.kill_at is not None and mono >= child.kill_at:
+                assert child.popen is not None
+                _signal_group(child.popen.pid, signal.SIGKILL)
+                child.kill_at = None
+            if child.deleting and not child.alive:
+                del self._children[key]
+        return failures
+
+    def terminate(self, key: ReplicaKey) -> None:
+        """Stop a replica: SIGTERM to its group now, SIGKILL after its grace period."""
+        if self._waiting_port.pop(key, None) is not None:
+            return
+        child = self._children.get(key)
+        if child is None:
+            return
+        if not child.alive:
+            del self._children[key]
+            return
+        if child.deleting:
+            return
+        child.deleting = True
+        self._stopped_attempts.add((key, child.attempt))
+        assert child.popen is not None
+        _signal_group(child.popen.pid, signal.SIGTERM)
+        child.kill_at = time.monotonic() + child.process.grace_seconds
+
+    def terminate_all(self) -> None:
+        """Stop every replica; none waiting for its port will start."""
+        for key in list(self._children):
+            self.terminate(key)
+        self._waiting_port.clear()
+
+    def terminate_alive(self) -> None:
+        """Stop every replica still running (the job is over); forget the waiting ones."""
+        self._waiting_port.clear()
+        for key, child in list(self._children.items()):
+            if child.alive:
+                self.terminate(key)
+
+    def kill_all_now(self) -> None:
+        for child in self._children.values():
+            if child.alive and child.popen is not None:
+                _signal_group(child.popen.pid, signal.SIGKILL)
+
+    def shutdown(self) -> None:
+        """SIGKILL whatever is left, then reap it and collect the last of its output."""
+        self.kill_all_now()
+        for key, child in self._children.items():
+            if child.popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.popen.wait(timeout=10)
+                if child.popen.returncode is not None and child.exit_code is None:
+                    child.exit_code = exit_code_of(child.popen.returncode)
+                    self._record(key, child)
+            if child.reader is not None:
+                child.reader.join(timeout=5)
