@@ -190,21 +190,35 @@ class ChildIndex:
         # Called with every Pod watch event's job and body (progress_status reads final
         # progress from termination messages here, so it needs no watch of its own).
         self.pod_listeners: list[Callable[[JobKey, Mapping[str, Any]], None]] = []
+        # Called with every Workload listed or changed (the Kueue integration releases the
+        # Workloads of jobs that are gone).
+        self.workload_listeners: list[Callable[[JobKey, Mapping[str, Any]], None]] = []
 
     def event(self, plural: str, body: Mapping[str, Any], deleted: bool = False) -> JobKey | None:
         """A watch event of a Pod or Service (`plural`); returns the job to wake, if any."""
         job = self._kinds[plural].apply(body, deleted)
-        if job is not None and plural == PODS and not deleted:
-            for listener in self.pod_listeners:
-                listener(job, body)
+        if job is not None and not deleted:
+            self._tell(plural, job, body)
         return job
+
+    def _tell(self, plural: str, job: JobKey, body: Mapping[str, Any]) -> None:
+        listeners = {PODS: self.pod_listeners, WORKLOADS: self.workload_listeners}.get(plural, [])
+        for listener in listeners:
+            listener(job, body)
 
     def replace(
         self, plural: str, namespace: str | None, bodies: Iterable[Mapping[str, Any]]
     ) -> set[JobKey]:
         """A list of `plural` in `namespace` (None: all) replaces the index's content there;
         returns the jobs to wake."""
-        return self._kinds[plural].replace(namespace, bodies)
+        bodies = list(bodies)
+        touched = self._kinds[plural].replace(namespace, bodies)
+        if plural == WORKLOADS:
+            for body in bodies:
+                found = job_of(body)
+                if found is not None:
+                    self._tell(plural, found[0], body)
+        return touched
 
     def forget_namespace(self, namespace: str) -> None:
         """Nobody watches `namespace` any more: drop what the index had there."""

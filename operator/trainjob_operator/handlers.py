@@ -130,6 +130,11 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         logger.info("Serving Prometheus metrics on :%d/metrics", cfg.metrics_port)
     await _wait_for_crd(api)
     runtime = reconciler.Runtime(settings=cfg, kube=api, metrics=meters)
+    if cfg.kueue:
+        # Watch Workloads from the start, not only while a job's loop runs: a Workload whose
+        # job was deleted while no operator ran must still be released (no loop will come).
+        for namespace in cfg.kopf_namespaces or ("",):
+            runtime.informer.acquire(namespace)
     runtime.watchdog.start()
     if cfg.progress_enabled:
         memo[PROGRESS_KEY] = await progress_server.serve(runtime)

@@ -42,6 +42,8 @@ from trainjob_operator import kueue_workload as kw
 
 logger = logging.getLogger("trainjob_operator.kueue")
 
+# Tries to finish and release a deleted job's Workload while Kueue keeps changing it.
+FINALIZE_ATTEMPTS: Final = 5
 # How long a namespace's match of --kueue-managed-namespaces is trusted.
 NAMESPACE_CACHE_SECONDS: Final = 60.0
 
@@ -159,12 +161,25 @@ async def finalize(
     api: kube.Kube, workloads: Iterable[Mapping[str, Any]], now: datetime.datetime
 ) -> None:
     """The job is deleted: its Workloads are finished (OwnerNotFound) and released, so their
-    quota is free at once and the garbage collector can delete them."""
+    quota is free at once and the garbage collector can delete them. Each write is made
+    from a fresh read and tried again when Kueue changed the Workload in between (it does,
+    often: evictions, requeue state); kube.ConflictError only after FINALIZE_ATTEMPTS."""
     for wl in workloads:
-        await _finish(api, wl, kw.REASON_OWNER_NOT_FOUND, "The owner TrainJob was deleted", now)
-        fresh = await _current(api, wl)
-        if fresh is not None:
-            await _release(api, fresh)
+        for attempt in range(1, FINALIZE_ATTEMPTS + 1):
+            fresh = await _current(api, wl)
+            if fresh is None:
+                break
+            try:
+                await _finish(
+                    api, fresh, kw.REASON_OWNER_NOT_FOUND, "The owner TrainJob was deleted", now
+                )
+                fresh = await _current(api, wl)
+                if fresh is not None:
+                    await _release(api, fresh)
+                break
+            except kube.ConflictError:
+                if attempt == FINALIZE_ATTEMPTS:
+                    raise
 
 
 async def _current(api: kube.Kube, wl: Mapping[str, Any]) -> Obj | None:

@@ -36,7 +36,7 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from trainjob.core import naming, policy, render, spec
@@ -110,6 +110,8 @@ class Runtime:
     progress_endpoint: Callable[[], render.ProgressEndpoint | None] = lambda: None
     # Which namespaces Kueue manages every job of (--kueue-manage-jobs-without-queue-name).
     kueue_namespaces: kueue.Namespaces = dataclasses.field(default_factory=kueue.Namespaces)
+    # Jobs whose orphaned Workloads are being released now.
+    releasing: set[JobKey] = dataclasses.field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.creating = asyncio.Semaphore(creating_jobs(self.settings.api_workers))
@@ -122,6 +124,28 @@ class Runtime:
         self.watchdog = watchdog.Watchdog(
             self.kube, self.settings, self.metrics, self.reconciled.__contains__
         )
+        if self.settings.kueue:
+            self.child_index.workload_listeners.append(self._release_if_orphaned)
+
+    def _release_if_orphaned(self, key: JobKey, body: Mapping[str, Any]) -> None:
+        """A Workload being deleted whose job has no reconcile loop here (the job is gone:
+        deleted while no operator ran, or its loop ended before it could release it) still
+        holds our `resource-in-use` finalizer: finish and release it, or it hangs forever."""
+        meta = body.get("metadata") or {}
+        if key in self.wakers or not meta.get("deletionTimestamp"):
+            return
+        if kw.RESOURCE_IN_USE not in (meta.get("finalizers") or []) or key in self.releasing:
+            return
+        self.releasing.add(key)
+
+        async def release() -> None:
+            try:
+                now = datetime.datetime.now(datetime.timezone.utc)
+                await release_workloads(self, key, now, [body])
+            finally:
+                self.releasing.discard(key)
+
+        asyncio.get_running_loop().create_task(release(), name=f"release workloads {key}")
 
     def begin(self, key: JobKey) -> None:
         """The job's loop is about to reconcile it (for the first time, or again)."""
@@ -470,10 +494,17 @@ async def reconcile_job(
     return Outcome(decision.requeue_after)
 
 
-async def release_workloads(rt: Runtime, key: JobKey, now: datetime.datetime) -> None:
-    """A deleted job's Workloads are finished and released (best effort: a Workload left
-    behind is released by the next operator that sees it)."""
-    workloads = [w.body for w in rt.child_index.workloads(key)]
+async def release_workloads(
+    rt: Runtime,
+    key: JobKey,
+    now: datetime.datetime,
+    workloads: Sequence[Mapping[str, Any]] | None = None,
+) -> None:
+    """A deleted job's Workloads (default: those the index holds for it) are finished and
+    released. A failure is logged: the Workload is then deleted by the garbage collector,
+    and its next watch event (deletionTimestamp set) releases it (`_release_if_orphaned`)."""
+    if workloads is None:
+        workloads = [w.body for w in rt.child_index.workloads(key)]
     if not workloads:
         return
     try:

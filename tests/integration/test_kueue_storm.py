@@ -191,3 +191,44 @@ def test_kueue_storm_with_operator_kills_keeps_quota_and_admission(
         operator.stop()
         print(f"operator log, last lines:\n{operator.log_tail(30)}")
         queues.cleanup()
+
+
+def test_kueue_job_deleted_while_the_operator_is_down_releases_its_workload(
+    kueue: Kueue,
+    kubeconfig: Path,
+    api_client: k8s.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    cluster = Cluster(api_client, namespace)
+    queues = Queues(api_client, namespace)
+    operator = Operator(
+        kubeconfig, tmp_path / "operator.log", f"--namespace={namespace}", "--kueue"
+    )
+    try:
+        operator.start().wait_serving(60)
+        cq = queues.cluster_queue(queues.flavor(), "10")
+        lq = queues.local_queue(cq)
+        cluster.create_job(storm_job("orphan", lq))
+        wait_until(
+            lambda: (
+                (wl := queues.workload("orphan")) is not None
+                and (wl.get("status") or {}).get("admission")
+            ),
+            timeout=60,
+            what="the Workload admitted",
+        )
+        operator.kill()
+        cluster.delete_job("orphan")  # held by the operator's finalizer until it is back
+        operator.start().wait_serving(60)
+        wait_until(lambda: cluster.job("orphan") is None, timeout=60, what="the job gone")
+        wait_until(lambda: not queues.workloads("orphan"), timeout=60, what="the Workload gone")
+        wait_until(
+            lambda: queues.cluster_queue_status(cq).get("admittedWorkloads") == 0,
+            timeout=60,
+            what="the quota released",
+        )
+    finally:
+        operator.stop()
+        print(f"operator log, last lines:\n{operator.log_tail(30)}")
+        queues.cleanup()
