@@ -580,13 +580,22 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 class Bench:
-    def __init__(self, plane: ControlPlane, workdir: Path, replicas: int, timeout: float) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        workdir: Path,
+        replicas: int,
+        timeout: float,
+        operator_args: dict[str, list[str]] | None = None,
+    ) -> None:
         self.plane = plane
         self.workdir = workdir
         self.replicas = replicas
         self.timeout = timeout
         self.api = Api(plane)
         self._prepared: set[str] = set()
+        # Extra command-line flags per operator (e.g. the Kueue benchmark's --kueue).
+        self.operator_args = operator_args or {}
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -762,6 +771,7 @@ class Bench:
                 f"--webhook-server-port={free_port()}",
             ]
             ready_url = f"http://127.0.0.1:{probe}/readyz"
+        argv += self.operator_args.get(operator, [])
         proc = OperatorProcess(argv, env, log)
         mounted: list[bool] = []
 

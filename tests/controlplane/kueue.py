@@ -101,10 +101,15 @@ def configuration(
 
 
 def webhook_configurations(
-    manifests: Sequence[Mapping[str, Any]], url: str, ca_bundle: str, suffix: str
+    manifests: Sequence[Mapping[str, Any]],
+    url: str,
+    ca_bundle: str,
+    suffix: str,
+    groups: Sequence[str] = (KUEUE_GROUP,),
 ) -> list[dict[str, Any]]:
-    """Kueue's webhook configurations, reduced to the webhooks of Kueue's own kinds and
-    pointed at `url` (the host process) instead of the in-cluster Service."""
+    """Kueue's webhook configurations, reduced to the webhooks of the API `groups` (Kueue's
+    own kinds; kubeflow.org too when its TFJob integration is on) and pointed at `url` (the
+    host process) instead of the in-cluster Service."""
     result: list[dict[str, Any]] = []
     for manifest in manifests:
         if not manifest or manifest.get("kind") not in (
@@ -114,8 +119,8 @@ def webhook_configurations(
             continue
         hooks = []
         for hook in manifest.get("webhooks") or []:
-            groups = {g for rule in hook.get("rules") or [] for g in rule.get("apiGroups") or []}
-            if groups != {KUEUE_GROUP}:
+            groups_of = {g for rule in hook.get("rules") or [] for g in rule.get("apiGroups") or []}
+            if not groups_of or not groups_of <= set(groups):
                 continue
             path = (hook.get("clientConfig") or {}).get("service", {}).get("path", "")
             local = {**hook, "clientConfig": {"url": f"{url}{path}", "caBundle": ca_bundle}}
@@ -165,6 +170,7 @@ def start_kueue(
     pods_ready_timeout: str = "5m",
     extra_config: Mapping[str, Any] | None = None,
     name: str = "kueue",
+    webhook_groups: Sequence[str] = (KUEUE_GROUP,),
 ) -> Kueue:
     """Apply Kueue's CRDs, start Kueue against `plane` and register its webhooks; returns
     once it reports ready and its webhooks answer."""
@@ -206,7 +212,7 @@ def start_kueue(
     manifests = list(yaml.safe_load_all((directory / "webhooks.yaml").read_text()))
     ca_bundle = base64.b64encode(pki.ca_cert.read_bytes()).decode("ascii")
     configs = webhook_configurations(
-        manifests, f"https://{LOOPBACK}:{webhook_port}", ca_bundle, name
+        manifests, f"https://{LOOPBACK}:{webhook_port}", ca_bundle, name, webhook_groups
     )
     plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(configs))
     return Kueue(plane=plane, component=component, health_port=health_port)

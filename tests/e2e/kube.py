@@ -23,7 +23,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+if TYPE_CHECKING:  # the node's control plane is imported only where a node runs
+    from tests.controlplane.cluster import ControlPlane
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 CLUSTER_ENV: Final = "TRAINJOB_E2E_CLUSTER"
@@ -50,6 +53,9 @@ class Cluster:
     kubectl_path: str
     helm_path: str
     env: Mapping[str, str]
+    # The node's control plane (None on another cluster): host processes such as Kueue
+    # start against it.
+    plane: ControlPlane | None = None
 
     def run(
         self, *argv: str | Path, check: bool = True, stdin: str | None = None, timeout: float = 600
@@ -198,4 +204,4 @@ def open_cluster(workdir: Path | None = None) -> Iterator[Cluster]:
     crds = sorted((REPO_ROOT / "crds").glob("*.yaml"))
     with running_node(workdir=workdir, crds=crds) as node:
         plane = node.plane
-        yield Cluster("node", str(plane.tools.kubectl), str(plane.tools.helm), plane.env())
+        yield Cluster("node", str(plane.tools.kubectl), str(plane.tools.helm), plane.env(), plane)
