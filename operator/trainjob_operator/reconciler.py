@@ -52,6 +52,7 @@ STATUS_KEYS: Final = (
     "state",
     "ready",
     "restartCount",
+    "disruptionCount",
     "conditions",
     "replicaStatuses",
     "startTime",

@@ -108,6 +108,7 @@ def test_parser_defaults_are_the_crd_defaults() -> None:
         job.run_policy.startup_deadline_seconds
         == schema_at(*run_policy, "startupDeadlineSeconds")["default"]
     )
+    assert job.run_policy.disruption_limit == schema_at(*run_policy, "disruptionLimit")["default"]
     assert job.run_policy.suspend is schema_at(*run_policy, "suspend")["default"]
     assert job.success_policy == schema_at("spec", "successPolicy")["default"]
     worker = schema_at("spec", "replicaSpecs", "worker")
@@ -162,4 +163,7 @@ def test_crd_names_and_subresources() -> None:
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["State", "Ready", "Restarts", "Progress", "ETA", "Loss", "Age"]
+    assert columns == ["State", "Ready", "Restarts", "Reason", "Progress", "ETA", "Loss", "Age"]
+    # Why a job is not running (ImagePullBackOff, Unschedulable, Preempted) at a glance.
+    reason = version["additionalPrinterColumns"][3]
+    assert reason["jsonPath"] == '.status.conditions[?(@.type=="Running")].reason'
