@@ -217,3 +217,19 @@ def test_a_slice_beyond_the_offline_mnist_fails_with_its_size(
     assert code == _code(FailureKind.USER_CODE_ERROR), out
     assert "incompatible with 4280 examples" in out
     assert "has train 4,280, test 720 examples, not 60,000 / 10,000" in out
+
+
+def test_an_unbatched_dataset_of_scalars_counts_one_example_per_element(tmp_path: Path) -> None:
+    """TensorFlow's ParameterServer sample (`Dataset.range(1, 6)` summed into a Variable):
+    counting examples by `tf.shape(x)[0]` failed on its scalars; each is one example."""
+    env = {
+        constants.ENV_ENTRYPOINT: "tutorial_entrypoints:scalar_sum_loop",
+        constants.ENV_CONFIG: json.dumps({"epochs": 1}),
+        "PYTHONPATH": f"{harness.REPO_ROOT}:{Path(__file__).parent}",
+    }
+    code, events, out = _run(tmp_path, env)
+    assert code == 0, out
+    epochs = [e for e in events if e["event"] == "epoch"]
+    assert len(epochs) == 1 and epochs[0]["step"] == 5, events
+    assert epochs[0]["metrics"]["total"] == 15.0  # 1 + 2 + 3 + 4 + 5, one per step
+    assert epochs[0]["examples_per_sec"] > 0
