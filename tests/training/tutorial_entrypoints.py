@@ -107,3 +107,8 @@ def scalar_sum_loop(ctx: runtime.TrainContext) -> runtime.LoopTrainSpec:
     return runtime.LoopTrainSpec(
         state_fn=state_fn, dataset_fn=dataset_fn, step_fn=step_fn, steps_per_epoch=5
     )
+
+
+def learning_rate_check(ctx: runtime.TrainContext) -> runtime.TrainSpec:
+    """User code that rejects its configuration, as a real build() would."""
+    raise ValueError("learning rate must be > 0")

@@ -97,7 +97,7 @@ def _waiting(pod_status: Mapping[str, Any]) -> tuple[str, str] | None:
                 message = str(waiting.get("message") or "")
                 if not message and container_status.get("image"):
                     message = f"image {container_status['image']}"
-                return str(waiting["reason"]), _cut(message)
+                return str(waiting["reason"]), cut_cause(message)
     for condition in pod_status.get("conditions") or []:
         if (
             isinstance(condition, Mapping)
@@ -105,7 +105,7 @@ def _waiting(pod_status: Mapping[str, Any]) -> tuple[str, str] | None:
             and condition.get("status") == "False"
             and condition.get("reason") == REASON_UNSCHEDULABLE
         ):
-            return REASON_UNSCHEDULABLE, _cut(str(condition.get("message") or ""))
+            return REASON_UNSCHEDULABLE, cut_cause(str(condition.get("message") or ""))
     return None
 
 
@@ -124,10 +124,10 @@ def termination_cause(message: object) -> str | None:
             parsed = None
         if isinstance(parsed, Mapping):
             error = parsed.get(TERMINATION_ERROR_KEY)
-            return _cut(str(error)) if error else None
+            return cut_cause(str(error)) if error else None
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return _cut(lines[-1]) if lines else None
+    return cut_cause(lines[-1]) if lines else None
 
 
-def _cut(text: str) -> str:
+def cut_cause(text: str) -> str:
     return text if len(text) <= MAX_CAUSE_CHARS else text[: MAX_CAUSE_CHARS - 3] + "..."

@@ -265,6 +265,11 @@ def _tf_container(
     security.setdefault("allowPrivilegeEscalation", False)
     security.setdefault("capabilities", {"drop": ["ALL"]})
     result["securityContext"] = security
+    # A crash that left no termination message (a script of one's own, a segfault, an OOM
+    # kill) still leaves its log's tail there, ending in Python's exception line: the job's
+    # status quotes it after cleanPodPolicy deleted the Pod and its log. The runtime writes
+    # its own message, which the kubelet prefers.
+    result.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     if job.checkpoint is not None and job.checkpoint.claim_name is not None:
         mounts = list(result.get("volumeMounts") or [])
         if not any(m.get("name") == constants.CHECKPOINT_VOLUME_NAME for m in mounts):
