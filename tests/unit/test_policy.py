@@ -708,6 +708,24 @@ def test_a_node_pressure_eviction_of_a_failed_pod_is_a_disruption() -> None:
     assert [e.reason for e in decision.events] == ["Evicted"]
 
 
+def test_the_condition_is_remembered_before_the_pod_goes_away() -> None:
+    """The Eviction API sets DisruptionTarget, then deletes; a Pod with no node (or a short
+    grace period) can be gone before any reconcile sees it terminating."""
+    world = started(make_job({"worker": 1}))
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)], disruption_reason="EvictionByEvictionAPI"
+    )
+    world.reconcile(at(10))
+    assert world.state() == "Running"  # a condition alone changes nothing yet
+    assert world.status.record(("worker", 0)).disruption_reason == "EvictionByEvictionAPI"
+    del world.pods[("worker", 0)]
+    decision = world.reconcile(at(11))
+    assert (world.status.restart_count, world.status.disruption_count) == (0, 1)
+    assert [e.reason for e in decision.events] == ["Evicted"]
+    world.settle(at(12))
+    assert world.status.record(("worker", 0)).disruption_reason is None  # the new attempt's
+
+
 def test_a_plain_pod_delete_still_counts_toward_backoff_limit() -> None:
     world = started(make_job({"worker": 1}))
     world.pods[("worker", 0)] = dataclasses.replace(world.pods[("worker", 0)], deleting=True)

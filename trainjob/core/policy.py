@@ -389,15 +389,17 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
             if not pod.deleting:
                 work.delete_pods.append(key)
             continue
+        if pod.disruption_reason is not None and not finished:
+            # Remembered as soon as it is seen (whoever disrupts a Pod sets the condition,
+            # then deletes it): once the Pod is gone, its condition is gone with it.
+            record = dataclasses.replace(
+                record,
+                disruption_reason=pod.disruption_reason,
+                disruption_message=pod.disruption_message,
+            )
+            work.replicas[key] = record
         if pod.deleting:
-            # Terminating is not a failure by itself (kubeflow #2124); judge it once it's gone,
-            # remembering a disruption: the Pod and its condition are gone by then.
-            if pod.disruption_reason is not None and not finished:
-                work.replicas[key] = dataclasses.replace(
-                    record,
-                    disruption_reason=pod.disruption_reason,
-                    disruption_message=pod.disruption_message,
-                )
+            # Terminating is not a failure by itself (kubeflow #2124); judge it once it's gone.
             continue
         if finished:
             continue
@@ -422,15 +424,15 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
                     record, state=st.STATE_SUCCEEDED, exit_code=0, reason=None
                 )
         elif pod.phase == PHASE_FAILED:
-            disruption = pod.disruption_reason or record.disruption_reason
             failures.append(
                 Failure(
                     key,
                     pod.exit_code,
                     pod.reason,
                     pod.finished_at,
-                    disruption,
-                    pod.disruption_message if pod.disruption_reason else record.disruption_message,
+                    # The Pod is here: its own conditions say (a stale one is removed by then).
+                    pod.disruption_reason,
+                    pod.disruption_message,
                     pod.cause,
                 )
             )
