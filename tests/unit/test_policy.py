@@ -781,3 +781,66 @@ def test_backoff_exceeded_quotes_the_cause_too() -> None:
     world.reconcile(at(5))
     assert world.condition(st.FAILED).reason == "BackoffLimitExceeded"
     assert world.condition(st.FAILED).message.endswith("; cause: worker-0: KeyError: 'images'")
+
+
+def stalling_job(action: str | None = None, backoff: int = 3) -> World:
+    run_policy: dict[str, Any] = {"progressDeadlineSeconds": 60, "backoffLimit": backoff}
+    if action:
+        run_policy["progressDeadlineAction"] = action
+    return started(make_job({"chief": 1, "worker": 2}, run_policy=run_policy))
+
+
+def reconcile_with_progress(
+    world: World, now: datetime.datetime, progress_at: datetime.datetime | None
+) -> policy.Decision:
+    decision = policy.reconcile(
+        world.job, world.status, world.pods, world.services, now, progress_at
+    )
+    world.status = decision.status
+    for key in decision.delete_pods:
+        world.pods[key] = dataclasses.replace(world.pods[key], deleting=True)
+    return decision
+
+
+def test_a_job_whose_chief_reports_new_steps_is_not_stalled() -> None:
+    world = stalling_job()
+    decision = reconcile_with_progress(world, at(50), at(40))  # a step 10 s ago
+    assert world.state() == "Running"
+    assert decision.requeue_after == pytest.approx(50)  # looked at again when it would stall
+    reconcile_with_progress(world, at(99), at(40))
+    assert world.state() == "Running"
+
+
+def test_no_progress_known_is_never_judged_a_hang() -> None:
+    world = stalling_job()
+    reconcile_with_progress(world, at(10_000), None)
+    assert world.state() == "Running"
+
+
+def test_a_stalled_job_restarts_its_chiefs_group_counted() -> None:
+    world = stalling_job()
+    decision = reconcile_with_progress(world, at(101), at(40))  # 61 s without a new step
+    assert world.state() == "Restarting"
+    assert world.status.restart_count == 1
+    assert world.condition(st.RESTARTING).reason == "Stalled"
+    assert world.condition(st.RUNNING).reason == "Stalled"
+    assert set(decision.delete_pods) == {("chief", 0), ("worker", 0), ("worker", 1)}
+    assert [e.reason for e in decision.events] == ["Restarting"]
+    assert "no new step from chief 0 for 60 s" in decision.events[0].message
+    # Running again: the deadline starts over from then, whatever the old step's time.
+    world.settle(at(102))
+    assert world.state() == "Running"
+    reconcile_with_progress(world, at(150), at(40))
+    assert world.state() == "Running"
+
+
+def test_a_stalled_job_fails_when_its_action_is_fail_or_backoff_is_used() -> None:
+    world = stalling_job("Fail")
+    reconcile_with_progress(world, at(101), at(40))
+    failed = world.condition(st.FAILED)
+    assert (failed.reason, world.condition(st.RUNNING).reason) == ("Stalled", "Stalled")
+    assert failed.message.startswith("Stalled: no new step from chief 0 for 60 s")
+    world = stalling_job(backoff=0)
+    reconcile_with_progress(world, at(101), at(40))
+    assert world.condition(st.FAILED).reason == "BackoffLimitExceeded"
+    assert "Stalled" in world.condition(st.FAILED).message

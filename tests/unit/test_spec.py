@@ -109,6 +109,10 @@ def test_parser_defaults_are_the_crd_defaults() -> None:
         == schema_at(*run_policy, "startupDeadlineSeconds")["default"]
     )
     assert job.run_policy.disruption_limit == schema_at(*run_policy, "disruptionLimit")["default"]
+    assert (
+        job.run_policy.progress_deadline_action
+        == schema_at(*run_policy, "progressDeadlineAction")["default"]
+    )
     assert job.run_policy.suspend is schema_at(*run_policy, "suspend")["default"]
     assert job.success_policy == schema_at("spec", "successPolicy")["default"]
     worker = schema_at("spec", "replicaSpecs", "worker")
@@ -129,6 +133,9 @@ def test_parser_enums_are_the_crd_enums() -> None:
         spec.CLEAN_POD_POLICIES
     )
     assert tuple(schema_at("spec", "successPolicy")["enum"]) == spec.SUCCESS_POLICIES
+    assert tuple(schema_at("spec", "runPolicy", "progressDeadlineAction")["enum"]) == (
+        spec.PROGRESS_DEADLINE_ACTIONS
+    )
     assert tuple(schema_at("spec", "runtime", "strategy")["enum"]) == spec.STRATEGIES
     assert tuple(schema_at("spec", "runtime", "framework")["enum"]) == spec.FRAMEWORKS
 

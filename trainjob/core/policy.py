@@ -52,6 +52,7 @@ REASON_STARTING: Final = "ReplicasStarting"
 REASON_PREEMPTED: Final = "Preempted"
 REASON_EVICTED: Final = "Evicted"
 REASON_DISRUPTION_LIMIT: Final = "DisruptionLimitExceeded"
+REASON_STALLED: Final = "Stalled"
 
 # Why a Pending Pod will not run by itself, as observe.py reports it: the kubelet's waiting
 # reasons a user must act on, and the scheduler's Unschedulable. ContainerCreating and
@@ -238,6 +239,7 @@ class _Work:
     status: st.JobStatus
     replicas: dict[ReplicaKey, st.ReplicaRecord]
     conditions: tuple[st.Condition, ...]
+    progress_at: datetime.datetime | None = None
     events: list[Event] = dataclasses.field(default_factory=list)
     delete_pods: list[ReplicaKey] = dataclasses.field(default_factory=list)
     requeue: list[float] = dataclasses.field(default_factory=list)
@@ -258,11 +260,17 @@ def reconcile(
     pods: Mapping[ReplicaKey, ObservedReplica],
     services: Iterable[ReplicaKey],
     now: datetime.datetime,
+    progress_at: datetime.datetime | None = None,
 ) -> Decision:
-    """Decide everything for one job from what is recorded and what is observed."""
+    """Decide everything for one job from what is recorded and what is observed.
+
+    `progress_at`: when the reporting replica's step last advanced (when it was first seen
+    reporting, before its first step); None when nothing of its progress is known. Only
+    runPolicy.progressDeadlineSeconds reads it."""
     work = _Work(
         job=job,
         now=now,
+        progress_at=progress_at,
         status=status,
         replicas={key: status.record(key) for key in job.replica_keys()},
         conditions=status.conditions,
@@ -498,6 +506,12 @@ def _judge(
     if failures:
         return _handle_failures(work, failures, restart_count, disruption_count)
 
+    stall = stall_remaining(job, work.conditions, work.progress_at, now)
+    if stall is not None:
+        if stall <= 0:
+            return _stalled(work, restart_count, disruption_count)
+        work.requeue.append(stall)
+
     not_up = [
         key
         for key in job.replica_keys()
@@ -518,6 +532,63 @@ def _judge(
             return _Verdict(restart_count, disruption_count, None, True)
         work.requeue.append(remaining)
     return None
+
+
+def stall_remaining(
+    job: spec.TrainJob,
+    conditions: Iterable[st.Condition],
+    progress_at: datetime.datetime | None,
+    now: datetime.datetime,
+) -> float | None:
+    """Seconds until a Running job counts as stalled (<= 0: it is); None when no progress
+    deadline applies. The clock starts when the job (last) became Running, so a restarted job
+    gets the whole deadline again, and moves with every new step reported after that.
+
+    `progress_at` None means the executor has no progress of this job at all (no endpoint, a
+    script that never reports): silence is then no evidence of a hang, so nothing is judged."""
+    limit = job.run_policy.progress_deadline_seconds
+    running = next((c for c in conditions if c.type == st.RUNNING and c.status), None)
+    if limit is None or running is None or progress_at is None:
+        return None
+    origin = max(running.last_transition_time, progress_at)
+    return (origin - now).total_seconds() + limit
+
+
+def _stalled(work: _Work, restart_count: int, disruption_count: int) -> _Verdict:
+    """No new step for progressDeadlineSeconds (a hung collective, a dead input pipeline):
+    TensorFlow itself may wait for ever. Fail, or restart the reporting replica's restart
+    group from its checkpoint; a restart counts toward backoffLimit like any other."""
+    job = work.job
+    limit = job.run_policy.progress_deadline_seconds
+    reporter = success_deciders(job)[0]
+    what = (
+        f"no new step from {reporter[0]} {reporter[1]} for {limit} s "
+        f"(progressDeadlineSeconds={limit})"
+    )
+    if job.run_policy.progress_deadline_action == "Fail":
+        _finish(work, st.FAILED, REASON_STALLED, f"Stalled: {what}")
+        return _Verdict(restart_count, disruption_count, None, True)
+    backoff = job.run_policy.backoff_limit
+    if restart_count + 1 > backoff:
+        message = f"Stalled: {what}; backoffLimit={backoff} restarts already used"
+        _finish(work, st.FAILED, REASON_BACKOFF, message)
+        return _Verdict(restart_count, disruption_count, None, True)
+    scope = restart_scope(job, reporter)
+    restarted = [key for key in scope if work.replicas[key].state != st.STATE_SUCCEEDED]
+    for key in restarted:
+        work.replicas[key] = work.replicas[key].next_attempt()
+        work.delete_pods.append(key)
+    restart_count += 1
+    names = ", ".join(f"{t} {i}" for t, i in restarted)
+    work.event(
+        "Warning",
+        "Restarting",
+        f"Restarting {names} from the last checkpoint after {what} "
+        f"(restart {restart_count} of backoffLimit {backoff})",
+    )
+    work.condition(st.RESTARTING, True, REASON_STALLED, f"Restarting after {what}")
+    work.condition(st.RUNNING, False, REASON_STALLED, f"Restarting after {what}")
+    return _Verdict(restart_count, disruption_count, work.now, False)
 
 
 def _not_up_text(work: _Work, key: ReplicaKey) -> str:

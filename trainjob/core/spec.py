@@ -19,6 +19,8 @@ from trainjob.core import constants
 
 RESTART_POLICIES: Final = ("Never", "OnFailure", "Always", "ExitCode")
 CLEAN_POD_POLICIES: Final = ("All", "Running", "None")
+# What runPolicy.progressDeadlineSeconds does to a job whose chief reports no new step.
+PROGRESS_DEADLINE_ACTIONS: Final = ("Restart", "Fail")
 SUCCESS_POLICIES: Final = ("ChiefOrWorker0", "AllWorkers")
 STRATEGIES: Final = (
     "Auto",
@@ -125,6 +127,10 @@ class RunPolicy:
     ttl_seconds_after_finished: int | None = None
     startup_deadline_seconds: int = DEFAULT_STARTUP_DEADLINE_SECONDS
     disruption_limit: int = DEFAULT_DISRUPTION_LIMIT
+    # A Running job whose chief reported no new step for this long is stalled (a hung
+    # collective, a dead input pipeline): restarted from its checkpoint (counted) or failed.
+    progress_deadline_seconds: int | None = None
+    progress_deadline_action: str = "Restart"
     suspend: bool = False
     scheduling_policy: SchedulingPolicy | None = None
 
@@ -618,6 +624,8 @@ def _parse_run_policy(c: _Collector, value: object) -> RunPolicy:
             "ttlSecondsAfterFinished",
             "startupDeadlineSeconds",
             "disruptionLimit",
+            "progressDeadlineSeconds",
+            "progressDeadlineAction",
             "suspend",
             "schedulingPolicy",
         ),
@@ -660,6 +668,15 @@ def _parse_run_policy(c: _Collector, value: object) -> RunPolicy:
             startup if startup is not None else DEFAULT_STARTUP_DEADLINE_SECONDS
         ),
         disruption_limit=disruptions if disruptions is not None else DEFAULT_DISRUPTION_LIMIT,
+        progress_deadline_seconds=c.integer(
+            raw.get("progressDeadlineSeconds"), f"{path}.progressDeadlineSeconds", None, 1, None
+        ),
+        progress_deadline_action=c.enum(
+            raw.get("progressDeadlineAction"),
+            f"{path}.progressDeadlineAction",
+            PROGRESS_DEADLINE_ACTIONS,
+            "Restart",
+        ),
         suspend=suspend,
         scheduling_policy=_parse_scheduling(c, raw.get("schedulingPolicy")),
     )
