@@ -844,3 +844,16 @@ def test_a_stalled_job_fails_when_its_action_is_fail_or_backoff_is_used() -> Non
     reconcile_with_progress(world, at(101), at(40))
     assert world.condition(st.FAILED).reason == "BackoffLimitExceeded"
     assert "Stalled" in world.condition(st.FAILED).message
+
+
+def test_a_big_job_that_fits_no_node_is_one_event_and_a_short_message() -> None:
+    world = World(make_job({"worker": 50}))
+    world.reconcile(at(0))
+    for index in range(50):
+        wait(world, ("worker", index), "Unschedulable", "0/3 nodes are available")
+    decision = world.reconcile(at(1))
+    assert [e.reason for e in decision.events] == ["Unschedulable"]
+    assert decision.events[0].message.endswith("; and 47 more replicas")
+    message = world.condition(st.RUNNING).message
+    assert message.startswith("worker 0: Unschedulable: 0/3 nodes are available; worker 1")
+    assert message.endswith("; and 47 more replicas")

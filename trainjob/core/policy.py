@@ -371,6 +371,7 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
     failures: list[Failure] = []
     finished = work.status.finished
     deciders = set(success_deciders(work.job))
+    new_causes: dict[str, list[str]] = {}  # waiting reason -> lines of replicas newly waiting
     for key in work.job.replica_keys():
         record = work.replicas[key]
         pod = pods.get(key)
@@ -414,9 +415,8 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
         if pod.phase in (PHASE_PENDING, PHASE_RUNNING):
             waiting = pod.waiting_reason if pod.phase == PHASE_PENDING else None
             if waiting is not None and _cause_of(waiting) != _cause_of(record.waiting_reason):
-                work.event(
-                    "Warning", waiting, waiting_line(key, waiting, pod.waiting_message or "")
-                )
+                line = waiting_line(key, waiting, pod.waiting_message or "")
+                new_causes.setdefault(waiting, []).append(line)
             work.replicas[key] = dataclasses.replace(
                 record,
                 state=pod.phase,
@@ -444,7 +444,22 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
                     pod.cause,
                 )
             )
+    for reason, lines in new_causes.items():
+        # One Event per cause, not per replica: 500 workers that fit no node are one problem.
+        work.event("Warning", reason, summarize(lines))
     return failures
+
+
+# Lines quoted in one condition message or Event: a big job's all-alike causes stay readable
+# and far below the API server's size limits.
+MAX_LINES_QUOTED: Final = 3
+
+
+def summarize(lines: list[str]) -> str:
+    """`worker 1: ...; worker 2: ...; worker 3: ...; and 97 more replicas`."""
+    shown = "; ".join(lines[:MAX_LINES_QUOTED])
+    more = len(lines) - MAX_LINES_QUOTED
+    return shown + (f"; and {more} more replicas" if more > 0 else "")
 
 
 def _cause_of(waiting_reason: str | None) -> str | None:
@@ -760,7 +775,7 @@ def _update_running(work: _Work) -> None:
 def _show_waiting(work: _Work) -> None:
     waiting = _waiting_lines(work)
     if waiting:
-        work.condition(st.RUNNING, False, waiting[0][0], "; ".join(line for _, line in waiting))
+        work.condition(st.RUNNING, False, waiting[0][0], summarize([line for _, line in waiting]))
         return
     running = next((c for c in work.conditions if c.type == st.RUNNING), None)
     if running is not None and not running.status and running.reason in WAITING_REASONS:
