@@ -4,6 +4,7 @@ their status as the kubelet, the scheduler or an evicting controller would."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,10 @@ def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> It
     assert namespace.startswith("test-fail-"), namespace
     yield Cluster(api_client, namespace)
     print(f"operator log, last lines:\n{operator.log_tail(25)}")
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def running_condition(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -132,6 +137,9 @@ def test_fail_a_disruption_restarts_without_counting_toward_backoff(cluster: Clu
                         "status": "True",
                         "reason": "EvictionByEvictionAPI",
                         "message": "Eviction API: evicting",
+                        # The disruption controller resets a condition older than 2 min on a
+                        # Pod that is not terminating (without a time: at once) to False.
+                        "lastTransitionTime": now(),
                     }
                 ]
             }

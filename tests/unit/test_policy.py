@@ -726,6 +726,22 @@ def test_the_condition_is_remembered_before_the_pod_goes_away() -> None:
     assert world.status.record(("worker", 0)).disruption_reason is None  # the new attempt's
 
 
+def test_a_condition_removed_from_a_running_pod_is_forgotten() -> None:
+    world = started(make_job({"worker": 1}))
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)], disruption_reason="EvictionByEvictionAPI"
+    )
+    world.reconcile(at(10))
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)], disruption_reason=None
+    )
+    world.reconcile(at(200))  # never deleted; the stale condition went away
+    assert world.status.record(("worker", 0)).disruption_reason is None
+    del world.pods[("worker", 0)]  # now a user's kubectl delete pod: counted
+    world.reconcile(at(201))
+    assert (world.status.restart_count, world.status.disruption_count) == (1, 0)
+
+
 def test_a_plain_pod_delete_still_counts_toward_backoff_limit() -> None:
     world = started(make_job({"worker": 1}))
     world.pods[("worker", 0)] = dataclasses.replace(world.pods[("worker", 0)], deleting=True)

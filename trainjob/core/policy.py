@@ -398,9 +398,10 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
             if not pod.deleting:
                 work.delete_pods.append(key)
             continue
-        if pod.disruption_reason is not None and not finished:
+        if not finished and (pod.disruption_reason is not None or not pod.deleting):
             # Remembered as soon as it is seen (whoever disrupts a Pod sets the condition,
-            # then deletes it): once the Pod is gone, its condition is gone with it.
+            # then deletes it): once the Pod is gone, its condition is gone with it. A Pod
+            # still running without it clears it (the pod GC controller removes a stale one).
             record = dataclasses.replace(
                 record,
                 disruption_reason=pod.disruption_reason,
