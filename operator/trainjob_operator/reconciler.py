@@ -62,6 +62,7 @@ STATUS_KEYS: Final = (
     "state",
     "ready",
     "restartCount",
+    "disruptionCount",
     "conditions",
     "replicaStatuses",
     "startTime",

@@ -118,8 +118,19 @@ def test_multiworker_example_succeeds_exports_to_the_volume_and_kubectl_shows_it
 
     table = cluster.kubectl("get", "tj", "-n", namespace)
     header = table.splitlines()[0].split()
-    assert header == ["NAME", "STATE", "READY", "RESTARTS", "PROGRESS", "ETA", "LOSS", "AGE"]
+    assert header == [
+        "NAME",
+        "STATE",
+        "READY",
+        "RESTARTS",
+        "REASON",
+        "PROGRESS",
+        "ETA",
+        "LOSS",
+        "AGE",
+    ]
     assert "Succeeded" in table.splitlines()[1], table
+    assert "TrainJobSucceeded" in table.splitlines()[1], table  # the Running condition's reason
     assert "100% (3/3)" in table.splitlines()[1], table
     described = cluster.kubectl("describe", "tj", job, "-n", namespace)
     events = described.split("Events:", 1)[1]

@@ -248,6 +248,15 @@ def test_printer_columns(
                 "state": "Restarting",
                 "ready": "2/3",
                 "restartCount": 4,
+                "conditions": [
+                    {
+                        "type": "Running",
+                        "status": "False",
+                        "reason": "ImagePullBackOff",
+                        "message": 'worker 1: ImagePullBackOff: Back-off pulling image "nope:1"',
+                        "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    }
+                ],
                 "progress": {"summary": "70%-(7/10)", "eta": "4m", "loss": 0.2314},
             }
         },
@@ -260,12 +269,22 @@ def test_printer_columns(
         "STATE",
         "READY",
         "RESTARTS",
+        "REASON",
         "PROGRESS",
         "ETA",
         "LOSS",
         "AGE",
     ]
-    assert row.split()[:7] == ["columns", "Restarting", "2/3", "4", "70%-(7/10)", "4m", "0.2314"]
+    assert row.split()[:8] == [
+        "columns",
+        "Restarting",
+        "2/3",
+        "4",
+        "ImagePullBackOff",
+        "70%-(7/10)",
+        "4m",
+        "0.2314",
+    ]
 
 
 # ----------------------------------------------------------------------------- GC

@@ -234,3 +234,36 @@ def test_a_process_killed_during_checkpoint_saves_resumes_from_the_last_complete
     consistent(events)
     assert harness.events_of(events, "worker-0", "end")[0]["step"] == total
     assert torn_kills >= 1, "no kill hit a save: the test did not test torn checkpoints"
+
+
+def test_parameter_server_sample_of_unbatched_scalars_runs_to_the_end(tmp_path: Path) -> None:
+    """TensorFlow's ParameterServer sample (`Dataset.range(1, 6)` unbatched, a Variable
+    summing each element) under a real coordinator, one ps and one worker."""
+    roles = {"chief": 1, "ps": 1, "worker": 1}
+    cluster = harness.cluster_spec(roles)
+    progress = tmp_path / "progress.jsonl"
+    replicas = []
+    for role in ("ps", "worker", "chief"):
+        env = harness.replica_env(
+            cluster,
+            role,
+            0,
+            entrypoint="tutorial_entrypoints:scalar_sum_loop",
+            config={"server_stop_delay_seconds": 1},
+            checkpoint_dir=tmp_path / "ckpt",
+            progress_file=progress,
+            strategy="ParameterServer",
+        )
+        env["PYTHONPATH"] = f"{harness.REPO_ROOT}:{Path(__file__).parent}"
+        replicas.append(harness.start(f"scalars-{role}-0", env, tmp_path))
+    try:
+        codes = harness.wait_exit([replicas[-1]], 180)
+    finally:
+        harness.stop_all(replicas)
+    assert codes == {"scalars-chief-0": 0}, harness.dump_logs(replicas)
+    events = harness.read_events(progress)
+    epochs = harness.events_of(events, "chief-0", "epoch")
+    assert [e["step"] for e in epochs] == [5], events
+    # One worker runs the scheduled steps in order: 1 + 2 + 3 + 4 + 5.
+    assert epochs[0]["metrics"]["total"] == 15.0, epochs
+    assert all(e["examples_per_sec"] > 0 for e in epochs), epochs

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import training_harness as harness
 
-from trainjob.core import constants
+from trainjob.core import constants, observe
+from trainjob.core import progress as core_progress
 from trainjob.runtime import exitcodes, progress, settings
 from trainjob.runtime.exitcodes import FailureKind
 
@@ -217,3 +218,39 @@ def test_a_slice_beyond_the_offline_mnist_fails_with_its_size(
     assert code == _code(FailureKind.USER_CODE_ERROR), out
     assert "incompatible with 4280 examples" in out
     assert "has train 4,280, test 720 examples, not 60,000 / 10,000" in out
+
+
+def test_an_unbatched_dataset_of_scalars_counts_one_example_per_element(tmp_path: Path) -> None:
+    """TensorFlow's ParameterServer sample (`Dataset.range(1, 6)` summed into a Variable):
+    counting examples by `tf.shape(x)[0]` failed on its scalars; each is one example."""
+    env = {
+        constants.ENV_ENTRYPOINT: "tutorial_entrypoints:scalar_sum_loop",
+        constants.ENV_CONFIG: json.dumps({"epochs": 1}),
+        "PYTHONPATH": f"{harness.REPO_ROOT}:{Path(__file__).parent}",
+    }
+    code, events, out = _run(tmp_path, env)
+    assert code == 0, out
+    epochs = [e for e in events if e["event"] == "epoch"]
+    assert len(epochs) == 1 and epochs[0]["step"] == 5, events
+    assert epochs[0]["metrics"]["total"] == 15.0  # 1 + 2 + 3 + 4 + 5, one per step
+    assert epochs[0]["examples_per_sec"] > 0
+
+
+def test_a_failed_replica_writes_its_exception_line_to_its_termination_message(
+    tmp_path: Path,
+) -> None:
+    """What the kubelet keeps after the Pod (and its log) is gone: the job's status quotes it."""
+    message = tmp_path / "termination-log"
+    message.write_text("")
+    env = {
+        constants.ENV_ENTRYPOINT: "tutorial_entrypoints:learning_rate_check",
+        constants.ENV_TERMINATION_MESSAGE_PATH: str(message),
+        "PYTHONPATH": f"{harness.REPO_ROOT}:{Path(__file__).parent}",
+    }
+    code, _, out = _run(tmp_path, env)
+    assert code == _code(FailureKind.USER_CODE_ERROR), out
+    text = message.read_text()
+    assert observe.termination_cause(text) == "ValueError: learning rate must be > 0", text
+    # The chief's final progress report stays beside it for the operator's progress status.
+    report = core_progress.from_termination_message(text)
+    assert report is not None and report.state == "Failed", text

@@ -240,3 +240,48 @@ def test_steps_per_epoch_none_is_rejected_only_for_several_mwms_workers() -> Non
         contract.validate_steps_per_epoch(spec, strategy="MultiWorkerMirrored", num_workers=2)
     contract.validate_steps_per_epoch(spec, strategy="MultiWorkerMirrored", num_workers=1)
     contract.validate_steps_per_epoch(spec, strategy="Mirrored", num_workers=1)
+
+
+def test_exception_line_is_what_python_prints_last() -> None:
+    from trainjob.runtime import reporter
+
+    assert reporter.exception_line(ValueError("learning rate must be > 0")) == (
+        "ValueError: learning rate must be > 0"
+    )
+    error = KeyError("images")
+    error.add_note("trainjob: a hint")
+    assert reporter.exception_line(error) == "KeyError: 'images'"
+    assert reporter.exception_line(RuntimeError("first\nsecond")) == "RuntimeError: first"
+
+
+def test_the_error_goes_beside_the_final_report_and_alone_when_too_long() -> None:
+    from trainjob.core import observe
+    from trainjob.core import progress as core_progress
+    from trainjob.runtime import reporter
+
+    report = core_progress.termination_message(core_progress.Report(replica="chief-0", step=7))
+    merged = reporter.with_error(report, "ValueError: bad")
+    assert observe.termination_cause(merged) == "ValueError: bad"
+    restored = core_progress.from_termination_message(merged)
+    assert restored is not None and restored.step == 7
+    assert (
+        observe.termination_cause(reporter.with_error("", "ValueError: bad")) == "ValueError: bad"
+    )
+    big = '{"trainjobProgress": {"lastCheckpoint": "' + "x" * 3900 + '"}}'
+    alone = reporter.with_error(big, "ValueError: " + "y" * 1000)
+    assert len(alone) <= reporter.TERMINATION_MESSAGE_LIMIT
+    assert core_progress.TERMINATION_KEY not in alone
+    cause = observe.termination_cause(alone)
+    assert cause is not None and len(cause) == observe.MAX_CAUSE_CHARS
+    assert cause.startswith("ValueError: yyy") and cause.endswith("...")
+
+
+def test_the_termination_path_is_the_rendered_one_else_the_default_only_in_a_pod() -> None:
+    from trainjob.runtime import reporter
+
+    rendered = {constants.ENV_TERMINATION_MESSAGE_PATH: "/tmp/t"}
+    assert reporter.termination_path(rendered, lambda _: False) == "/tmp/t"
+    assert reporter.termination_path({}, lambda p: p == "/dev/termination-log") == (
+        "/dev/termination-log"
+    )
+    assert reporter.termination_path({}, lambda _: False) is None

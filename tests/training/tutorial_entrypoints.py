@@ -87,3 +87,28 @@ def counter_loop(ctx: runtime.TrainContext) -> runtime.LoopTrainSpec:
         checkpoint_every_steps=1,
         max_to_keep=2,
     )
+
+
+def scalar_sum_loop(ctx: runtime.TrainContext) -> runtime.LoopTrainSpec:
+    """TensorFlow's ParameterServer sample as a LoopTrainSpec: an unbatched dataset of scalars
+    (`Dataset.range(1, 6)`) summed into a Variable, one element per step."""
+    import tensorflow as tf
+
+    def state_fn() -> dict[str, Any]:
+        return {"total": tf.Variable(0.0)}
+
+    def dataset_fn(input_context: Any) -> Any:
+        return tf.data.Dataset.range(1, 6).repeat()
+
+    def step_fn(state: Any, x: Any) -> dict[str, Any]:
+        state["total"].assign_add(tf.cast(x, tf.float32))
+        return {"total": state["total"].read_value()}
+
+    return runtime.LoopTrainSpec(
+        state_fn=state_fn, dataset_fn=dataset_fn, step_fn=step_fn, steps_per_epoch=5
+    )
+
+
+def learning_rate_check(ctx: runtime.TrainContext) -> runtime.TrainSpec:
+    """User code that rejects its configuration, as a real build() would."""
+    raise ValueError("learning rate must be > 0")

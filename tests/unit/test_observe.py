@@ -78,3 +78,159 @@ def test_foreign_pods_are_ignored() -> None:
         )
         is None
     )
+
+
+def test_image_pull_backoff_gives_the_kubelets_reason_and_words() -> None:
+    observed = observe.observe_pod(
+        pod(
+            phase="Pending",
+            containerStatuses=[
+                {
+                    "name": "tensorflow",
+                    "image": "nope:1",
+                    "state": {
+                        "waiting": {
+                            "reason": "ImagePullBackOff",
+                            "message": 'Back-off pulling image "nope:1"',
+                        }
+                    },
+                }
+            ],
+        )
+    )
+    assert observed is not None
+    replica = observed[1]
+    assert (replica.waiting_reason, replica.waiting_message) == (
+        "ImagePullBackOff",
+        'Back-off pulling image "nope:1"',
+    )
+
+
+def test_a_container_being_created_is_not_a_cause() -> None:
+    observed = observe.observe_pod(
+        pod(
+            phase="Pending",
+            containerStatuses=[
+                {"name": "tensorflow", "state": {"waiting": {"reason": "ContainerCreating"}}}
+            ],
+        )
+    )
+    assert observed is not None and observed[1].waiting_reason is None
+
+
+def test_an_init_container_missing_its_secret_is_the_cause() -> None:
+    observed = observe.observe_pod(
+        pod(
+            phase="Pending",
+            initContainerStatuses=[
+                {
+                    "name": "fetch",
+                    "state": {
+                        "waiting": {
+                            "reason": "CreateContainerConfigError",
+                            "message": 'secret "creds" not found',
+                        }
+                    },
+                }
+            ],
+            containerStatuses=[
+                {"name": "tensorflow", "state": {"waiting": {"reason": "PodInitializing"}}}
+            ],
+        )
+    )
+    assert observed is not None
+    assert (observed[1].waiting_reason, observed[1].waiting_message) == (
+        "CreateContainerConfigError",
+        'secret "creds" not found',
+    )
+
+
+def test_unschedulable_gives_the_schedulers_message() -> None:
+    message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    observed = observe.observe_pod(
+        pod(
+            phase="Pending",
+            conditions=[
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": message,
+                }
+            ],
+        )
+    )
+    assert observed is not None
+    assert (observed[1].waiting_reason, observed[1].waiting_message) == ("Unschedulable", message)
+
+
+def test_a_running_pod_has_no_waiting_cause_even_with_an_old_condition() -> None:
+    observed = observe.observe_pod(
+        pod(
+            phase="Running",
+            containerStatuses=[
+                {"name": "tensorflow", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+            ],
+        )
+    )
+    assert observed is not None and observed[1].waiting_reason is None
+
+
+def test_disruption_target_gives_its_reason_and_message() -> None:
+    observed = observe.observe_pod(
+        pod(
+            phase="Running",
+            conditions=[
+                {"type": "Ready", "status": "True"},
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "PreemptionByScheduler",
+                    "message": "Preempted in order to admit critical pod",
+                },
+            ],
+        )
+    )
+    assert observed is not None
+    assert (observed[1].disruption_reason, observed[1].disruption_message) == (
+        "PreemptionByScheduler",
+        "Preempted in order to admit critical pod",
+    )
+    false = observe.observe_pod(
+        pod(conditions=[{"type": "DisruptionTarget", "status": "False", "reason": "X"}])
+    )
+    assert false is not None and false[1].disruption_reason is None
+
+
+def terminated(message: str) -> dict[str, object]:
+    return pod(
+        phase="Failed",
+        containerStatuses=[
+            {"name": "tensorflow", "state": {"terminated": {"exitCode": 1, "message": message}}}
+        ],
+    )
+
+
+def test_the_runtimes_error_line_in_its_termination_message_is_the_cause() -> None:
+    message = '{"trainjobProgress":{"state":"Failed"},"trainjobError":"ValueError: lr must be > 0"}'
+    observed = observe.observe_pod(terminated(message))
+    assert observed is not None and observed[1].cause == "ValueError: lr must be > 0"
+
+
+def test_a_progress_report_alone_is_no_cause() -> None:
+    observed = observe.observe_pod(terminated('{"trainjobProgress":{"state":"Failed"}}'))
+    assert observed is not None and observed[1].cause is None
+
+
+def test_the_log_tail_of_a_script_gives_its_last_line() -> None:
+    """FallbackToLogsOnError: a Python crash's log ends with its exception line."""
+    tail = (
+        "Traceback (most recent call last):\n"
+        '  File "/app/train.py", line 3, in <module>\n'
+        "    raise KeyError('images')\n"
+        "KeyError: 'images'\n\n"
+    )
+    observed = observe.observe_pod(terminated(tail))
+    assert observed is not None and observed[1].cause == "KeyError: 'images'"
+    long = observe.termination_cause("x" * 1000)
+    assert long is not None and len(long) == observe.MAX_CAUSE_CHARS and long.endswith("...")

@@ -540,3 +540,336 @@ def test_invalid_spec_status_is_failed_with_reason_invalid_spec() -> None:
     failed = status.condition("Failed")
     assert failed is not None and failed.reason == "InvalidSpec"
     assert status.observed_generation == 3
+
+
+# -- issue 21: a job that goes wrong says why ------------------------------------------------
+
+
+def wait(world: World, key: Key, reason: str | None, message: str | None = None) -> None:
+    """What the kubelet (or the scheduler) says of a Pending Pod that does not start."""
+    world.pods[key] = dataclasses.replace(
+        world.pods[key], phase="Pending", waiting_reason=reason, waiting_message=message
+    )
+
+
+def test_image_pull_backoff_shows_in_running_false_with_the_image_and_one_event() -> None:
+    world = World(make_job({"worker": 2}))
+    world.reconcile(at(0))
+    world.set_phase(("worker", 0), "Running")
+    wait(world, ("worker", 1), "ErrImagePull", 'failed to pull image "nope:1": not found')
+    first = world.reconcile(at(5))
+    running = world.condition(st.RUNNING)
+    assert (running.status, running.reason) == (False, "ErrImagePull")
+    assert running.message == 'worker 1: ErrImagePull: failed to pull image "nope:1": not found'
+    assert [(e.type, e.reason) for e in first.events] == [("Warning", "ErrImagePull")]
+    assert first.events[0].message.startswith("worker 1: ErrImagePull")
+    # The kubelet flips to ImagePullBackOff while it backs off: the same cause, no new Event,
+    # but the condition quotes its current words.
+    wait(world, ("worker", 1), "ImagePullBackOff", 'Back-off pulling image "nope:1"')
+    second = world.reconcile(at(10))
+    assert second.events == ()
+    assert world.condition(st.RUNNING).reason == "ImagePullBackOff"
+    assert world.condition(st.RUNNING).message == (
+        'worker 1: ImagePullBackOff: Back-off pulling image "nope:1"'
+    )
+    assert world.reconcile(at(11)).events == ()  # nothing new: nothing posted again
+    as_dict = st.to_dict(world.job, world.status)
+    entry = as_dict["replicaStatuses"]["worker"]["indexes"][1]
+    assert entry["waitingReason"] == "ImagePullBackOff"
+    assert st.from_dict(as_dict).record(("worker", 1)) == world.status.record(("worker", 1))
+
+
+def test_a_new_cause_gets_its_own_event_and_a_fixed_one_clears_the_reason() -> None:
+    world = World(make_job({"worker": 1}))
+    world.reconcile(at(0))
+    wait(
+        world,
+        ("worker", 0),
+        "Unschedulable",
+        "0/3 nodes are available: insufficient nvidia.com/gpu",
+    )
+    decision = world.reconcile(at(1))
+    assert [e.reason for e in decision.events] == ["Unschedulable"]
+    assert "insufficient nvidia.com/gpu" in world.condition(st.RUNNING).message
+    wait(world, ("worker", 0), "CreateContainerConfigError", 'secret "creds" not found')
+    decision = world.reconcile(at(2))
+    assert [e.reason for e in decision.events] == ["CreateContainerConfigError"]
+    assert world.condition(st.RUNNING).reason == "CreateContainerConfigError"
+    wait(world, ("worker", 0), None)  # the Secret now exists: the container is being created
+    decision = world.reconcile(at(3))
+    assert decision.events == ()
+    assert (world.condition(st.RUNNING).status, world.condition(st.RUNNING).reason) == (
+        False,
+        "ReplicasStarting",
+    )
+    world.set_phase(("worker", 0), "Running")
+    world.reconcile(at(4))
+    assert world.condition(st.RUNNING).status and world.state() == "Running"
+
+
+def test_every_waiting_replica_is_named_and_the_first_gives_the_reason() -> None:
+    world = World(make_job({"chief": 1, "worker": 2}))
+    world.reconcile(at(0))
+    wait(world, ("worker", 0), "ImagePullBackOff", 'Back-off pulling image "a:1"')
+    wait(world, ("chief", 0), "Unschedulable", "0/3 nodes are available")
+    decision = world.reconcile(at(1))
+    assert world.condition(st.RUNNING).reason == "Unschedulable"  # chief first, replica order
+    assert world.condition(st.RUNNING).message == (
+        "chief 0: Unschedulable: 0/3 nodes are available; "
+        'worker 0: ImagePullBackOff: Back-off pulling image "a:1"'
+    )
+    assert sorted(e.reason for e in decision.events) == ["ImagePullBackOff", "Unschedulable"]
+
+
+def test_startup_deadline_names_the_cause_in_its_message() -> None:
+    world = World(make_job({"worker": 2}, run_policy={"startupDeadlineSeconds": 60}))
+    world.reconcile(at(0))
+    world.set_phase(("worker", 0), "Running")
+    wait(world, ("worker", 1), "ImagePullBackOff", 'Back-off pulling image "nope:1"')
+    world.reconcile(at(30))
+    world.reconcile(at(61))
+    failed = world.condition(st.FAILED)
+    assert failed.reason == "StartupDeadlineExceeded"
+    assert failed.message.endswith(
+        'still waiting for: worker 1 (ImagePullBackOff: Back-off pulling image "nope:1")'
+    )
+    assert world.condition(st.RUNNING).reason == "StartupDeadlineExceeded"
+
+
+def test_a_waiting_replica_after_a_restart_shows_its_cause_then_restarting_again() -> None:
+    world = started(make_job({"worker": 2}, "OnFailure"))
+    world.set_phase(("worker", 1), "Failed", 1, None, at(5))
+    world.reconcile(at(5))
+    world.finish_deletions()
+    world.reconcile(at(6))  # recreated (the first restart waits for nothing)
+    wait(world, ("worker", 1), "Unschedulable", "0/3 nodes are available")
+    wait(world, ("worker", 0), None)
+    world.reconcile(at(7))
+    assert world.condition(st.RUNNING).reason == "Unschedulable"
+    assert world.state() == "Restarting"
+    wait(world, ("worker", 1), None)
+    world.reconcile(at(8))
+    assert world.condition(st.RUNNING).reason == "ReplicasRestarting"
+
+
+def disrupt(world: World, key: Key, reason: str, message: str = "") -> None:
+    """A Pod taken away: the DisruptionTarget condition, then deletion."""
+    world.pods[key] = dataclasses.replace(
+        world.pods[key], disruption_reason=reason, disruption_message=message, deleting=True
+    )
+
+
+def test_a_preempted_worker_restarts_uncounted_with_reason_preempted() -> None:
+    world = started(make_job({"worker": 2}))  # restartPolicy Never: a failure would end it
+    disrupt(world, ("worker", 1), "PreemptionByScheduler", "Preempted by pod abc on node n1")
+    world.reconcile(at(10))  # still terminating: nothing judged yet, but remembered
+    assert world.status.record(("worker", 1)).disruption_reason == "PreemptionByScheduler"
+    world.finish_deletions()
+    decision = world.reconcile(at(11))
+    assert world.state() == "Restarting"
+    assert (world.status.restart_count, world.status.disruption_count) == (0, 1)
+    assert world.condition(st.RESTARTING).reason == "Preempted"
+    assert world.condition(st.RUNNING).reason == "Preempted"
+    assert [e.reason for e in decision.events] == ["Preempted"]
+    assert "worker 1 was preempted (PreemptionByScheduler: Preempted by pod abc" in (
+        decision.events[0].message
+    )
+    assert "not counted toward backoffLimit" in decision.events[0].message
+    world.settle(at(12))
+    assert world.state() == "Running"
+    assert st.to_dict(world.job, world.status)["disruptionCount"] == 1
+
+
+def test_peers_that_fail_because_a_worker_was_evicted_are_not_counted_either() -> None:
+    """All-reduce: worker 0 exits 1 within seconds of losing worker 1, whose Pod is still
+    terminating under DisruptionTarget; the eviction is the cause, not worker 0's exit."""
+    world = started(make_job({"worker": 2}))
+    disrupt(world, ("worker", 1), "EvictionByEvictionAPI", "Eviction API: evicting")
+    world.reconcile(at(10))
+    world.set_phase(("worker", 0), "Failed", 1, None, at(11))
+    decision = world.reconcile(at(11))
+    assert world.state() == "Restarting"
+    assert (world.status.restart_count, world.status.disruption_count) == (0, 1)
+    assert [e.reason for e in decision.events] == ["Evicted"]
+    assert set(decision.delete_pods) == {("worker", 0)}  # worker 1 is already going
+
+
+def test_a_node_pressure_eviction_of_a_failed_pod_is_a_disruption() -> None:
+    world = started(make_job({"worker": 1}))
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)],
+        phase="Failed",
+        reason="Evicted",
+        disruption_reason="TerminationByKubelet",
+        disruption_message="The node was low on resource: memory.",
+    )
+    decision = world.reconcile(at(10))
+    assert world.state() == "Restarting" and world.status.restart_count == 0
+    assert [e.reason for e in decision.events] == ["Evicted"]
+
+
+def test_the_condition_is_remembered_before_the_pod_goes_away() -> None:
+    """The Eviction API sets DisruptionTarget, then deletes; a Pod with no node (or a short
+    grace period) can be gone before any reconcile sees it terminating."""
+    world = started(make_job({"worker": 1}))
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)], disruption_reason="EvictionByEvictionAPI"
+    )
+    world.reconcile(at(10))
+    assert world.state() == "Running"  # a condition alone changes nothing yet
+    assert world.status.record(("worker", 0)).disruption_reason == "EvictionByEvictionAPI"
+    del world.pods[("worker", 0)]
+    decision = world.reconcile(at(11))
+    assert (world.status.restart_count, world.status.disruption_count) == (0, 1)
+    assert [e.reason for e in decision.events] == ["Evicted"]
+    world.settle(at(12))
+    assert world.status.record(("worker", 0)).disruption_reason is None  # the new attempt's
+
+
+def test_a_condition_removed_from_a_running_pod_is_forgotten() -> None:
+    world = started(make_job({"worker": 1}))
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)], disruption_reason="EvictionByEvictionAPI"
+    )
+    world.reconcile(at(10))
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)], disruption_reason=None
+    )
+    world.reconcile(at(200))  # never deleted; the stale condition went away
+    assert world.status.record(("worker", 0)).disruption_reason is None
+    del world.pods[("worker", 0)]  # now a user's kubectl delete pod: counted
+    world.reconcile(at(201))
+    assert (world.status.restart_count, world.status.disruption_count) == (1, 0)
+
+
+def test_a_plain_pod_delete_still_counts_toward_backoff_limit() -> None:
+    world = started(make_job({"worker": 1}))
+    world.pods[("worker", 0)] = dataclasses.replace(world.pods[("worker", 0)], deleting=True)
+    world.reconcile(at(10))
+    world.finish_deletions()
+    decision = world.reconcile(at(11))
+    assert (world.status.restart_count, world.status.disruption_count) == (1, 0)
+    assert [e.reason for e in decision.events] == ["Restarting"]
+
+
+def test_a_disruption_loop_ends_at_disruption_limit() -> None:
+    world = started(make_job({"worker": 1}, run_policy={"disruptionLimit": 2, "backoffLimit": 0}))
+    for n in range(3):
+        disrupt(world, ("worker", 0), "PreemptionByScheduler")
+        world.reconcile(at(10 + 10 * n))
+        world.finish_deletions()
+        world.reconcile(at(11 + 10 * n))
+        world.settle(at(15 + 10 * n))
+    assert world.state() == "Failed"
+    failed = world.condition(st.FAILED)
+    assert failed.reason == "DisruptionLimitExceeded"
+    assert "disruptionLimit=2" in failed.message and "worker 0 was preempted" in failed.message
+    assert (world.status.restart_count, world.status.disruption_count) == (0, 2)
+
+
+def test_failed_condition_quotes_the_replicas_last_words() -> None:
+    world = started(make_job({"chief": 1, "worker": 1}))
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)],
+        phase="Failed",
+        exit_code=1,
+        finished_at=at(5),
+        cause="ValueError: learning rate must be > 0",
+    )
+    world.reconcile(at(5))
+    failed = world.condition(st.FAILED)
+    assert failed.message == (
+        "worker 0 exited with code 1; restartPolicy Never does not retry it; "
+        "cause: worker-0: ValueError: learning rate must be > 0"
+    )
+    # Recorded in status, so it survives cleanPodPolicy All and a restart of the operator.
+    restored = st.from_dict(st.to_dict(world.job, world.status))
+    assert restored.record(("worker", 0)).message == "ValueError: learning rate must be > 0"
+    assert restored.condition(st.FAILED) is not None
+    assert "ValueError" in restored.condition(st.FAILED).message  # type: ignore[union-attr]
+
+
+def test_backoff_exceeded_quotes_the_cause_too() -> None:
+    world = started(make_job({"worker": 1}, "OnFailure", {"backoffLimit": 0}))
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)], phase="Failed", exit_code=1, cause="KeyError: 'images'"
+    )
+    world.reconcile(at(5))
+    assert world.condition(st.FAILED).reason == "BackoffLimitExceeded"
+    assert world.condition(st.FAILED).message.endswith("; cause: worker-0: KeyError: 'images'")
+
+
+def stalling_job(action: str | None = None, backoff: int = 3) -> World:
+    run_policy: dict[str, Any] = {"progressDeadlineSeconds": 60, "backoffLimit": backoff}
+    if action:
+        run_policy["progressDeadlineAction"] = action
+    return started(make_job({"chief": 1, "worker": 2}, run_policy=run_policy))
+
+
+def reconcile_with_progress(
+    world: World, now: datetime.datetime, progress_at: datetime.datetime | None
+) -> policy.Decision:
+    decision = policy.reconcile(
+        world.job, world.status, world.pods, world.services, now, progress_at
+    )
+    world.status = decision.status
+    for key in decision.delete_pods:
+        world.pods[key] = dataclasses.replace(world.pods[key], deleting=True)
+    return decision
+
+
+def test_a_job_whose_chief_reports_new_steps_is_not_stalled() -> None:
+    world = stalling_job()
+    decision = reconcile_with_progress(world, at(50), at(40))  # a step 10 s ago
+    assert world.state() == "Running"
+    assert decision.requeue_after == pytest.approx(50)  # looked at again when it would stall
+    reconcile_with_progress(world, at(99), at(40))
+    assert world.state() == "Running"
+
+
+def test_no_progress_known_is_never_judged_a_hang() -> None:
+    world = stalling_job()
+    reconcile_with_progress(world, at(10_000), None)
+    assert world.state() == "Running"
+
+
+def test_a_stalled_job_restarts_its_chiefs_group_counted() -> None:
+    world = stalling_job()
+    decision = reconcile_with_progress(world, at(101), at(40))  # 61 s without a new step
+    assert world.state() == "Restarting"
+    assert world.status.restart_count == 1
+    assert world.condition(st.RESTARTING).reason == "Stalled"
+    assert world.condition(st.RUNNING).reason == "Stalled"
+    assert set(decision.delete_pods) == {("chief", 0), ("worker", 0), ("worker", 1)}
+    assert [e.reason for e in decision.events] == ["Restarting"]
+    assert "no new step from chief 0 for 60 s" in decision.events[0].message
+    # Running again: the deadline starts over from then, whatever the old step's time.
+    world.settle(at(102))
+    assert world.state() == "Running"
+    reconcile_with_progress(world, at(150), at(40))
+    assert world.state() == "Running"
+
+
+def test_a_stalled_job_fails_when_its_action_is_fail_or_backoff_is_used() -> None:
+    world = stalling_job("Fail")
+    reconcile_with_progress(world, at(101), at(40))
+    failed = world.condition(st.FAILED)
+    assert (failed.reason, world.condition(st.RUNNING).reason) == ("Stalled", "Stalled")
+    assert failed.message.startswith("Stalled: no new step from chief 0 for 60 s")
+    world = stalling_job(backoff=0)
+    reconcile_with_progress(world, at(101), at(40))
+    assert world.condition(st.FAILED).reason == "BackoffLimitExceeded"
+    assert "Stalled" in world.condition(st.FAILED).message
+
+
+def test_a_big_job_that_fits_no_node_is_one_event_and_a_short_message() -> None:
+    world = World(make_job({"worker": 50}))
+    world.reconcile(at(0))
+    for index in range(50):
+        wait(world, ("worker", index), "Unschedulable", "0/3 nodes are available")
+    decision = world.reconcile(at(1))
+    assert [e.reason for e in decision.events] == ["Unschedulable"]
+    assert decision.events[0].message.endswith("; and 47 more replicas")
+    message = world.condition(st.RUNNING).message
+    assert message.startswith("worker 0: Unschedulable: 0/3 nodes are available; worker 1")
+    assert message.endswith("; and 47 more replicas")

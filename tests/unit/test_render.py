@@ -215,3 +215,51 @@ def test_users_security_context_wins_and_own_images_may_run_as_root() -> None:
         "capabilities": {"add": ["SYS_PTRACE"]},
         "allowPrivilegeEscalation": False,
     }
+
+
+def byo_job(image: str | None, runtime: bool) -> spec.TrainJob:
+    """A replica with its own command (the runtime is not run), in `image`."""
+    container: dict[str, Any] = {"name": "tensorflow", "command": ["python", "train.py"]}
+    if image is not None:
+        container["image"] = image
+    manifest: dict[str, Any] = {
+        "apiVersion": "trainjob.dev/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "byo"},
+        "spec": {
+            "image": "ghcr.io/x/trainjob:1",
+            "replicaSpecs": {
+                "worker": {"replicas": 1, "template": {"spec": {"containers": [container]}}}
+            },
+        },
+    }
+    if runtime:
+        manifest["spec"]["runtime"] = {"entrypoint": "m:f"}
+    return spec.parse(manifest)
+
+
+def test_a_script_in_the_runtime_image_finds_the_offline_mnist_like_trainjob_run() -> None:
+    pod = render.render_pod(byo_job(None, runtime=True), "worker", 0, 0, OPTIONS, None)
+    assert env_of(pod)["TFDS_DATA_DIR"] == "/data"
+    default = render.RenderOptions(namespace="n", default_image="ghcr.io/x/trainjob:1")
+    pod = render.render_pod(byo_job("ghcr.io/x/trainjob:1", False), "worker", 0, 0, default, None)
+    assert env_of(pod)["TFDS_DATA_DIR"] == "/data"
+
+
+def test_another_image_keeps_tfds_default_data_dir() -> None:
+    pod = render.render_pod(
+        byo_job("tensorflow/tensorflow:2.15", True), "worker", 0, 0, OPTIONS, None
+    )
+    assert "TFDS_DATA_DIR" not in env_of(pod)
+    pod = render.render_pod(byo_job(None, runtime=False), "worker", 0, 0, OPTIONS, None)
+    assert "TFDS_DATA_DIR" not in env_of(pod)  # spec.image without spec.runtime: unknown image
+
+
+def test_termination_message_falls_back_to_the_logs_tail_unless_the_user_chose() -> None:
+    pod = render.render_pod(byo_job("mine:1", False), "worker", 0, 0, OPTIONS, None)
+    assert pod["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    job = byo_job("mine:1", False)
+    template = job.replica_specs["worker"].template
+    template["spec"]["containers"][0]["terminationMessagePolicy"] = "File"  # type: ignore[index]
+    pod = render.render_pod(job, "worker", 0, 0, OPTIONS, None)
+    assert pod["spec"]["containers"][0]["terminationMessagePolicy"] == "File"

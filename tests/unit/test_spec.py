@@ -108,6 +108,11 @@ def test_parser_defaults_are_the_crd_defaults() -> None:
         job.run_policy.startup_deadline_seconds
         == schema_at(*run_policy, "startupDeadlineSeconds")["default"]
     )
+    assert job.run_policy.disruption_limit == schema_at(*run_policy, "disruptionLimit")["default"]
+    assert (
+        job.run_policy.progress_deadline_action
+        == schema_at(*run_policy, "progressDeadlineAction")["default"]
+    )
     assert job.run_policy.suspend is schema_at(*run_policy, "suspend")["default"]
     assert job.success_policy == schema_at("spec", "successPolicy")["default"]
     worker = schema_at("spec", "replicaSpecs", "worker")
@@ -128,6 +133,9 @@ def test_parser_enums_are_the_crd_enums() -> None:
         spec.CLEAN_POD_POLICIES
     )
     assert tuple(schema_at("spec", "successPolicy")["enum"]) == spec.SUCCESS_POLICIES
+    assert tuple(schema_at("spec", "runPolicy", "progressDeadlineAction")["enum"]) == (
+        spec.PROGRESS_DEADLINE_ACTIONS
+    )
     assert tuple(schema_at("spec", "runtime", "strategy")["enum"]) == spec.STRATEGIES
     assert tuple(schema_at("spec", "runtime", "framework")["enum"]) == spec.FRAMEWORKS
 
@@ -162,4 +170,7 @@ def test_crd_names_and_subresources() -> None:
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["State", "Ready", "Restarts", "Progress", "ETA", "Loss", "Age"]
+    assert columns == ["State", "Ready", "Restarts", "Reason", "Progress", "ETA", "Loss", "Age"]
+    # Why a job is not running (ImagePullBackOff, Unschedulable, Preempted) at a glance.
+    reason = version["additionalPrinterColumns"][3]
+    assert reason["jsonPath"] == '.status.conditions[?(@.type=="Running")].reason'

@@ -9,7 +9,11 @@ Semantics (DESIGN.md section 3):
 - Restart scope follows the strategy: an all-reduce job (no ps) restarts chief + workers
   together, because one lost worker breaks the collective; a ParameterServer job restarts a
   lost worker alone, and chief + ps together when either of them fails.
-- Every restart decision counts toward backoffLimit; exceeding it fails the job.
+- Every restart decision counts toward backoffLimit; exceeding it fails the job. A disruption
+  (a Pod ended under the DisruptionTarget condition: preemption, eviction) is not a failure: its
+  restart counts toward runPolicy.disruptionLimit instead, as Job's podFailurePolicy Ignore.
+- Nothing silent: a replica that cannot start says why (Running=False with the kubelet's or the
+  scheduler's reason, and one Event per cause), and a failed job quotes the replica's last words.
 - Success and per-replica completion are recorded in status and never inferred from Pods.
 """
 
@@ -44,6 +48,33 @@ REASON_STARTUP: Final = "StartupDeadlineExceeded"
 REASON_SUSPENDED: Final = "TrainJobSuspended"
 REASON_RESUMED: Final = "TrainJobResumed"
 REASON_INVALID: Final = "InvalidSpec"
+REASON_STARTING: Final = "ReplicasStarting"
+REASON_PREEMPTED: Final = "Preempted"
+REASON_EVICTED: Final = "Evicted"
+REASON_DISRUPTION_LIMIT: Final = "DisruptionLimitExceeded"
+REASON_STALLED: Final = "Stalled"
+
+# Why a Pending Pod will not run by itself, as observe.py reports it: the kubelet's waiting
+# reasons a user must act on, and the scheduler's Unschedulable. ContainerCreating and
+# PodInitializing are normal starting states and never reported.
+WAITING_REASONS: Final = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "CrashLoopBackOff",
+        "Unschedulable",
+    }
+)
+# The kubelet alternates these two for one bad image while it backs off: one cause, one Event.
+_SAME_CAUSE: Final = {"ErrImagePull": "ImagePullBackOff"}
+# DisruptionTarget's reason for a preemption; every other one (EvictionByEvictionAPI,
+# DeletionByTaintManager, TerminationByKubelet, DeletionByPodGC) is an eviction.
+DISRUPTION_PREEMPTION: Final = "PreemptionByScheduler"
 
 # Exit codes 1-127 are the program's own verdict; >= 128 means killed by a signal (128 + n).
 FIRST_SIGNAL_EXIT_CODE: Final = 128
@@ -74,6 +105,14 @@ class ObservedReplica:
     reason: str | None = None
     deleting: bool = False
     finished_at: datetime.datetime | None = None
+    # Why a Pending Pod does not start (one of WAITING_REASONS) and the words that say so.
+    waiting_reason: str | None = None
+    waiting_message: str | None = None
+    # The DisruptionTarget condition's reason and message when it is True.
+    disruption_reason: str | None = None
+    disruption_message: str | None = None
+    # The replica's last words: its exception line from the termination message.
+    cause: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,10 +141,20 @@ class Failure:
     exit_code: int | None
     reason: str | None
     finished_at: datetime.datetime | None
+    disruption_reason: str | None = None
+    disruption_message: str | None = None
+    cause: str | None = None
+
+    @property
+    def disrupted(self) -> bool:
+        return self.disruption_reason is not None
 
 
 def is_retryable(restart_policy: str, failure: Failure) -> bool:
     """Whether a replica's failure may be retried, by its replica type's restart policy."""
+    if failure.disrupted:
+        # Preempted or evicted: the replica did nothing wrong; it runs again (uncounted).
+        return True
     if failure.reason == "Deleted":
         # A Pod deleted under us (kubectl delete pod, node drain) is recreated under any
         # policy, as a Kubernetes controller would; it still counts toward backoffLimit.
@@ -157,8 +206,22 @@ def root_cause(failures: Iterable[Failure]) -> Failure:
     return ordered[0]
 
 
+def disruption_kind(disruption_reason: str) -> str:
+    """Preempted or Evicted, from the DisruptionTarget condition's reason."""
+    if disruption_reason == DISRUPTION_PREEMPTION:
+        return REASON_PREEMPTED
+    return REASON_EVICTED
+
+
 def describe(failure: Failure) -> str:
     rtype, index = failure.key
+    if failure.disruption_reason is not None:
+        preempted = disruption_kind(failure.disruption_reason) == REASON_PREEMPTED
+        verb = "preempted" if preempted else "evicted"
+        detail = failure.disruption_reason
+        if failure.disruption_message:
+            detail += f": {failure.disruption_message}"
+        return f"{rtype} {index} was {verb} ({detail})"
     if failure.reason == "Deleted":
         return f"{rtype} {index} was deleted"
     if failure.exit_code is None:
@@ -176,6 +239,7 @@ class _Work:
     status: st.JobStatus
     replicas: dict[ReplicaKey, st.ReplicaRecord]
     conditions: tuple[st.Condition, ...]
+    progress_at: datetime.datetime | None = None
     events: list[Event] = dataclasses.field(default_factory=list)
     delete_pods: list[ReplicaKey] = dataclasses.field(default_factory=list)
     requeue: list[float] = dataclasses.field(default_factory=list)
@@ -196,11 +260,17 @@ def reconcile(
     pods: Mapping[ReplicaKey, ObservedReplica],
     services: Iterable[ReplicaKey],
     now: datetime.datetime,
+    progress_at: datetime.datetime | None = None,
 ) -> Decision:
-    """Decide everything for one job from what is recorded and what is observed."""
+    """Decide everything for one job from what is recorded and what is observed.
+
+    `progress_at`: when the reporting replica's step last advanced (when it was first seen
+    reporting, before its first step); None when nothing of its progress is known. Only
+    runPolicy.progressDeadlineSeconds reads it."""
     work = _Work(
         job=job,
         now=now,
+        progress_at=progress_at,
         status=status,
         replicas={key: status.record(key) for key in job.replica_keys()},
         conditions=status.conditions,
@@ -210,6 +280,7 @@ def reconcile(
     attempt_start = status.attempt_start_time
     completion_time = status.completion_time
     restart_count = status.restart_count
+    disruption_count = status.disruption_count
 
     # Created first, suspended or not: a job created suspended is created (as Job and
     # TFJob say), and its first decision is the same whatever the spec says by then, so an
@@ -232,9 +303,10 @@ def reconcile(
     failures = _observe(work, pods)
 
     if not status.finished:
-        verdict = _judge(work, failures, restart_count, start_time, attempt_start)
+        verdict = _judge(work, failures, restart_count, disruption_count, start_time, attempt_start)
         if verdict is not None:
             restart_count = verdict.restart_count
+            disruption_count = verdict.disruption_count
             attempt_start = verdict.attempt_start or attempt_start
             if verdict.finished:
                 completion_time = now
@@ -273,6 +345,7 @@ def reconcile(
         conditions=work.conditions,
         replicas=work.replicas,
         restart_count=restart_count,
+        disruption_count=disruption_count,
         start_time=start_time,
         attempt_start_time=attempt_start,
         completion_time=completion_time,
@@ -298,6 +371,7 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
     failures: list[Failure] = []
     finished = work.status.finished
     deciders = set(success_deciders(work.job))
+    new_causes: dict[str, list[str]] = {}  # waiting reason -> lines of replicas newly waiting
     for key in work.job.replica_keys():
         record = work.replicas[key]
         pod = pods.get(key)
@@ -305,7 +379,16 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
             continue
         if pod is None:
             if not finished and record.state in (st.STATE_PENDING, st.STATE_RUNNING):
-                failures.append(Failure(key, None, "Deleted", work.now))
+                failures.append(
+                    Failure(
+                        key,
+                        None,
+                        "Deleted",
+                        work.now,
+                        record.disruption_reason,
+                        record.disruption_message,
+                    )
+                )
             continue
         if pod.attempt > record.attempt:
             # Created by an earlier reconcile whose status write was lost: adopt it.
@@ -315,13 +398,32 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
             if not pod.deleting:
                 work.delete_pods.append(key)
             continue
+        if not finished and (pod.disruption_reason is not None or not pod.deleting):
+            # Remembered as soon as it is seen (whoever disrupts a Pod sets the condition,
+            # then deletes it): once the Pod is gone, its condition is gone with it. A Pod
+            # still running without it clears it (the pod GC controller removes a stale one).
+            record = dataclasses.replace(
+                record,
+                disruption_reason=pod.disruption_reason,
+                disruption_message=pod.disruption_message,
+            )
+            work.replicas[key] = record
         if pod.deleting:
             # Terminating is not a failure by itself (kubeflow #2124); judge it once it's gone.
             continue
         if finished:
             continue
         if pod.phase in (PHASE_PENDING, PHASE_RUNNING):
-            work.replicas[key] = dataclasses.replace(record, state=pod.phase)
+            waiting = pod.waiting_reason if pod.phase == PHASE_PENDING else None
+            if waiting is not None and _cause_of(waiting) != _cause_of(record.waiting_reason):
+                line = waiting_line(key, waiting, pod.waiting_message or "")
+                new_causes.setdefault(waiting, []).append(line)
+            work.replicas[key] = dataclasses.replace(
+                record,
+                state=pod.phase,
+                waiting_reason=waiting,
+                waiting_message=pod.waiting_message if waiting is not None else None,
+            )
         elif pod.phase == PHASE_SUCCEEDED:
             restart_policy = work.job.replica_specs[key[0]].restart_policy
             if restart_policy == "Always" and key not in deciders:
@@ -331,13 +433,60 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
                     record, state=st.STATE_SUCCEEDED, exit_code=0, reason=None
                 )
         elif pod.phase == PHASE_FAILED:
-            failures.append(Failure(key, pod.exit_code, pod.reason, pod.finished_at))
+            failures.append(
+                Failure(
+                    key,
+                    pod.exit_code,
+                    pod.reason,
+                    pod.finished_at,
+                    # The Pod is here: its own conditions say (a stale one is removed by then).
+                    pod.disruption_reason,
+                    pod.disruption_message,
+                    pod.cause,
+                )
+            )
+    for reason, lines in new_causes.items():
+        # One Event per cause, not per replica: 500 workers that fit no node are one problem.
+        work.event("Warning", reason, summarize(lines))
     return failures
+
+
+# Lines quoted in one condition message or Event: a big job's all-alike causes stay readable
+# and far below the API server's size limits.
+MAX_LINES_QUOTED: Final = 3
+
+
+def summarize(lines: list[str]) -> str:
+    """`worker 1: ...; worker 2: ...; worker 3: ...; and 97 more replicas`."""
+    shown = "; ".join(lines[:MAX_LINES_QUOTED])
+    more = len(lines) - MAX_LINES_QUOTED
+    return shown + (f"; and {more} more replicas" if more > 0 else "")
+
+
+def _cause_of(waiting_reason: str | None) -> str | None:
+    return _SAME_CAUSE.get(waiting_reason or "", waiting_reason)
+
+
+def waiting_line(key: ReplicaKey, reason: str, message: str) -> str:
+    """`worker 1: ImagePullBackOff: Back-off pulling image "nope:1"`."""
+    return f"{key[0]} {key[1]}: {reason}" + (f": {message}" if message else "")
+
+
+def _waiting_lines(work: _Work) -> list[tuple[str, str]]:
+    """(reason, line) of every replica whose Pod waits for a user to act, in replica order."""
+    result: list[tuple[str, str]] = []
+    for key in work.job.replica_keys():
+        record = work.replicas[key]
+        if record.waiting_reason is not None and record.state == st.STATE_PENDING:
+            line = waiting_line(key, record.waiting_reason, record.waiting_message or "")
+            result.append((record.waiting_reason, line))
+    return result
 
 
 @dataclasses.dataclass(frozen=True)
 class _Verdict:
     restart_count: int
+    disruption_count: int
     attempt_start: datetime.datetime | None
     finished: bool
 
@@ -346,6 +495,7 @@ def _judge(
     work: _Work,
     failures: list[Failure],
     restart_count: int,
+    disruption_count: int,
     start_time: datetime.datetime | None,
     attempt_start: datetime.datetime | None,
 ) -> _Verdict | None:
@@ -354,7 +504,7 @@ def _judge(
     if is_success(job, work.replicas):
         deciders = ", ".join(f"{t} {i}" for t, i in success_deciders(job))
         _finish(work, st.SUCCEEDED, REASON_SUCCEEDED, f"TrainJob {job.name} succeeded ({deciders})")
-        return _Verdict(restart_count, None, True)
+        return _Verdict(restart_count, disruption_count, None, True)
 
     deadline = job.run_policy.active_deadline_seconds
     if deadline is not None and start_time is not None:
@@ -366,11 +516,17 @@ def _judge(
                 REASON_DEADLINE,
                 f"TrainJob {job.name} ran longer than activeDeadlineSeconds={deadline}",
             )
-            return _Verdict(restart_count, None, True)
+            return _Verdict(restart_count, disruption_count, None, True)
         work.requeue.append(remaining)
 
     if failures:
-        return _handle_failures(work, failures, restart_count)
+        return _handle_failures(work, failures, restart_count, disruption_count)
+
+    stall = stall_remaining(job, work.conditions, work.progress_at, now)
+    if stall is not None:
+        if stall <= 0:
+            return _stalled(work, restart_count, disruption_count)
+        work.requeue.append(stall)
 
     not_up = [
         key
@@ -381,7 +537,7 @@ def _judge(
         limit = job.run_policy.startup_deadline_seconds
         remaining = (attempt_start - now).total_seconds() + limit
         if remaining <= 0:
-            names = ", ".join(f"{t} {i}" for t, i in not_up)
+            names = ", ".join(_not_up_text(work, key) for key in not_up)
             _finish(
                 work,
                 st.FAILED,
@@ -389,63 +545,178 @@ def _judge(
                 f"Not every replica was running within startupDeadlineSeconds={limit}; "
                 f"still waiting for: {names}",
             )
-            return _Verdict(restart_count, None, True)
+            return _Verdict(restart_count, disruption_count, None, True)
         work.requeue.append(remaining)
     return None
 
 
-def _handle_failures(work: _Work, failures: list[Failure], restart_count: int) -> _Verdict:
+def stall_remaining(
+    job: spec.TrainJob,
+    conditions: Iterable[st.Condition],
+    progress_at: datetime.datetime | None,
+    now: datetime.datetime,
+) -> float | None:
+    """Seconds until a Running job counts as stalled (<= 0: it is); None when no progress
+    deadline applies. The clock starts when the job (last) became Running, so a restarted job
+    gets the whole deadline again, and moves with every new step reported after that.
+
+    `progress_at` None means the executor has no progress of this job at all (no endpoint, a
+    script that never reports): silence is then no evidence of a hang, so nothing is judged."""
+    limit = job.run_policy.progress_deadline_seconds
+    running = next((c for c in conditions if c.type == st.RUNNING and c.status), None)
+    if limit is None or running is None or progress_at is None:
+        return None
+    origin = max(running.last_transition_time, progress_at)
+    return (origin - now).total_seconds() + limit
+
+
+def _stalled(work: _Work, restart_count: int, disruption_count: int) -> _Verdict:
+    """No new step for progressDeadlineSeconds (a hung collective, a dead input pipeline):
+    TensorFlow itself may wait for ever. Fail, or restart the reporting replica's restart
+    group from its checkpoint; a restart counts toward backoffLimit like any other."""
+    job = work.job
+    limit = job.run_policy.progress_deadline_seconds
+    reporter = success_deciders(job)[0]
+    what = (
+        f"no new step from {reporter[0]} {reporter[1]} for {limit} s "
+        f"(progressDeadlineSeconds={limit})"
+    )
+    if job.run_policy.progress_deadline_action == "Fail":
+        _finish(work, st.FAILED, REASON_STALLED, f"Stalled: {what}")
+        return _Verdict(restart_count, disruption_count, None, True)
+    backoff = job.run_policy.backoff_limit
+    if restart_count + 1 > backoff:
+        message = f"Stalled: {what}; backoffLimit={backoff} restarts already used"
+        _finish(work, st.FAILED, REASON_BACKOFF, message)
+        return _Verdict(restart_count, disruption_count, None, True)
+    scope = restart_scope(job, reporter)
+    restarted = [key for key in scope if work.replicas[key].state != st.STATE_SUCCEEDED]
+    for key in restarted:
+        work.replicas[key] = work.replicas[key].next_attempt()
+        work.delete_pods.append(key)
+    restart_count += 1
+    names = ", ".join(f"{t} {i}" for t, i in restarted)
+    work.event(
+        "Warning",
+        "Restarting",
+        f"Restarting {names} from the last checkpoint after {what} "
+        f"(restart {restart_count} of backoffLimit {backoff})",
+    )
+    work.condition(st.RESTARTING, True, REASON_STALLED, f"Restarting after {what}")
+    work.condition(st.RUNNING, False, REASON_STALLED, f"Restarting after {what}")
+    return _Verdict(restart_count, disruption_count, work.now, False)
+
+
+def _not_up_text(work: _Work, key: ReplicaKey) -> str:
+    """`worker 1 (ImagePullBackOff: Back-off pulling image "nope:1")`, or `worker 1`."""
+    record = work.replicas[key]
+    if record.waiting_reason is None or record.state != st.STATE_PENDING:
+        return f"{key[0]} {key[1]}"
+    detail = record.waiting_reason
+    if record.waiting_message:
+        detail += f": {record.waiting_message}"
+    return f"{key[0]} {key[1]} ({detail})"
+
+
+def _handle_failures(
+    work: _Work, failures: list[Failure], restart_count: int, disruption_count: int
+) -> _Verdict:
     job = work.job
     groups: dict[tuple[ReplicaKey, ...], list[Failure]] = {}
     for failure in failures:
         groups.setdefault(restart_scope(job, failure.key), []).append(failure)
     for failure in failures:
+        record = work.replicas[failure.key]
         work.replicas[failure.key] = dataclasses.replace(
-            work.replicas[failure.key],
+            record,
             state=st.STATE_FAILED,
             exit_code=failure.exit_code,
             reason=failure.reason,
+            message=failure.cause or record.message,
         )
-    causes = [root_cause(group) for group in groups.values()]
-    for cause in causes:
+    causes = [_group_cause(work, scope, group) for scope, group in groups.items()]
+    counted = [c for c in causes if not c.disrupted]
+    disrupted = [c for c in causes if c.disrupted]
+    for cause in counted:
         policy = job.replica_specs[cause.key[0]].restart_policy
         if not is_retryable(policy, cause):
-            _finish(
-                work,
-                st.FAILED,
-                REASON_FAILED,
-                f"{describe(cause)}; restartPolicy {policy} does not retry it",
-            )
-            return _Verdict(restart_count, None, True)
-    if restart_count + len(causes) > job.run_policy.backoff_limit:
+            message = f"{describe(cause)}; restartPolicy {policy} does not retry it"
+            _finish(work, st.FAILED, REASON_FAILED, message + _quote(cause, failures))
+            return _Verdict(restart_count, disruption_count, None, True)
+    if restart_count + len(counted) > job.run_policy.backoff_limit:
+        message = (
+            f"{describe(counted[0])}; backoffLimit={job.run_policy.backoff_limit} "
+            f"restarts already used"
+        )
+        _finish(work, st.FAILED, REASON_BACKOFF, message + _quote(counted[0], failures))
+        return _Verdict(restart_count, disruption_count, None, True)
+    limit = job.run_policy.disruption_limit
+    if disrupted and disruption_count + len(disrupted) > limit:
         _finish(
             work,
             st.FAILED,
-            REASON_BACKOFF,
-            f"{describe(causes[0])}; backoffLimit={job.run_policy.backoff_limit} "
-            f"restarts already used",
+            REASON_DISRUPTION_LIMIT,
+            f"{describe(disrupted[0])}; disruptionLimit={limit} restarts after a preemption "
+            f"or eviction already used",
         )
-        return _Verdict(restart_count, None, True)
+        return _Verdict(restart_count, disruption_count, None, True)
     for scope, cause in zip(groups, causes, strict=True):
         restarted = [key for key in scope if work.replicas[key].state != st.STATE_SUCCEEDED]
         for key in restarted:
-            record = work.replicas[key]
-            work.replicas[key] = dataclasses.replace(
-                record, attempt=record.attempt + 1, state=st.STATE_NONE
-            )
+            work.replicas[key] = work.replicas[key].next_attempt()
             work.delete_pods.append(key)
-        restart_count += 1
         names = ", ".join(f"{t} {i}" for t, i in restarted)
+        if cause.disrupted:
+            disruption_count += 1
+            work.event(
+                "Warning",
+                disruption_kind(cause.disruption_reason or ""),
+                f"Restarting {names} after {describe(cause)} (disruption {disruption_count} "
+                f"of disruptionLimit {limit}, not counted toward backoffLimit)",
+            )
+            continue
+        restart_count += 1
         work.event(
             "Warning",
             "Restarting",
             f"Restarting {names} after {describe(cause)} "
-            f"(restart {restart_count} of backoffLimit {job.run_policy.backoff_limit})",
+            f"(restart {restart_count} of backoffLimit {job.run_policy.backoff_limit})"
+            + _quote(cause, failures),
         )
     message = "; ".join(describe(c) for c in causes)
-    work.condition(st.RESTARTING, True, REASON_RESTARTING, f"Restarting after {message}")
-    work.condition(st.RUNNING, False, REASON_RESTARTING, f"Restarting after {message}")
-    return _Verdict(restart_count, work.now, False)
+    reason = REASON_RESTARTING
+    if not counted:
+        # Only disruptions: the reason says which, so `kubectl get tj` shows Preempted.
+        reason = disruption_kind(disrupted[0].disruption_reason or "")
+    work.condition(st.RESTARTING, True, reason, f"Restarting after {message}")
+    work.condition(st.RUNNING, False, reason, f"Restarting after {message}")
+    return _Verdict(restart_count, disruption_count, work.now, False)
+
+
+def _group_cause(work: _Work, scope: tuple[ReplicaKey, ...], group: list[Failure]) -> Failure:
+    """What made a restart group fail. A disruption anywhere in the group (a failed Pod, or
+    one still terminating under DisruptionTarget) is the cause: its peers of an all-reduce job
+    exit 1 within seconds *because* it was taken away, often before its Pod is gone."""
+    for failure in sorted(group, key=lambda f: f.key):
+        if failure.disrupted:
+            return failure
+    for key in scope:
+        record = work.replicas[key]
+        if record.disruption_reason is not None:
+            return Failure(
+                key, None, "Deleted", work.now, record.disruption_reason, record.disruption_message
+            )
+    return root_cause(group)
+
+
+def _quote(cause: Failure, failures: list[Failure]) -> str:
+    """`; cause: worker-0: ValueError: ...`: the replica's last words, the root cause's when
+    it left any, else the first of its peers' (one exit 1 often just follows a lost peer)."""
+    candidates = [cause, *sorted(failures, key=lambda f: f.key)]
+    for failure in candidates:
+        if failure.cause:
+            return f"; cause: {failure.key[0]}-{failure.key[1]}: {failure.cause}"
+    return ""
 
 
 def _finish(work: _Work, ctype: str, reason: str, message: str) -> None:
@@ -486,16 +757,34 @@ def _clean_up(
 
 
 def _update_running(work: _Work) -> None:
-    """Running once every replica is up (or already done); that also ends a restart."""
+    """Running once every replica is up (or already done); that also ends a restart. Until
+    then, a replica that waits for a user to act (a bad image, no node fits) shows why in
+    Running=False, so `kubectl get tj` says it without a look at the Pods."""
     all_up = all(
         work.replicas[key].state in (st.STATE_RUNNING, st.STATE_SUCCEEDED)
         for key in work.job.replica_keys()
     )
+    if not all_up:
+        _show_waiting(work)
     if all_up and not work.is_true(st.RUNNING):
         work.condition(st.RUNNING, True, REASON_RUNNING, "All replicas are running")
         if work.is_true(st.RESTARTING):
             work.condition(st.RESTARTING, False, REASON_RUNNING, "All replicas are running again")
         work.event("Normal", "Running", f"TrainJob {work.job.name} is running")
+
+
+def _show_waiting(work: _Work) -> None:
+    waiting = _waiting_lines(work)
+    if waiting:
+        work.condition(st.RUNNING, False, waiting[0][0], summarize([line for _, line in waiting]))
+        return
+    running = next((c for c in work.conditions if c.type == st.RUNNING), None)
+    if running is not None and not running.status and running.reason in WAITING_REASONS:
+        # The cause went away (the image pulled, a node freed): say what we wait for now.
+        if work.is_true(st.RESTARTING):
+            work.condition(st.RUNNING, False, REASON_RESTARTING, "Replicas are restarting")
+        else:
+            work.condition(st.RUNNING, False, REASON_STARTING, "Replicas are starting")
 
 
 def _suspend(
@@ -507,9 +796,7 @@ def _suspend(
     if newly:
         for key, record in work.replicas.items():
             if record.state != st.STATE_SUCCEEDED:
-                work.replicas[key] = dataclasses.replace(
-                    record, attempt=record.attempt + 1, state=st.STATE_NONE
-                )
+                work.replicas[key] = record.next_attempt()
         work.condition(st.SUSPENDED, True, REASON_SUSPENDED, "TrainJob is suspended")
         if work.is_true(st.RUNNING):
             work.condition(st.RUNNING, False, REASON_SUSPENDED, "TrainJob is suspended")

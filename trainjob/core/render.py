@@ -15,6 +15,10 @@ from trainjob.core import constants, naming, progress, spec, tfconfig
 
 # The user the runtime images (images/trainjob*, `USER 1000`) run as, and its group.
 RUNTIME_IMAGE_UID = 1000
+# Where the runtime images bake the offline MNIST (`trainjob data prepare mnist --data-dir`).
+RUNTIME_IMAGE_DATA_DIR = "/data"
+# tensorflow-datasets' own variable for its default data_dir (`trainjob run` sets it too).
+TFDS_DATA_DIR = "TFDS_DATA_DIR"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,6 +253,10 @@ def _tf_container(
     if job.runtime is not None and "command" not in result:
         result["command"] = list(constants.DEFAULT_RUNTIME_COMMAND)
     env = {**env, **progress_env(job, result, options)}
+    if image and ships_offline_data(job, str(image), options):
+        # A script of one's own in the runtime image (a tutorial's unchanged
+        # `tfds.load("mnist")`, no data_dir) finds the baked-in data instead of downloading.
+        env[TFDS_DATA_DIR] = RUNTIME_IMAGE_DATA_DIR
     user_env = list(result.get("env") or [])
     user_names = {e.get("name") for e in user_env}
     # The user's own value wins: appending ours after theirs would silently override it.
@@ -265,6 +273,11 @@ def _tf_container(
     security.setdefault("allowPrivilegeEscalation", False)
     security.setdefault("capabilities", {"drop": ["ALL"]})
     result["securityContext"] = security
+    # A crash that left no termination message (a script of one's own, a segfault, an OOM
+    # kill) still leaves its log's tail there, ending in Python's exception line: the job's
+    # status quotes it after cleanPodPolicy deleted the Pod and its log. The runtime writes
+    # its own message, which the kubelet prefers.
+    result.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     if job.checkpoint is not None and job.checkpoint.claim_name is not None:
         mounts = list(result.get("volumeMounts") or [])
         if not any(m.get("name") == constants.CHECKPOINT_VOLUME_NAME for m in mounts):
@@ -288,6 +301,14 @@ def _tf_container(
             )
         result["volumeMounts"] = mounts
     return result
+
+
+def ships_offline_data(job: spec.TrainJob, image: str, options: RenderOptions) -> bool:
+    """Whether `image` is a trainjob runtime image (which has the offline MNIST in
+    RUNTIME_IMAGE_DATA_DIR): the job's image when it runs the runtime, or the operator's
+    default image. Another image may keep its own data in tfds' default place: left alone."""
+    runtime_image = job.image if job.runtime is not None else None
+    return image in (runtime_image, options.default_image)
 
 
 def render_service(

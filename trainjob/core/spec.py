@@ -19,6 +19,8 @@ from trainjob.core import constants
 
 RESTART_POLICIES: Final = ("Never", "OnFailure", "Always", "ExitCode")
 CLEAN_POD_POLICIES: Final = ("All", "Running", "None")
+# What runPolicy.progressDeadlineSeconds does to a job whose chief reports no new step.
+PROGRESS_DEADLINE_ACTIONS: Final = ("Restart", "Fail")
 SUCCESS_POLICIES: Final = ("ChiefOrWorker0", "AllWorkers")
 STRATEGIES: Final = (
     "Auto",
@@ -33,6 +35,9 @@ GANG_SCHEDULERS: Final = ("volcano", "scheduler-plugins")
 
 DEFAULT_BACKOFF_LIMIT: Final = 6  # the same default as a Kubernetes batch/v1 Job
 DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 600
+# Restarts after a preemption or eviction (not counted toward backoffLimit): a bound of their
+# own, so a job preempted in a loop still ends.
+DEFAULT_DISRUPTION_LIMIT: Final = 10
 # Longest child name is "<job>-evaluator-<index>"; with up to 4 index digits it must fit the
 # 63-character DNS label that both Pod hostnames and Service names require.
 MAX_JOB_NAME_LENGTH: Final = 48
@@ -121,6 +126,11 @@ class RunPolicy:
     active_deadline_seconds: int | None = None
     ttl_seconds_after_finished: int | None = None
     startup_deadline_seconds: int = DEFAULT_STARTUP_DEADLINE_SECONDS
+    disruption_limit: int = DEFAULT_DISRUPTION_LIMIT
+    # A Running job whose chief reported no new step for this long is stalled (a hung
+    # collective, a dead input pipeline): restarted from its checkpoint (counted) or failed.
+    progress_deadline_seconds: int | None = None
+    progress_deadline_action: str = "Restart"
     suspend: bool = False
     scheduling_policy: SchedulingPolicy | None = None
 
@@ -625,6 +635,9 @@ def _parse_run_policy(c: _Collector, value: object) -> RunPolicy:
             "activeDeadlineSeconds",
             "ttlSecondsAfterFinished",
             "startupDeadlineSeconds",
+            "disruptionLimit",
+            "progressDeadlineSeconds",
+            "progressDeadlineAction",
             "suspend",
             "schedulingPolicy",
         ),
@@ -646,6 +659,9 @@ def _parse_run_policy(c: _Collector, value: object) -> RunPolicy:
         1,
         None,
     )
+    disruptions = c.integer(
+        raw.get("disruptionLimit"), f"{path}.disruptionLimit", DEFAULT_DISRUPTION_LIMIT, 0, None
+    )
     return RunPolicy(
         clean_pod_policy=c.enum(
             raw.get("cleanPodPolicy"),
@@ -662,6 +678,16 @@ def _parse_run_policy(c: _Collector, value: object) -> RunPolicy:
         ),
         startup_deadline_seconds=(
             startup if startup is not None else DEFAULT_STARTUP_DEADLINE_SECONDS
+        ),
+        disruption_limit=disruptions if disruptions is not None else DEFAULT_DISRUPTION_LIMIT,
+        progress_deadline_seconds=c.integer(
+            raw.get("progressDeadlineSeconds"), f"{path}.progressDeadlineSeconds", None, 1, None
+        ),
+        progress_deadline_action=c.enum(
+            raw.get("progressDeadlineAction"),
+            f"{path}.progressDeadlineAction",
+            PROGRESS_DEADLINE_ACTIONS,
+            "Restart",
         ),
         suspend=suspend,
         scheduling_policy=_parse_scheduling(c, raw.get("schedulingPolicy")),

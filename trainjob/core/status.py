@@ -50,6 +50,28 @@ class ReplicaRecord:
     state: str = ""
     exit_code: int | None = None
     reason: str | None = None
+    # Why the current attempt's Pod does not start (the kubelet's or the scheduler's words).
+    waiting_reason: str | None = None
+    waiting_message: str | None = None
+    # Set while the current attempt's Pod is going away under a DisruptionTarget condition:
+    # remembered here because the Pod, and the condition with it, is gone when it is judged.
+    disruption_reason: str | None = None
+    disruption_message: str | None = None
+    # The replica's last words (its exception line) from its last termination message.
+    message: str | None = None
+
+    def next_attempt(self) -> ReplicaRecord:
+        """The record of a restarted replica: a new attempt with nothing observed of it yet;
+        the last exit code, reason and message stay until the new attempt ends."""
+        return dataclasses.replace(
+            self,
+            attempt=self.attempt + 1,
+            state=STATE_NONE,
+            waiting_reason=None,
+            waiting_message=None,
+            disruption_reason=None,
+            disruption_message=None,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +79,8 @@ class JobStatus:
     conditions: tuple[Condition, ...] = ()
     replicas: Mapping[ReplicaKey, ReplicaRecord] = dataclasses.field(default_factory=dict)
     restart_count: int = 0
+    # Restarts after a disruption (preemption, eviction): not counted in restart_count.
+    disruption_count: int = 0
     start_time: datetime.datetime | None = None
     # When the current attempt began (start, restart or resume): the startup deadline's origin.
     attempt_start_time: datetime.datetime | None = None
@@ -149,6 +173,7 @@ def to_dict(job: spec.TrainJob, status: JobStatus) -> dict[str, Any]:
         "state": state_of(status),
         "ready": _ready_text(job, status),
         "restartCount": status.restart_count,
+        "disruptionCount": status.disruption_count,
         "conditions": [
             {
                 "type": c.type,
@@ -192,8 +217,16 @@ def _replica_type_status(job: spec.TrainJob, status: JobStatus, rtype: str) -> d
         entry: dict[str, Any] = {"index": index, "attempt": record.attempt, "state": record.state}
         if record.exit_code is not None:
             entry["exitCode"] = record.exit_code
-        if record.reason:
-            entry["reason"] = record.reason
+        for name, value in (
+            ("reason", record.reason),
+            ("message", record.message),
+            ("waitingReason", record.waiting_reason),
+            ("waitingMessage", record.waiting_message),
+            ("disruptionReason", record.disruption_reason),
+            ("disruptionMessage", record.disruption_message),
+        ):
+            if value:
+                entry[name] = value
         indexes.append(entry)
     return {
         "replicas": len(records),
@@ -237,15 +270,26 @@ def from_dict(raw: object) -> JobStatus:
                     attempt=int(entry.get("attempt") or 0),
                     state=str(entry.get("state") or ""),
                     exit_code=exit_code if isinstance(exit_code, int) else None,
-                    reason=str(entry["reason"]) if entry.get("reason") else None,
+                    reason=_text(entry, "reason"),
+                    waiting_reason=_text(entry, "waitingReason"),
+                    waiting_message=_text(entry, "waitingMessage"),
+                    disruption_reason=_text(entry, "disruptionReason"),
+                    disruption_message=_text(entry, "disruptionMessage"),
+                    message=_text(entry, "message"),
                 )
     generation = raw.get("observedGeneration")
     return JobStatus(
         conditions=tuple(conditions),
         replicas=replicas,
         restart_count=int(raw.get("restartCount") or 0),
+        disruption_count=int(raw.get("disruptionCount") or 0),
         start_time=parse_time(raw.get("startTime")),
         attempt_start_time=parse_time(raw.get("attemptStartTime")),
         completion_time=parse_time(raw.get("completionTime")),
         observed_generation=generation if isinstance(generation, int) else None,
     )
+
+
+def _text(entry: Mapping[str, Any], key: str) -> str | None:
+    value = entry.get(key)
+    return str(value) if value else None

@@ -125,6 +125,7 @@ def train_main(argv: list[str]) -> int:
         settings = settings_mod.from_env(env)
     except exitcodes.ConfigError as exc:
         log.error("Rejected the runtime configuration: %s", exc)
+        reporter.write_termination_error(os.environ, exc)
         return exitcodes.exit_code(FailureKind.INVALID_CONFIG)
 
     prepare_process_env(os.environ, settings)
@@ -161,6 +162,9 @@ def train_main(argv: list[str]) -> int:
         )
         with contextlib.suppress(OSError):  # stdout may be gone; the exit code still counts
             emitter.emit("end", status=kind.value, exit_code=code)
+        if kind is not FailureKind.PREEMPTED:
+            # After the final report: the error goes beside it in the termination message.
+            reporter.write_termination_error(os.environ, exc)
         if kind is FailureKind.PREEMPTED and settings.cluster:
             # Measured under MultiWorkerMirrored: after an agreed preemption save, interpreter
             # shutdown blocked in TensorFlow's coordination service for good (every peer

@@ -69,6 +69,22 @@ def writes_alone(strategy_name: str, num_workers: int) -> bool:
 # --- the loop ------------------------------------------------------------------------------
 
 
+def example_count(tf: Any, first: Any) -> Any:
+    """How many examples an element of the dataset holds (a float32 tensor): its first
+    dimension when batched, one when it is a scalar (TensorFlow's ParameterServer sample
+    iterates `Dataset.range(1, 6)` unbatched; `tf.shape(x)[0]` of a scalar fails to trace)."""
+    rank = first.shape.rank
+    if rank == 0:
+        return tf.constant(1.0, tf.float32)
+    if rank is None:  # known only when the step runs
+        return tf.cond(
+            tf.rank(first) > 0,
+            lambda: tf.cast(tf.shape(first)[0], tf.float32),
+            lambda: tf.constant(1.0, tf.float32),
+        )
+    return tf.cast(tf.shape(first)[0], tf.float32)
+
+
 @dataclass
 class _Epoch:
     """Host-side bookkeeping of the running epoch (examples are counted from the data)."""
@@ -158,8 +174,7 @@ class LoopRunner:
         def replica_fn(batch: Any) -> tuple[dict[str, Any], Any]:
             logs = dict(spec.step_fn(state, batch))
             # Examples are counted from the data, whatever batch size the dataset uses.
-            first = tf.nest.flatten(batch)[0]
-            return logs, tf.cast(tf.shape(first)[0], tf.float32)
+            return logs, example_count(tf, tf.nest.flatten(batch)[0])
 
         step_var = self.step_var
         counts_in_graph = not self.is_ps

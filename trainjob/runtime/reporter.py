@@ -32,12 +32,13 @@ import os
 import ssl
 import threading
 import time
+import traceback
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from trainjob.core import constants
+from trainjob.core import constants, observe
 from trainjob.core import progress as core_progress
 
 log = logging.getLogger("trainjob.progress")
@@ -49,6 +50,8 @@ REQUEST_TIMEOUT: Final = 5.0
 # How long `finish` waits for the final report to go out before the process exits.
 FINISH_TIMEOUT: Final = 5.0
 LOG_EVERY: Final = 60.0
+# The kubelet keeps the first 4 KiB of a termination message; leave room to spare.
+TERMINATION_MESSAGE_LIMIT: Final = 4000
 # Answers that the same report would get again: the final report is not retried after them.
 PERMANENT_REFUSALS: Final = (400, 401, 403, 404, 413, 415)
 
@@ -348,6 +351,55 @@ def write_termination_message(env: Mapping[str, str], report: core_progress.Repo
         return
     with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as handle:
         handle.write(core_progress.termination_message(report))
+
+
+def exception_line(exc: BaseException) -> str:
+    """The line Python prints last for an uncaught `exc` (`ValueError: learning rate must be
+    > 0`): the cause a failed job quotes. Notes and later lines of a long message are left out."""
+    lines = traceback.format_exception_only(type(exc), exc)
+    first = lines[0].strip().splitlines() if lines else []
+    return first[0] if first else type(exc).__name__
+
+
+def termination_path(env: Mapping[str, str], exists: Callable[[str], bool]) -> str | None:
+    """Where the kubelet reads this container's termination message: the path the Pod was
+    rendered with, else Kubernetes' default when it exists (a Pod); None elsewhere (a local
+    process must not write to /dev)."""
+    path = env.get(constants.ENV_TERMINATION_MESSAGE_PATH)
+    if path:
+        return path
+    default = constants.DEFAULT_TERMINATION_MESSAGE_PATH
+    return default if exists(default) else None
+
+
+def with_error(previous: str, line: str) -> str:
+    """A termination message with the replica's exception line beside what it held already
+    (the chief's final progress report), as one JSON object the operator's observe reads. The
+    kubelet keeps 4 KiB: past that the error alone is kept, as it says why the job failed."""
+    line = observe.cut_cause(line)
+    merged: dict[str, Any] = {}
+    with contextlib.suppress(ValueError):
+        parsed = json.loads(previous) if previous.strip() else {}
+        if isinstance(parsed, dict):
+            merged = parsed
+    merged[observe.TERMINATION_ERROR_KEY] = line
+    text = json.dumps(merged, separators=(",", ":"))
+    if len(text) > TERMINATION_MESSAGE_LIMIT:
+        text = json.dumps({observe.TERMINATION_ERROR_KEY: line}, separators=(",", ":"))
+    return text
+
+
+def write_termination_error(env: Mapping[str, str], exc: BaseException) -> None:
+    """Record why this replica failed in its termination message, so the job's status quotes
+    it even after cleanPodPolicy deleted the Pod and its log."""
+    path = termination_path(env, os.path.exists)
+    if path is None:
+        return
+    previous = ""
+    with contextlib.suppress(OSError), open(path, encoding="utf-8") as handle:
+        previous = handle.read(TERMINATION_MESSAGE_LIMIT + 1)
+    with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as handle:
+        handle.write(with_error(previous, exception_line(exc)))
 
 
 class ProgressReporter:
