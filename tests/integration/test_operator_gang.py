@@ -12,6 +12,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from tests.controlplane.kueue import Kueue
+from tests.integration.kueue_harness import Queues, queued_job
 from tests.integration.operator_harness import (
     Cluster,
     Operator,
@@ -118,3 +120,68 @@ def test_gang_podgroup_and_pod_references(
             assert pod.metadata.annotations["scheduling.k8s.io/group-name"] == "gang"
         else:
             assert pod.metadata.labels["scheduling.x-k8s.io/pod-group"] == "gang"
+
+
+def test_gang_podgroup_of_a_kueue_job_is_made_only_after_admission(
+    podgroup_crds: None,
+    kueue: Kueue,
+    kubeconfig: Path,
+    api_client: k8s.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """Kueue admits a job whole (all its podSets or none), so a PodGroup while it waits in
+    the queue would only reserve nothing for a job that cannot start: it comes with the Pods."""
+    group, version, _ = GANGS["scheduler-plugins"]
+    cluster, queues = Cluster(api_client, namespace), Queues(api_client, namespace)
+    cq = queues.cluster_queue(queues.flavor(), "0")  # nothing fits yet
+    lq = queues.local_queue(cq)
+    body = queued_job("gq", lq)
+    body["spec"]["runPolicy"] = {"schedulingPolicy": {"minAvailable": 3}}
+    operator = Operator(
+        kubeconfig,
+        tmp_path / "operator.log",
+        f"--namespace={namespace}",
+        "--gang-scheduler=scheduler-plugins",
+        "--kueue",
+    ).start()
+
+    def podgroups() -> list[Any]:
+        found = cluster.custom.list_namespaced_custom_object(group, version, namespace, "podgroups")
+        return list(found.get("items") or [])
+
+    try:
+        cluster.create_job(body)
+        wait_until(
+            lambda: (c := cluster.condition("gq", "Suspended")) and c["reason"] == "Queued",
+            timeout=60,
+            what="the job queued",
+        )
+        assert podgroups() == [] and not cluster.pods("gq")
+        queues.custom.patch_cluster_custom_object(
+            "kueue.x-k8s.io",
+            "v1beta2",
+            "clusterqueues",
+            cq,
+            {
+                "spec": {
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu"],
+                            "flavors": [
+                                {
+                                    "name": queues.cluster_scoped[0][1],
+                                    "resources": [{"name": "cpu", "nominalQuota": "10"}],
+                                }
+                            ],
+                        }
+                    ]
+                }
+            },
+        )
+        cluster.wait_pods("gq", {"gq-chief-0", "gq-worker-0", "gq-worker-1"}, timeout=60)
+        (podgroup,) = podgroups()
+        assert podgroup["spec"]["minMember"] == 3
+    finally:
+        operator.stop()
+        queues.cleanup()
