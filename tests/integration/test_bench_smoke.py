@@ -49,3 +49,27 @@ def test_benchmark_smoke_size_completes_and_prints_figures(tmp_path: Path) -> No
     assert (loaded["jobs"], loaded["probes"]) == (3, 2) and not loaded["notes"]
     assert 0 < loaded["children_p50"] <= loaded["children_p99"] == loaded["children_max"]
     assert "One more job while 3 jobs x 8 replicas run" in stdout
+
+
+def test_kueue_benchmark_smoke_size_completes_and_prints_figures(tmp_path: Path) -> None:
+    """bench/kueue_queue.py at 6 jobs x 8 through a ClusterQueue that fits 2, our operator
+    only (the TFJob baseline needs training-operator, built by bench/kubeflow/install.sh)."""
+    stdout, figures = run_benchmark(
+        "kueue_queue.py",
+        "--jobs=6",
+        "--replicas=8",
+        "--fit=2",
+        "--operator=trainjob",
+        "--timeout=240",
+        json_out=tmp_path / "figures.json",
+        timeout=480,
+    )
+    for figure in ("create -> admitted, p50", "queue drain (first create -> last Succeeded)"):
+        assert figure in stdout, f"{figure!r} missing from:\n{stdout}"
+    (run,) = figures["results"]
+    assert (run["operator"], run["jobs"], run["fit"]) == ("trainjob", 6, 2)
+    assert run["completed"] == 6 and not run["notes"]
+    assert 0 < run["admitted_p50"] <= run["admitted_p99"]
+    assert 0 < run["admitted_to_children_p50"] <= run["children_p99"]
+    # Three waves of two jobs: the queue cannot drain faster than its slowest admission.
+    assert run["drain_seconds"] >= run["admitted_p99"]
