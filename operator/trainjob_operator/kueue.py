@@ -2,7 +2,8 @@
 
 One pass of `sync` is one step of Kueue's protocol for a job's controller (a port of
 Kueue's `jobframework.ReconcileGenericJob`, which its TFJob integration used); the
-decisions are kueue_workload.py's, the API calls go through kube.py. In order:
+decisions are kueue_workload.py's and kueue_patches.py's, the API calls go through kube.py.
+In order:
 
 1. A finished job finishes its Workload (Finished=True: Kueue releases the quota), then
    drops the Workload's `resource-in-use` finalizer. A deleted job does the same.
@@ -38,6 +39,7 @@ from typing import Any, Final
 from trainjob.core import naming, render, spec
 from trainjob.core import status as st
 from trainjob_operator import children, config, kube
+from trainjob_operator import kueue_patches as kp
 from trainjob_operator import kueue_workload as kw
 
 logger = logging.getLogger("trainjob_operator.kueue")
@@ -151,7 +153,7 @@ async def _finish(
 ) -> None:
     if kw.is_finished(wl):
         return
-    await _patch_workload_status(api, wl, kw.finish_status(wl, reason, message, now))
+    await _patch_workload_status(api, wl, kp.finish_status(wl, reason, message, now))
     logger.info(
         "Finished Workload %s/%s (%s)", _meta(wl).get("namespace"), _meta(wl).get("name"), reason
     )
@@ -255,7 +257,7 @@ class _Job:
         """Suspend the job and restore its templates from the Workload (stopJob)."""
         if self.suspended and workload is None:
             return
-        patch = kw.stop_patch(self.raw, workload)
+        patch = kp.stop_patch(self.raw, workload)
         if self.suspended and "replicaSpecs" not in patch["spec"]:
             return
         await self.patch(patch)
@@ -325,11 +327,11 @@ async def sync(
             if not this.suspended:
                 await this.stop(None, "no Workload admitted yet")
             if pods:
-                return Step(this.raw, None, kw.hold_reason(None, kw.queue_name(job.labels)))
+                return Step(this.raw, None, kp.hold_reason(None, kw.queue_name(job.labels)))
             manifest = kw.build_workload(job, namespace, owner, options, await _priority(api, job))
             created = await api.create_object(manifest, kw.WORKLOADS)
             return Step(
-                this.raw, created, kw.hold_reason(created or manifest, kw.queue_name(job.labels))
+                this.raw, created, kp.hold_reason(created or manifest, kw.queue_name(job.labels))
             )
 
     wl_name = str(_meta(workload).get("name"))
@@ -338,7 +340,7 @@ async def sync(
         fresh = await _current(api, workload)
         if fresh is not None:
             await _release(api, fresh)
-        return Step(this.raw, None, kw.hold_reason(None, kw.queue_name(job.labels)))
+        return Step(this.raw, None, kp.hold_reason(None, kw.queue_name(job.labels)))
 
     if kw.is_finished(workload):
         # Finished by Kueue before the job ended (FailedToStart, OutOfSync): the job stays
@@ -347,23 +349,23 @@ async def sync(
         fresh = await _current(api, workload)
         if fresh is not None:
             await _release(api, fresh)
-        return Step(this.raw, workload, kw.hold_reason(workload, None))
+        return Step(this.raw, workload, kp.hold_reason(workload, None))
 
     evicted = kw.condition(workload, kw.EVICTED)
     if evicted is not None and evicted.get("status") == "True":
         await this.stop(workload, f"evicted ({evicted.get('reason')}): {evicted.get('message')}")
         if kw.has_quota_reservation(workload) and not pods:
             # The Pods are gone: give the quota back so Kueue can queue the job again.
-            await _patch_workload_status(api, workload, kw.clear_admission_status(workload, now))
+            await _patch_workload_status(api, workload, kp.clear_admission_status(workload, now))
             logger.info("Cleared the admission of evicted Workload %s/%s", namespace, wl_name)
-        return Step(this.raw, workload, kw.hold_reason(workload, None))
+        return Step(this.raw, workload, kp.hold_reason(workload, None))
 
     if this.suspended:
         if kw.is_admitted(workload):
             try:
-                infos = kw.admission_infos(workload, await _flavors(api, workload))
-                patch = kw.start_patch(this.raw, infos)
-            except kw.MergeConflictError as exc:
+                infos = kp.admission_infos(workload, await _flavors(api, workload))
+                patch = kp.start_patch(this.raw, infos)
+            except kp.MergeConflictError as exc:
                 await _finish(api, workload, kw.REASON_FAILED_TO_START, str(exc), now)
                 return Step(
                     this.raw,
@@ -379,11 +381,11 @@ async def sync(
             # The user moved the waiting job to another queue (QueueNameChange).
             updated = await _patch_workload(api, workload, {"spec": {"queueName": queue}})
             workload = updated or workload
-        return Step(this.raw, workload, kw.hold_reason(workload, queue))
+        return Step(this.raw, workload, kp.hold_reason(workload, queue))
 
     if not kw.is_admitted(workload):
         await this.stop(workload, "not admitted by its ClusterQueue")
-        return Step(this.raw, workload, kw.hold_reason(workload, None))
+        return Step(this.raw, workload, kp.hold_reason(workload, None))
     return Step(this.raw, workload, None)
 
 
@@ -435,6 +437,6 @@ async def sync_pods_ready(
     """Keep the Workload's PodsReady in step with the job's Running condition."""
     if workload is None or kw.is_finished(workload) or decided.finished:
         return
-    patch = kw.pods_ready_status(workload, decided.is_true(st.RUNNING), now)
+    patch = kp.pods_ready_status(workload, decided.is_true(st.RUNNING), now)
     if patch is not None:
         await _patch_workload_status(api, workload, patch)

@@ -51,6 +51,7 @@ from trainjob_operator import (
     metrics,
     watchdog,
 )
+from trainjob_operator import kueue_patches as kp
 from trainjob_operator import kueue_workload as kw
 
 JobKey = children.JobKey
@@ -452,7 +453,7 @@ async def reconcile_job(
 
     decision = policy.reconcile(job, old, observed, set(service_uids), now)
     if queued is not None:
-        decision = kw.held_decision(decision, old, queued.hold, queued.workload, now)
+        decision = kp.held_decision(decision, old, queued.hold, queued.workload, now)
     owner = render.Owner(name=name, uid=uid)
 
     # Record the decision before acting on it (see the module docstring for why).

@@ -11,6 +11,7 @@ import pytest
 
 from trainjob.core import policy, render, spec
 from trainjob.core import status as st
+from trainjob_operator import kueue_patches as kp
 from trainjob_operator import kueue_workload as kw
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
@@ -192,7 +193,7 @@ FLAVORS = {
 def test_admission_merges_flavors_and_kueue_labels_into_the_templates_and_unsuspends() -> None:
     raw = manifest(template=GPU_TEMPLATE)
     workload = admitted_workload({"chief": "on-demand", "worker": "spot"})
-    patch = kw.start_patch(raw, kw.admission_infos(workload, FLAVORS))
+    patch = kp.start_patch(raw, kp.admission_infos(workload, FLAVORS))
     assert patch["spec"]["runPolicy"] == {"suspend": False}
     worker = patch["spec"]["replicaSpecs"]["worker"]["template"]
     assert worker["spec"]["nodeSelector"] == {"pool": "spot"}
@@ -218,8 +219,8 @@ def test_an_admission_that_contradicts_the_template_is_a_conflict() -> None:
     template["spec"]["nodeSelector"] = {"pool": "reserved"}
     raw = manifest(template=template)
     workload = admitted_workload({"chief": "spot", "worker": "spot"})
-    with pytest.raises(kw.MergeConflictError, match="nodeSelector pool"):
-        kw.start_patch(raw, kw.admission_infos(workload, FLAVORS))
+    with pytest.raises(kp.MergeConflictError, match="nodeSelector pool"):
+        kp.start_patch(raw, kp.admission_infos(workload, FLAVORS))
 
 
 def test_admission_checks_pod_set_updates_are_merged() -> None:
@@ -231,7 +232,7 @@ def test_admission_checks_pod_set_updates_are_merged() -> None:
             "podSetUpdates": [{"name": "worker", "annotations": {"cluster-autoscaler/x": "y"}}],
         }
     ]
-    [_, worker] = kw.admission_infos(workload, FLAVORS)
+    [_, worker] = kp.admission_infos(workload, FLAVORS)
     assert worker.annotations["cluster-autoscaler/x"] == "y"
 
 
@@ -251,15 +252,15 @@ def apply_merge_patch(target: Any, patch: Any) -> Any:
 def test_eviction_restores_the_templates_from_the_workload_and_suspends() -> None:
     raw = manifest(template=GPU_TEMPLATE, run_policy={"suspend": True})
     workload = admitted_workload({"chief": "spot", "worker": "spot"})
-    started = apply_merge_patch(raw, kw.start_patch(raw, kw.admission_infos(workload, FLAVORS)))
+    started = apply_merge_patch(raw, kp.start_patch(raw, kp.admission_infos(workload, FLAVORS)))
     assert started["spec"]["runPolicy"]["suspend"] is False
-    stopped = apply_merge_patch(started, kw.stop_patch(started, workload))
+    stopped = apply_merge_patch(started, kp.stop_patch(started, workload))
     assert stopped["spec"]["runPolicy"]["suspend"] is True
     assert stopped["spec"]["replicaSpecs"] == raw["spec"]["replicaSpecs"]
 
 
 def test_a_stopped_job_without_a_workload_is_only_suspended() -> None:
-    assert kw.stop_patch(manifest(), None) == {"spec": {"runPolicy": {"suspend": True}}}
+    assert kp.stop_patch(manifest(), None) == {"spec": {"runPolicy": {"suspend": True}}}
 
 
 def test_clearing_an_evicted_admission_requeues_after_preemption_only() -> None:
@@ -272,7 +273,7 @@ def test_clearing_an_evicted_admission_requeues_after_preemption_only() -> None:
             "message": "Preempted to accommodate a workload (UID: x) due to prioritization",
         }
     )
-    cleared = kw.clear_admission_status(workload, T0 + datetime.timedelta(seconds=90))
+    cleared = kp.clear_admission_status(workload, T0 + datetime.timedelta(seconds=90))
     assert cleared["admission"] is None
     by_type = {c["type"]: c for c in cleared["conditions"]}
     assert by_type["QuotaReserved"]["status"] == "False"
@@ -282,7 +283,7 @@ def test_clearing_an_evicted_admission_requeues_after_preemption_only() -> None:
     assert by_type["Requeued"]["reason"] == "Preempted"
     assert cleared["accumulatedPastExecutionTimeSeconds"] == 90
     workload["status"]["conditions"][-1]["reason"] = "PodsReadyTimeout"
-    cleared = kw.clear_admission_status(workload, T0)
+    cleared = kp.clear_admission_status(workload, T0)
     assert {c["type"]: c for c in cleared["conditions"]}["Requeued"]["status"] == "False"
 
 
@@ -308,21 +309,21 @@ def test_pods_ready_follows_kueues_state_machine(
         workload["status"]["conditions"].append(
             {"type": "PodsReady", "status": current[0], "reason": current[1]}
         )
-    status, reason, _ = kw.pods_ready_condition(workload, running)
+    status, reason, _ = kp.pods_ready_condition(workload, running)
     assert (status, reason) == want
 
 
 def test_pods_ready_is_written_only_when_it_changes() -> None:
     workload = admitted_workload({"chief": "spot", "worker": "spot"})
-    patch = kw.pods_ready_status(workload, True, T0)
+    patch = kp.pods_ready_status(workload, True, T0)
     assert patch is not None
     workload["status"]["conditions"] = patch["conditions"]
-    assert kw.pods_ready_status(workload, True, T0) is None
+    assert kp.pods_ready_status(workload, True, T0) is None
 
 
 def test_a_finished_workload_keeps_the_other_conditions() -> None:
     workload = admitted_workload({"chief": "spot", "worker": "spot"})
-    finished = kw.finish_status(workload, "Succeeded", "TrainJob mnist succeeded", T0)
+    finished = kp.finish_status(workload, "Succeeded", "TrainJob mnist succeeded", T0)
     types = [c["type"] for c in finished["conditions"]]
     assert types == ["QuotaReserved", "Admitted", "Finished"]
 
@@ -339,14 +340,14 @@ def test_the_hold_says_which_queue_and_kueues_reason() -> None:
             }
         ]
     }
-    reason, message = kw.hold_reason(workload, "team-a-queue")
+    reason, message = kp.hold_reason(workload, "team-a-queue")
     assert reason == kw.JOB_REASON_QUEUED
     assert "LocalQueue team-a-queue" in message
     assert "insufficient quota" in message
     workload["status"]["conditions"].append(
         {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "by prio"}
     )
-    reason, message = kw.hold_reason(workload, "team-a-queue")
+    reason, message = kp.hold_reason(workload, "team-a-queue")
     assert reason == kw.JOB_REASON_EVICTED
     assert "Preempted" in message
 
@@ -354,11 +355,11 @@ def test_the_hold_says_which_queue_and_kueues_reason() -> None:
 def test_a_held_job_says_queued_instead_of_suspended() -> None:
     job = parsed(manifest())
     decision = policy.reconcile(job, st.JobStatus(), {}, set(), T0)
-    held = kw.held_decision(decision, st.JobStatus(), ("Queued", "Waiting for Kueue"), None, T0)
+    held = kp.held_decision(decision, st.JobStatus(), ("Queued", "Waiting for Kueue"), None, T0)
     suspended = held.status.condition(st.SUSPENDED)
     assert suspended is not None and suspended.reason == "Queued"
     assert [e.reason for e in held.events] == ["Created", "Queued"]
     # The same hold again posts nothing new.
     again = policy.reconcile(job, held.status, {}, set(), T0)
-    held_again = kw.held_decision(again, held.status, ("Queued", "Waiting for Kueue"), None, T0)
+    held_again = kp.held_decision(again, held.status, ("Queued", "Waiting for Kueue"), None, T0)
     assert held_again.events == ()
