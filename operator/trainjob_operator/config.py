@@ -55,6 +55,7 @@ ENV_PROGRESS_URL: Final = "TRAINJOB_OPERATOR_PROGRESS_URL"
 ENV_PROGRESS_CERT_DIR: Final = "TRAINJOB_PROGRESS_CERT_DIR"
 ENV_PROGRESS_INTERVAL: Final = "TRAINJOB_PROGRESS_INTERVAL_SECONDS"
 ENV_PROGRESS_WRITES: Final = "TRAINJOB_PROGRESS_STATUS_WRITES_PER_SECOND"
+ENV_RESTRICTED: Final = "TRAINJOB_RESTRICTED_POD_DEFAULTS"
 ENV_KUEUE: Final = "TRAINJOB_KUEUE"
 ENV_KUEUE_MANAGE_ALL: Final = "TRAINJOB_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME"
 ENV_KUEUE_NAMESPACES: Final = "TRAINJOB_KUEUE_MANAGED_NAMESPACES"
@@ -100,6 +101,8 @@ class Settings:
     # The most status writes of progress per second (the write budget); final reports go at once.
     progress_writes_per_second: float = DEFAULT_PROGRESS_WRITES
     verbose: bool = False
+    # Fill in the Pod Security "restricted" fields a template leaves unset (render.py).
+    restricted_pod_defaults: bool = False
     # Kueue integration (kueue.py): jobs with a kueue.x-k8s.io/queue-name label wait for
     # Kueue's admission; with `kueue_manage_all`, every job in the namespaces matching the
     # label selector `kueue_namespaces` does (Kueue's manageJobsWithoutQueueName).
@@ -276,6 +279,14 @@ def parser() -> argparse.ArgumentParser:
         f"{ENV_PROGRESS_WRITES}; default 20)",
     )
     p.add_argument(
+        "--restricted-pod-defaults",
+        action="store_true",
+        default=None,
+        help="fill in what Pod Security 'restricted' requires and a template leaves unset "
+        "(runAsNonRoot with user 1000, no privilege escalation, drop ALL capabilities), so "
+        f"images of your own run in restricted namespaces (env {ENV_RESTRICTED})",
+    )
+    p.add_argument(
         "--kueue",
         action="store_true",
         default=None,
@@ -376,6 +387,11 @@ def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         progress_interval_seconds=interval,
         progress_writes_per_second=writes,
         verbose=bool(args.verbose),
+        restricted_pod_defaults=(
+            args.restricted_pod_defaults
+            if args.restricted_pod_defaults is not None
+            else _bool(env.get(ENV_RESTRICTED))
+        ),
         kueue=args.kueue if args.kueue is not None else _bool(env.get(ENV_KUEUE)),
         kueue_manage_all=(
             args.kueue_manage_jobs_without_queue_name

@@ -37,6 +37,7 @@ def render_options(
         scheduler_name=settings.effective_scheduler_name if gang else None,
         pod_group_name=pod_group_name(job) if gang else None,
         progress=progress,
+        restricted_defaults=settings.restricted_pod_defaults,
     )
 
 

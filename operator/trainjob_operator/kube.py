@@ -71,6 +71,14 @@ class TransientError(Exception):
 
     # The HTTP status the API server answered; None: no answer (unreachable, timed out).
     status: int | None = None
+    # The API server's own message (its Status object's), when it answered.
+    api_message: str | None = None
+
+    def refused(self) -> bool:
+        """403 Forbidden: the API server will not take this object as it is now (Pod
+        Security, a ResourceQuota, a LimitRange, a denying admission webhook, missing RBAC,
+        a terminating namespace). It may change: the caller says so and retries later."""
+        return self.status == 403
 
     def answered_no(self) -> bool:
         """The API server answered and refused (a 4xx other than 429), as opposed to being
@@ -152,6 +160,7 @@ def _classify(status: int, data: bytes, what: str) -> Exception:
         return RejectedError(f"{what}: {_message(status, data)}")
     error = (GoneError if status == 410 else TransientError)(f"{what}: {_message(status, data)}")
     error.status = status
+    error.api_message = _message(status, data)
     return error
 
 

@@ -192,6 +192,11 @@ class Seen:
     stale: bool = False
     # The Events this loop posted for a decision whose status write conflicted.
     superseded: Superseded | None = None
+    # Replicas whose Pod the API server refused at the last try, with its message: the next
+    # decision says so (a waiting cause) until the Pod exists.
+    refused: dict[policy.ReplicaKey, str] = dataclasses.field(default_factory=dict)
+    # Consecutive reconciles that met a refusal: the retry backs off (2 s doubling to 60 s).
+    refusals: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -451,7 +456,12 @@ async def reconcile_job(
     pod_uids = {p.key: p.uid for p in mine_pods}
     service_uids = {s.key: s.uid for s in mine_services}
 
-    decision = policy.reconcile(job, old, observed, set(service_uids), now)
+    refused: dict[policy.ReplicaKey, str] = {}
+    if seen is not None:
+        for key in [k for k in seen.refused if k in observed]:
+            del seen.refused[key]  # created since: no longer refused
+        refused = dict(seen.refused)
+    decision = policy.reconcile(job, old, observed, set(service_uids), now, refused=refused)
     if queued is not None:
         decision = kp.held_decision(decision, old, queued.hold, queued.workload, now)
     owner = render.Owner(name=name, uid=uid)
@@ -476,10 +486,11 @@ async def reconcile_job(
         await rt.kube.delete_service(
             namespace, naming.child_name(name, rtype, index), service_uids.get((rtype, index))
         )
+    refusals: dict[policy.ReplicaKey, str] = {}
     try:
         if decision.create_services or decision.create_pods:
             async with rt.creating:
-                await _create_children(rt, job, decision, namespace, options, owner)
+                await _create_children(rt, job, decision, namespace, options, owner, refusals)
     except kube.RejectedError as exc:
         # The API server refused what the spec renders to (e.g. an invalid Pod template that
         # the CRD schema cannot check): the job can never run as written.
@@ -493,6 +504,18 @@ async def reconcile_job(
         await rt.kube.delete_trainjob(namespace, name, uid)
         rt.metrics.forget(uid)
         return Outcome(None, done=True)
+    if seen is not None:
+        if refusals:
+            # Told in status by the next decision, at once the first time; tried again
+            # with a growing delay while the refusal stays (a quota may free up).
+            seen.refusals += 1
+            seen.refused.update(refusals)
+            retry = 0.0 if seen.refusals == 1 else kube.retry_delay(seen.refusals - 1, 2.0, 60.0)
+            requeue = (
+                retry if decision.requeue_after is None else min(retry, decision.requeue_after)
+            )
+            return Outcome(requeue)
+        seen.refusals = 0
     return Outcome(decision.requeue_after)
 
 
@@ -522,16 +545,21 @@ async def _create_children(
     namespace: str,
     options: render.RenderOptions,
     owner: render.Owner,
+    refusals: dict[policy.ReplicaKey, str],
 ) -> None:
+    """`refusals` gets the replicas whose Pod (or Service) the API server refused (403)."""
     # Each group's creates are independent of each other, so they go out together (the API
     # layer bounds how many requests run at once); the groups keep their order (Services,
     # then the PodGroup, then Pods) and each group finishes before the next starts.
     await _all(
-        rt.kube.create(
+        _create_refusable(
+            rt,
             "Service",
             namespace,
+            (rtype, index),
             naming.child_name(job.name, rtype, index),
             functools.partial(render.render_service, job, rtype, index, options, owner),
+            refusals,
         )
         for rtype, index in decision.create_services
     )
@@ -541,28 +569,46 @@ async def _create_children(
     # with the job, so per Pod it made rendering a large job quadratic.
     cluster = render.cluster_of(job, options) if decision.create_pods else None
     await _all(
-        _create_pod(
+        _create_refusable(
             rt,
+            "Pod",
             namespace,
-            rtype,
+            (rtype, index),
             naming.child_name(job.name, rtype, index),
             functools.partial(
                 render.render_pod, job, rtype, index, attempt, options, owner, cluster
             ),
+            refusals,
         )
         for rtype, index, attempt in decision.create_pods
     )
 
 
-async def _create_pod(
-    rt: Runtime, namespace: str, rtype: str, name: str, render_pod: Callable[[], dict[str, Any]]
+async def _create_refusable(
+    rt: Runtime,
+    kind: str,
+    namespace: str,
+    key: policy.ReplicaKey,
+    name: str,
+    render_child: Callable[[], dict[str, Any]],
+    refusals: dict[policy.ReplicaKey, str],
 ) -> bool:
-    """A Pod the API server refuses is the user's template at fault: the error (which names
-    the Pod's field) also names the TrainJob field to fix."""
+    """Create one child. A Pod the API server finds invalid (422) is the user's template at
+    fault: the error (which names the Pod's field) also names the TrainJob field to fix. One
+    it forbids (403: Pod Security, a quota, a LimitRange, a webhook) goes into `refusals`
+    with the API server's words, for the job's status, and is tried again later."""
     try:
-        return await rt.kube.create("Pod", namespace, name, render_pod)
+        return await rt.kube.create(kind, namespace, name, render_child)
     except kube.RejectedError as exc:
-        raise kube.RejectedError(f"spec.replicaSpecs.{rtype}.template: {exc}") from exc
+        if kind != "Pod":
+            raise
+        raise kube.RejectedError(f"spec.replicaSpecs.{key[0]}.template: {exc}") from exc
+    except kube.TransientError as exc:
+        if not exc.refused():
+            raise
+        refusals[key] = exc.api_message or str(exc)
+        logger.warning("Could not create %s %s/%s: %s", kind, namespace, name, exc)
+        return False
 
 
 async def _all(calls: Iterable[Coroutine[Any, Any, Any]]) -> None:

@@ -873,3 +873,44 @@ def test_a_big_job_that_fits_no_node_is_one_event_and_a_short_message() -> None:
     message = world.condition(st.RUNNING).message
     assert message.startswith("worker 0: Unschedulable: 0/3 nodes are available; worker 1")
     assert message.endswith("; and 47 more replicas")
+
+
+# ----- Pods the API server refuses -----
+
+
+REFUSAL = (
+    'pods "job-worker-0" is forbidden: violates PodSecurity "restricted:latest": '
+    "runAsNonRoot != true (pod or container must set securityContext.runAsNonRoot=true)"
+)
+
+
+def test_a_refused_pod_is_a_waiting_cause_with_the_api_servers_words_and_is_retried() -> None:
+    job = make_job({"worker": 2})
+    refused = {("worker", 0): REFUSAL, ("worker", 1): REFUSAL}
+    first = policy.reconcile(job, st.JobStatus(), {}, set(), at(0), refused=refused)
+    # Still created again (the refusal may clear: a quota freed, a label fixed).
+    assert {(t, i) for t, i, _ in first.create_pods} == {("worker", 0), ("worker", 1)}
+    running = first.status.condition(st.RUNNING)
+    assert running is not None and not running.status
+    assert running.reason == "FailedCreate"
+    assert "violates PodSecurity" in running.message and "worker 1" in running.message
+    warnings = [e for e in first.events if e.type == "Warning"]
+    assert [e.reason for e in warnings] == ["FailedCreate"]  # one Event for both replicas
+    again = policy.reconcile(job, first.status, {}, set(), at(5), refused=refused)
+    assert not [e for e in again.events if e.reason == "FailedCreate"]
+    assert again.status.restart_count == 0  # a refusal is never a failure
+    # The refusal clears: the Pods exist now.
+    pods = {key: policy.ObservedReplica(phase="Pending", attempt=0) for key in refused}
+    cleared = policy.reconcile(job, again.status, pods, set(), at(10), refused={})
+    running = cleared.status.condition(st.RUNNING)
+    assert running is not None and running.reason != "FailedCreate"
+
+
+def test_the_startup_deadline_quotes_the_refusal() -> None:
+    job = make_job({"worker": 1}, run_policy={"startupDeadlineSeconds": 60})
+    refused = {("worker", 0): REFUSAL}
+    status = policy.reconcile(job, st.JobStatus(), {}, set(), at(0), refused=refused).status
+    late = policy.reconcile(job, status, {}, set(), at(61), refused=refused)
+    failed = late.status.condition(st.FAILED)
+    assert failed is not None and failed.status
+    assert "FailedCreate" in failed.message and "violates PodSecurity" in failed.message

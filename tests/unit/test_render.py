@@ -3,6 +3,7 @@ volume; the user's template is kept and only added to."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from typing import Any
@@ -263,3 +264,59 @@ def test_termination_message_falls_back_to_the_logs_tail_unless_the_user_chose()
     template["spec"]["containers"][0]["terminationMessagePolicy"] = "File"  # type: ignore[index]
     pod = render.render_pod(job, "worker", 0, 0, OPTIONS, None)
     assert pod["spec"]["containers"][0]["terminationMessagePolicy"] == "File"
+
+
+def test_restricted_defaults_let_an_image_of_ones_own_run_under_restricted() -> None:
+    """Kubeflow's keras example as converted: its own image and command, no securityContext.
+    Without the operator's --restricted-pod-defaults the API server refuses such a Pod in a
+    namespace enforcing "restricted" (runAsNonRoot != true); with it, every field that
+    profile checks is set, and what the template sets wins."""
+    manifest = {
+        "apiVersion": "trainjob.dev/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "keras"},
+        "spec": {
+            "replicaSpecs": {
+                "worker": {
+                    "replicas": 2,
+                    "template": {
+                        "spec": {
+                            "initContainers": [{"name": "fetch", "image": "busybox"}],
+                            "containers": [
+                                {
+                                    "name": "tensorflow",
+                                    "image": "tensorflow/tensorflow:2.15.0",
+                                    "command": ["python", "/train.py"],
+                                },
+                                {
+                                    "name": "sidecar",
+                                    "image": "busybox",
+                                    "securityContext": {"capabilities": {"drop": ["NET_RAW"]}},
+                                },
+                            ],
+                        }
+                    },
+                }
+            }
+        },
+    }
+    job = spec.parse(manifest)
+    plain = render.render_pod(job, "worker", 0, 0, OPTIONS, OWNER)
+    assert "runAsNonRoot" not in plain["spec"]["securityContext"]
+    restricted = dataclasses.replace(OPTIONS, restricted_defaults=True)
+    pod = render.render_pod(job, "worker", 0, 0, restricted, OWNER)
+    security = pod["spec"]["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert (security["runAsUser"], security["runAsGroup"]) == (1000, 1000)
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in pod["spec"]["initContainers"] + pod["spec"]["containers"]:
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False, container
+    sidecar = pod["spec"]["containers"][1]
+    assert sidecar["securityContext"]["capabilities"] == {"drop": ["NET_RAW"]}  # theirs wins
+    assert pod["spec"]["initContainers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    manifest["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["securityContext"] = {
+        "runAsUser": 2000
+    }
+    own = render.render_pod(spec.parse(manifest), "worker", 0, 0, restricted, OWNER)
+    assert own["spec"]["securityContext"]["runAsUser"] == 2000
+    assert "runAsGroup" not in own["spec"]["securityContext"]

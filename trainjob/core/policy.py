@@ -68,8 +68,12 @@ WAITING_REASONS: Final = frozenset(
         "RunContainerError",
         "CrashLoopBackOff",
         "Unschedulable",
+        "FailedCreate",
     }
 )
+# The API server refused to create the replica's Pod (Pod Security, a ResourceQuota, a
+# LimitRange, a denying admission webhook): the executor says so with its message and retries.
+REASON_FAILED_CREATE: Final = "FailedCreate"
 # The kubelet alternates these two for one bad image while it backs off: one cause, one Event.
 _SAME_CAUSE: Final = {"ErrImagePull": "ImagePullBackOff"}
 # DisruptionTarget's reason for a preemption; every other one (EvictionByEvictionAPI,
@@ -240,6 +244,8 @@ class _Work:
     replicas: dict[ReplicaKey, st.ReplicaRecord]
     conditions: tuple[st.Condition, ...]
     progress_at: datetime.datetime | None = None
+    # Replicas whose Pod the API server refused to create, with its message.
+    refused: Mapping[ReplicaKey, str] = dataclasses.field(default_factory=dict)
     events: list[Event] = dataclasses.field(default_factory=list)
     delete_pods: list[ReplicaKey] = dataclasses.field(default_factory=list)
     requeue: list[float] = dataclasses.field(default_factory=list)
@@ -261,8 +267,12 @@ def reconcile(
     services: Iterable[ReplicaKey],
     now: datetime.datetime,
     progress_at: datetime.datetime | None = None,
+    refused: Mapping[ReplicaKey, str] | None = None,
 ) -> Decision:
     """Decide everything for one job from what is recorded and what is observed.
+
+    `refused`: replicas whose Pod the API server refused to create at the executor's last
+    try, with the API server's message (a waiting cause, FailedCreate; still created again).
 
     `progress_at`: when the reporting replica's step last advanced (when it was first seen
     reporting, before its first step); None when nothing of its progress is known. Only
@@ -271,6 +281,7 @@ def reconcile(
         job=job,
         now=now,
         progress_at=progress_at,
+        refused=refused or {},
         status=status,
         replicas={key: status.record(key) for key in job.replica_keys()},
         conditions=status.conditions,
@@ -378,6 +389,17 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
         if record.state in (st.STATE_SUCCEEDED, st.STATE_STOPPED):
             continue
         if pod is None:
+            message = work.refused.get(key)
+            if not finished and record.state == st.STATE_NONE:
+                # Not created (yet): refused by the API server, or no longer refused.
+                reason = REASON_FAILED_CREATE if message is not None else None
+                if reason is not None and record.waiting_reason != reason:
+                    line = waiting_line(key, reason, message or "")
+                    new_causes.setdefault(reason, []).append(line)
+                if record.waiting_reason == REASON_FAILED_CREATE or reason is not None:
+                    work.replicas[key] = dataclasses.replace(
+                        record, waiting_reason=reason, waiting_message=message
+                    )
             if not finished and record.state in (st.STATE_PENDING, st.STATE_RUNNING):
                 failures.append(
                     Failure(
@@ -477,7 +499,8 @@ def _waiting_lines(work: _Work) -> list[tuple[str, str]]:
     result: list[tuple[str, str]] = []
     for key in work.job.replica_keys():
         record = work.replicas[key]
-        if record.waiting_reason is not None and record.state == st.STATE_PENDING:
+        refused = record.state == st.STATE_NONE and record.waiting_reason == REASON_FAILED_CREATE
+        if record.waiting_reason is not None and (record.state == st.STATE_PENDING or refused):
             line = waiting_line(key, record.waiting_reason, record.waiting_message or "")
             result.append((record.waiting_reason, line))
     return result
@@ -610,7 +633,8 @@ def _stalled(work: _Work, restart_count: int, disruption_count: int) -> _Verdict
 def _not_up_text(work: _Work, key: ReplicaKey) -> str:
     """`worker 1 (ImagePullBackOff: Back-off pulling image "nope:1")`, or `worker 1`."""
     record = work.replicas[key]
-    if record.waiting_reason is None or record.state != st.STATE_PENDING:
+    refused = record.state == st.STATE_NONE and record.waiting_reason == REASON_FAILED_CREATE
+    if record.waiting_reason is None or (record.state != st.STATE_PENDING and not refused):
         return f"{key[0]} {key[1]}"
     detail = record.waiting_reason
     if record.waiting_message:

@@ -48,6 +48,10 @@ class RenderOptions:
     scheduler_name: str | None = None
     pod_group_name: str | None = None
     progress: ProgressEndpoint | None = None
+    # Fill in what Pod Security "restricted" requires and a template leaves unset, for every
+    # image (runAsNonRoot with a non-root user, no privilege escalation, no capabilities), so
+    # bring-your-own images run in restricted namespaces (an operator flag, off by default).
+    restricted_defaults: bool = False
 
 
 def owner_reference(owner: Owner) -> dict[str, Any]:
@@ -108,6 +112,8 @@ def render_pod(
     pod_spec["securityContext"] = _pod_security_context(
         job, dict(pod_spec.get("securityContext") or {})
     )
+    if options.restricted_defaults:
+        _restrict(pod_spec)
     if job.checkpoint is not None and job.checkpoint.claim_name is not None:
         volumes = list(pod_spec.get("volumes") or [])
         if not any(v.get("name") == constants.CHECKPOINT_VOLUME_NAME for v in volumes):
@@ -186,7 +192,7 @@ def _add_progress_volume(
                                 ]
                             }
                         },
-                    ]
+                    ],
                 },
             }
         )
@@ -230,6 +236,30 @@ def _pod_security_context(job: spec.TrainJob, given: dict[str, Any]) -> dict[str
         result["fsGroup"] = RUNTIME_IMAGE_UID
         result.setdefault("fsGroupChangePolicy", "OnRootMismatch")
     return result
+
+
+def _restrict(pod_spec: dict[str, Any]) -> None:
+    """What Pod Security "restricted" asks of a Pod that its template leaves unset: a non-root
+    user (runAsNonRoot, and the runtime images' user 1000 when the template names none: an
+    image built to run as root would otherwise be refused by the kubelet), and for every
+    container, init containers included, no privilege escalation and no capabilities. What
+    the template sets wins, key by key."""
+    security = pod_spec["securityContext"]
+    security.setdefault("runAsNonRoot", True)
+    if "runAsUser" not in security:
+        security["runAsUser"] = RUNTIME_IMAGE_UID
+        security.setdefault("runAsGroup", RUNTIME_IMAGE_UID)
+    for key in ("initContainers", "containers"):
+        containers = []
+        for given in pod_spec.get(key) or []:
+            container = dict(given)
+            own = dict(container.get("securityContext") or {})
+            own.setdefault("allowPrivilegeEscalation", False)
+            own.setdefault("capabilities", {"drop": ["ALL"]})
+            container["securityContext"] = own
+            containers.append(container)
+        if containers:
+            pod_spec[key] = containers
 
 
 def _tf_container_index(containers: list[dict[str, Any]]) -> int:
