@@ -286,5 +286,6 @@ async def serve(runtime: reconciler.Runtime) -> ProgressServer:
         )
 
     runtime.progress_endpoint = endpoint
+    runtime.progress_at = status.progress_at
     await server.start()
     return server

@@ -49,6 +49,21 @@ class Latest:
     written: bool = False
     # Metric names last written, so a metric that disappears is removed from status.
     written_metrics: frozenset[str] = frozenset()
+    # When the job's step last advanced (its first report counts): what hang detection
+    # (runPolicy.progressDeadlineSeconds) measures from. A hung collective keeps reporting
+    # the same step; a stopped process reports nothing: neither moves it.
+    advanced_at: datetime.datetime | None = None
+
+
+def advanced(current: Latest | None, new: progress.Report) -> bool:
+    """Whether `new` moves the job on: its first report, or a higher step than the kept one
+    (a restarted attempt resuming at a lower step starts its own clock: the policy also counts
+    from the job's latest Running transition)."""
+    if current is None or current.advanced_at is None:
+        return True
+    if new.step is None:
+        return False
+    return current.report.step is None or new.step != current.report.step
 
 
 def supersedes(current: progress.Report | None, new: progress.Report) -> bool:
@@ -131,11 +146,15 @@ class ProgressStatus:
         current = self._latest.get(job)
         if not supersedes(current.report if current else None, report):
             return False
+        now = datetime.datetime.now(datetime.timezone.utc)
         self._latest[job] = Latest(
             report,
-            datetime.datetime.now(datetime.timezone.utc),
+            now,
             self._clock(),
             written_metrics=current.written_metrics if current else frozenset(),
+            advanced_at=now
+            if advanced(current, report) or current is None
+            else current.advanced_at,
         )
         if report.final:
             self._waiting.pop(job, None)
@@ -158,6 +177,11 @@ class ProgressStatus:
 
     def latest(self, job: JobKey) -> Latest | None:
         return self._latest.get(job)
+
+    def progress_at(self, job: JobKey) -> datetime.datetime | None:
+        """When the job's step last advanced; None when it never reported."""
+        latest = self._latest.get(job)
+        return latest.advanced_at if latest is not None else None
 
     def pending(self) -> int:
         return len(self._waiting) + len(self._finals)

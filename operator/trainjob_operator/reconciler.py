@@ -110,6 +110,8 @@ class Runtime:
     watchdog: watchdog.Watchdog = dataclasses.field(init=False)
     # Where new Pods report progress (progress_server.serve sets it); None: no reporting.
     progress_endpoint: Callable[[], render.ProgressEndpoint | None] = lambda: None
+    # When a job's step last advanced (progress_server.serve sets it; hang detection).
+    progress_at: Callable[[JobKey], datetime.datetime | None] = lambda key: None
     # Which namespaces Kueue manages every job of (--kueue-manage-jobs-without-queue-name).
     kueue_namespaces: kueue.Namespaces = dataclasses.field(default_factory=kueue.Namespaces)
     # Jobs whose orphaned Workloads are being released now.
@@ -461,7 +463,15 @@ async def reconcile_job(
         for key in [k for k in seen.refused if k in observed]:
             del seen.refused[key]  # created since: no longer refused
         refused = dict(seen.refused)
-    decision = policy.reconcile(job, old, observed, set(service_uids), now, refused=refused)
+    decision = policy.reconcile(
+        job,
+        old,
+        observed,
+        set(service_uids),
+        now,
+        progress_at=rt.progress_at((namespace, name)),
+        refused=refused,
+    )
     if queued is not None:
         decision = kp.held_decision(decision, old, queued.hold, queued.workload, now)
     owner = render.Owner(name=name, uid=uid)
