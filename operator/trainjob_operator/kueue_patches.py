@@ -405,7 +405,8 @@ def hold_reason(workload: Mapping[str, Any] | None, queue: str | None) -> tuple[
     if workload is None:
         return (
             kw.JOB_REASON_QUEUED,
-            f"Waiting for Kueue: creating the Workload in LocalQueue {queue}",
+            "Waiting for Kueue: creating the Workload in LocalQueue "
+            f"{queue or kw.DEFAULT_LOCAL_QUEUE}",
         )
     name = str((workload.get("metadata") or {}).get("name") or "")
     local = str((workload.get("spec") or {}).get("queueName") or queue or "")

@@ -43,6 +43,8 @@ WORKLOAD_ANNOTATION: Final = "kueue.x-k8s.io/workload"
 MULTIKUEUE_ORIGIN_LABEL: Final = "kueue.x-k8s.io/multikueue-origin"
 MULTIKUEUE_POD_LABEL: Final = "kueue.x-k8s.io/multikueue-worker-workload-pod"
 RESOURCE_IN_USE: Final = "kueue.x-k8s.io/resource-in-use"
+# Kueue's LocalQueue for jobs that name none (constants.DefaultLocalQueueName).
+DEFAULT_LOCAL_QUEUE: Final = "default"
 # spec.managedBy values: ours (or unset) and MultiKueue's.
 CONTROLLER_NAME: Final = f"{constants.GROUP}/trainjob-controller"
 MULTIKUEUE: Final = "kueue.x-k8s.io/multikueue"
@@ -228,9 +230,9 @@ def build_workload(
     sets = pod_sets(job, options)
     labels = {JOB_UID_LABEL: owner.uid, **naming.job_selector(job.name)}
     body: Obj = {"podSets": sets}
-    queue = queue_name(job.labels)
-    if queue:
-        body["queueName"] = queue
+    # A job managed without a queue label (manageJobsWithoutQueueName) goes to the
+    # namespace's LocalQueue named "default", as Kueue defaults its own jobs'.
+    body["queueName"] = queue_name(job.labels) or DEFAULT_LOCAL_QUEUE
     if priority.kind is not None and priority.name:
         group = GROUP if priority.kind == "WorkloadPriorityClass" else "scheduling.k8s.io"
         body["priorityClassRef"] = {"group": group, "kind": priority.kind, "name": priority.name}

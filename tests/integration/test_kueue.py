@@ -328,3 +328,45 @@ def test_kq_a_job_without_a_queue_label_runs_as_before(cluster: Cluster, queues:
     cluster.create_job(body)
     cluster.wait_pods("plain", names("plain"), timeout=T)
     assert not queues.workloads("plain")
+
+
+def test_kueue_manage_jobs_without_queue_name_in_selected_namespaces(
+    kueue: Kueue,
+    kubeconfig: Path,
+    api_client: k8s.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """Kueue's manageJobsWithoutQueueName: every job of a selected namespace goes through
+    its LocalQueue named "default"; other namespaces run as before."""
+    core = k8s.CoreV1Api(api_client)
+    core.patch_namespace(namespace, {"metadata": {"labels": {"trainjob-test/queued": "yes"}}})
+    other = f"{namespace[:50]}-free"
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=other)))
+    queues = Queues(api_client, namespace)
+    operator = Operator(
+        kubeconfig,
+        tmp_path / "operator.log",
+        f"--namespace={namespace}",
+        f"--namespace={other}",
+        "--kueue",
+        "--kueue-manage-jobs-without-queue-name",
+        "--kueue-managed-namespaces=trainjob-test/queued=yes",
+    ).start()
+    try:
+        operator.wait_serving(T)
+        queues.local_queue(queues.cluster_queue(queues.flavor(), "10"), "default")
+        managed, free = Cluster(api_client, namespace), Cluster(api_client, other)
+        body = queued_job("nolabel", "unused")
+        del body["metadata"]["labels"][QUEUE_LABEL]
+        managed.create_job(body)
+        workload = wait_admitted(queues, "nolabel", T)
+        assert workload["spec"]["queueName"] == "default"
+        managed.wait_pods("nolabel", names("nolabel"), timeout=T)
+        free.create_job(body)
+        free.wait_pods("nolabel", names("nolabel"), timeout=T)
+        assert not Queues(api_client, other).workloads("nolabel")
+    finally:
+        operator.stop()
+        queues.cleanup()
+        core.delete_namespace(other)
