@@ -85,8 +85,11 @@ def _result(name: str, raw_status: Mapping[str, Any], timed_out: bool) -> Result
     )
 
 
-def load_manifest(job: Manifest) -> dict[str, Any]:
-    """A TrainJob manifest from a YAML file path or a dict, checked by the core's rules."""
+def load_manifest(job: Manifest | spec.TrainJob) -> dict[str, Any]:
+    """A TrainJob manifest from a YAML file path, a dict or a parsed TrainJob, checked by the
+    core's rules."""
+    if isinstance(job, spec.TrainJob):
+        return show.manifest_of(job)
     if isinstance(job, Mapping):
         document: Any = dict(job)
         name = "the manifest"
@@ -143,9 +146,9 @@ class TrainJobClient:
         except (ClusterError, show.ShowError) as error:
             raise TrainJobError(str(error)) from error
 
-    def create(self, job: Manifest, *, apply: bool = False) -> str:
-        """Create the job (from a YAML path or a dict); with `apply`, an existing job gets this
-        spec instead of an error. Returns its name."""
+    def create(self, job: Manifest | spec.TrainJob, *, apply: bool = False) -> str:
+        """Create the job (from a YAML path, a dict or a parsed TrainJob); with `apply`, an
+        existing job gets this spec instead of an error. Returns its name."""
         body = load_manifest(job)
         if apply:
             result, _ = self._do(self._cluster.apply_job, body)
@@ -297,14 +300,9 @@ class LocalRun:
 def run_local(
     job: Manifest | spec.TrainJob, *, run_dir: str | None = None, data_dir: str | None = None
 ) -> LocalRun:
-    """Start `trainjob run` for the job (a YAML path, a dict, or a parsed TrainJob's manifest
-    path) in the background; its checkpoints, logs and status go to `run_dir` (default
+    """Start `trainjob run` for the job (a YAML path, a dict or a parsed TrainJob) in the
+    background; its checkpoints, logs and status go to `run_dir` (default
     ./trainjob-runs/<name>)."""
-    if isinstance(job, spec.TrainJob):
-        raise TrainJobError(
-            "run_local needs the manifest (a YAML path or a dict), not a parsed TrainJob: "
-            "the model keeps no copy of the YAML it came from"
-        )
     body = load_manifest(job)
     name = show.name_of(body)
     directory = os.path.abspath(run_dir or plan.default_run_dir(os.getcwd(), name))

@@ -24,6 +24,7 @@ from kubernetes import client as k8s
 from tests.controlplane.cluster import REPO_ROOT
 from tests.integration.operator_harness import GROUP, Cluster, Operator, trainjob, wait_until
 from trainjob import cli, client
+from trainjob.core import spec
 
 pytestmark = pytest.mark.integration
 
@@ -296,6 +297,9 @@ def test_cli_client_create_get_list_progress_wait_delete(
             client.TrainJobError, match=f"TrainJob nope not found in namespace {ns}"
         ):
             tj.get("nope")
+        parsed = spec.parse(trainjob("nb3", chief=1, workers=0), require_images=False)
+        assert tj.create(parsed) == "nb3"
+        assert tj.get("nb3")["spec"]["replicaSpecs"]["chief"]["replicas"] == 1
         with pytest.raises(client.TrainJobError, match=r"spec\.replicaSpecs"):
             tj.create({"apiVersion": "trainjob.dev/v1alpha1", "kind": "TrainJob",
                        "metadata": {"name": "x"}, "spec": {}})  # fmt: skip
@@ -322,3 +326,89 @@ def test_cli_client_local_run_create_wait_logs(tmp_path: Path) -> None:
     assert result.exit_codes == {"chief-0": 0}
     assert any("hello from the chief" in line for line in local.logs())
     assert all(line.startswith("chief-0  | ") for line in local.logs(follow=True))
+
+
+def test_cli_logs_follow_ends_with_the_job_and_says_why_a_log_is_missing(
+    cluster: Cluster, kubeconfig: Path
+) -> None:
+    ns = cluster.namespace
+    cluster.create_job(trainjob("ended", chief=1, workers=0))
+    cluster.run_all("ended", {"ended-chief-0"})
+    cluster.set_exited("ended-chief-0", 0)
+    cluster.wait_condition("ended", "Succeeded")
+    code, out, err = run(kubeconfig, "logs", "ended", "-n", ns, "-f")
+    assert (code, out) == (0, "")
+    assert err == (
+        "trainjob logs: chief-0: Pod ended-chief-0 is on no node yet (Succeeded, not "
+        "scheduled), so it has no log\n"
+    )
+
+
+def test_cli_submit_follow_prints_the_summary(
+    cluster: Cluster, kubeconfig: Path, tmp_path: Path
+) -> None:
+    ns = cluster.namespace
+    path = write(tmp_path / "job.yaml", trainjob("sub", chief=1, workers=1))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KUBECONFIG": str(kubeconfig)}
+    argv = ["submit", "-f", str(path), "-n", ns, "--follow", "--no-tty"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainjob", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert _first_line(process) == "trainjob.trainjob.dev/sub created\n"
+        cluster.run_all("sub", {"sub-chief-0", "sub-worker-0"})
+        cluster.set_exited("sub-worker-0", 137, reason="OOMKilled")
+        out, _ = process.communicate(timeout=T)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 1, out
+    assert "TrainJob sub Failed after" in out
+    assert "worker-0=137 (Failed, attempt 0)" in out
+
+
+def test_cli_attach_on_a_terminal_draws_the_live_table(cluster: Cluster, kubeconfig: Path) -> None:
+    """On a pseudo-terminal: the table of `trainjob run` (job line, a row per replica) while
+    the job runs, then the summary in its place."""
+    pexpect = pytest.importorskip("pexpect")
+    pyte = pytest.importorskip("pyte")
+    ns = cluster.namespace
+    cluster.create_job(trainjob("tty", chief=1, workers=1))
+    cluster.run_all("tty", {"tty-chief-0", "tty-worker-0"})
+    cluster.wait_condition("tty", "Running")
+    set_progress(cluster, "tty", **PROGRESS)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KUBECONFIG": str(kubeconfig)}
+    env.update(TERM="xterm", NO_COLOR="1")
+    screen = pyte.Screen(100, 30)
+    stream = pyte.ByteStream(screen)
+    child = pexpect.spawn(
+        sys.executable, ["-m", "trainjob", "attach", "tty", "-n", ns], env=env,
+        dimensions=(30, 100),
+    )  # fmt: skip
+    try:
+        child.expect("restarts 0/", timeout=T)
+        stream.feed(child.before + child.after)
+        child.expect(r"\n", timeout=T)  # the rest of the table's first draw
+        stream.feed(child.before + child.after)
+        child.expect(r"worker-0.*\n", timeout=T)
+        stream.feed(child.before + child.after)
+        shown = [line.rstrip() for line in screen.display]
+        job_line = next(line for line in shown if line.startswith("TrainJob tty  "))
+        assert "Running" in job_line and "step 60/120 (50%)" in job_line and "ETA 30.0s" in job_line
+        rows = [line.split() for line in shown if line.startswith("  ")]
+        assert rows[0][:2] == ["chief-0", "Running"] and "step" in rows[0]
+        assert rows[1][:2] == ["worker-0", "Running"]
+        cluster.set_exited("tty-chief-0", 0)
+        child.expect(pexpect.EOF, timeout=T)
+        stream.feed(child.before)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    shown = [line.rstrip() for line in screen.display]
+    assert any(line.startswith("TrainJob tty Succeeded after") for line in shown), shown
+    assert not any(line.startswith("TrainJob tty  ") for line in shown), "the table was not erased"

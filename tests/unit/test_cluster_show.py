@@ -371,3 +371,39 @@ def test_kubeconfig_files_in_kubectls_order() -> None:
     assert api.kubeconfig_files("/a", {"KUBECONFIG": "/b:/c"}) == "/a"
     assert api.kubeconfig_files(None, {"KUBECONFIG": "/b:/c"}) == "/b:/c"
     assert api.kubeconfig_files(None, {}) == os.path.expanduser("~/.kube/config")
+
+
+def _examples() -> list[Path]:
+    return sorted((REPO / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", _examples(), ids=lambda p: p.name)
+def test_a_parsed_trainjob_turns_back_into_the_same_manifest(path: Path) -> None:
+    for document in spec.load_documents(path.read_text(), str(path)):
+        if not isinstance(document, dict) or document.get("kind") != "TrainJob":
+            continue
+        job = spec.parse(document, require_images=False)
+        assert spec.parse(show.manifest_of(job), require_images=False) == job
+
+
+def test_every_field_of_the_model_survives_the_manifest() -> None:
+    rich = manifest()
+    rich["metadata"]["labels"] = {"team": "a"}
+    rich["spec"] |= {
+        "image": "img:1",
+        "managedBy": "kueue.x-k8s.io/multikueue",
+        "runtime": {"entrypoint": "pkg.train:build", "strategy": "ParameterServer",
+                    "config": {"epochs": 3}},
+        "checkpoint": {"claimName": "ckpt", "path": "/ckpt", "subPath": "a"},
+        "runPolicy": {"cleanPodPolicy": "All", "backoffLimit": 1, "activeDeadlineSeconds": 60,
+                      "ttlSecondsAfterFinished": 5, "startupDeadlineSeconds": 30, "suspend": True,
+                      "schedulingPolicy": {"minAvailable": 2, "queue": "q", "priorityClass": "hi",
+                                           "scheduleTimeoutSeconds": 9}},
+        "successPolicy": "AllWorkers",
+    }  # fmt: skip
+    rich["spec"]["replicaSpecs"]["ps"] = {
+        "replicas": 1,
+        "template": rich["spec"]["replicaSpecs"]["chief"]["template"],
+    }
+    job = spec.parse(rich)
+    assert spec.parse(show.manifest_of(job)) == job

@@ -349,6 +349,10 @@ class Cluster:
                 if instance is None or instance in streamed:
                     continue
                 streamed.add(instance)
+                unavailable = show.log_unavailable(pod)
+                if unavailable is not None:  # said once; a rescheduled Pod is a new instance
+                    yield pod["metadata"]["name"], f"{show.NOTE_PREFIX}{unavailable}"
+                    continue
                 open_streams.add(instance)
                 threading.Thread(
                     target=self._stream,

@@ -75,6 +75,79 @@ def applied(current: Obj, manifest: Obj) -> dict[str, Any]:
     return result
 
 
+def _without_none(fields: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def manifest_of(job: spec.TrainJob) -> dict[str, Any]:
+    """A manifest for a parsed TrainJob (the client submits one given as a model): every field
+    the model keeps, under the names the CRD gives them, so parsing it gives the same job."""
+    policy = job.run_policy
+    scheduling = policy.scheduling_policy
+    run_policy = _without_none(
+        {
+            "cleanPodPolicy": policy.clean_pod_policy,
+            "backoffLimit": policy.backoff_limit,
+            "activeDeadlineSeconds": policy.active_deadline_seconds,
+            "ttlSecondsAfterFinished": policy.ttl_seconds_after_finished,
+            "startupDeadlineSeconds": policy.startup_deadline_seconds,
+            "suspend": policy.suspend,
+            "schedulingPolicy": None
+            if scheduling is None
+            else _without_none(
+                {
+                    "minAvailable": scheduling.min_available,
+                    "queue": scheduling.queue,
+                    "priorityClass": scheduling.priority_class,
+                    "scheduleTimeoutSeconds": scheduling.schedule_timeout_seconds,
+                }
+            ),
+        }
+    )
+    body = _without_none(
+        {
+            "managedBy": job.managed_by,
+            "image": job.image,
+            "runtime": None
+            if job.runtime is None
+            else {
+                "entrypoint": job.runtime.entrypoint,
+                "strategy": job.runtime.strategy,
+                "framework": job.runtime.framework,
+                "config": dict(job.runtime.config),
+            },
+            "replicaSpecs": {
+                rtype: {
+                    "replicas": replica.replicas,
+                    "restartPolicy": replica.restart_policy,
+                    "template": dict(replica.template),
+                }
+                for rtype, replica in job.replica_specs.items()
+            },
+            "checkpoint": None
+            if job.checkpoint is None
+            else _without_none(
+                {
+                    "path": job.checkpoint.path,
+                    "claimName": job.checkpoint.claim_name,
+                    "subPath": job.checkpoint.sub_path,
+                }
+            ),
+            "runPolicy": run_policy,
+            "successPolicy": job.success_policy,
+        }
+    )
+    metadata = _without_none(
+        {"name": job.name, "namespace": job.namespace, "labels": dict(job.labels) or None}
+    )
+    return {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "metadata": metadata,
+        "spec": body,
+    }
+
+
 # ----- time -----
 def human_duration(seconds: float) -> str:
     """kubectl's AGE: `45s`, `3m20s`, `15m`, `5h2m`, `30h`, `3d4h`, `40d`, `2y10d`."""
