@@ -69,7 +69,16 @@ def _translate(what: str, error: Exception) -> ClusterError:
         return ClusterError(f"{what}: {message}", error.status)
     if isinstance(error, ConfigException):
         return ClusterError(f"kubeconfig: {error}")
-    return ClusterError(f"{what}: cannot reach the API server: {error}")
+    return ClusterError(f"{what}: cannot reach the API server: {_network_cause(error)}")
+
+
+def _network_cause(error: Exception) -> str:
+    """The root of urllib3's retry error: `Failed to establish a new connection: [Errno 111]
+    Connection refused`, without the pool and URL it wraps it in."""
+    cause = getattr(error, "reason", None) or error
+    text = str(cause)
+    _, found, rest = text.partition("): ")
+    return rest if found and rest else text
 
 
 def _call(what: str, function: Callable[[], T]) -> T:
@@ -121,8 +130,9 @@ def connect(
         )
     try:
         contexts, current = k8s_config.list_kube_config_contexts(config_file=files)
-    except (ConfigException, OSError, ValueError, TypeError) as error:
-        raise ClusterError(f"kubeconfig {files}: {error}") from error
+    except Exception as error:  # any failure to read a user's file (YAML, types, keys)
+        problem = " ".join(str(error).split())
+        raise ClusterError(f"kubeconfig {files} cannot be used: {problem}") from error
     names = [c.get("name") for c in contexts or []]
     chosen = (
         current
@@ -138,8 +148,11 @@ def connect(
         api = k8s_config.new_client_from_config(
             config_file=files, context=chosen.get("name"), persist_config=False
         )
-    except (ConfigException, OSError, ValueError, TypeError) as error:
-        raise ClusterError(f"kubeconfig {files}, context {chosen.get('name')}: {error}") from error
+    except Exception as error:  # a context naming a missing user or cluster, a bad cert...
+        problem = " ".join(str(error).split())
+        raise ClusterError(
+            f"kubeconfig {files}, context {chosen.get('name')}: {problem}"
+        ) from error
     context_namespace = (chosen.get("context") or {}).get("namespace")
     return Connection(api, namespace or context_namespace or "default", chosen.get("name"))
 
