@@ -10,9 +10,11 @@ import datetime
 import io
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -412,3 +414,51 @@ def test_cli_attach_on_a_terminal_draws_the_live_table(cluster: Cluster, kubecon
     shown = [line.rstrip() for line in screen.display]
     assert any(line.startswith("TrainJob tty Succeeded after") for line in shown), shown
     assert not any(line.startswith("TrainJob tty  ") for line in shown), "the table was not erased"
+
+
+def _readme_commands(section: str) -> list[list[str]]:
+    """The `trainjob` commands of a README section's sh block, one argv each."""
+    text = (REPO_ROOT / "README.md").read_text()
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    block = body.split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = []
+    for line in block.splitlines():
+        command = line.split("  #", 1)[0].split(" && ", 1)[0]
+        argv = shlex.split(command)
+        if argv and argv[0] == "trainjob":
+            commands.append(argv[1:])
+    return commands
+
+
+def test_cli_the_readme_commands_work(cluster: Cluster, kubeconfig: Path) -> None:
+    """README "From your laptop", in its order, with the kubelet played meanwhile: the
+    example's two workers run, report progress, and worker 0 finishes while submit follows."""
+    ns = cluster.namespace
+    commands = [[ns if arg == "team-a" else arg for arg in argv] for argv in _readme_commands(
+        "From your laptop")]  # fmt: skip
+    assert [argv[0] for argv in commands] == [
+        "submit", "get", "get", "describe", "logs", "logs", "wait", "attach", "delete",
+    ]  # fmt: skip
+    name = "mnist-multiworker"
+
+    def kubelet() -> None:
+        cluster.run_all(name, {f"{name}-worker-0", f"{name}-worker-1"})
+        cluster.wait_condition(name, "Running")
+        set_progress(cluster, name, **{**PROGRESS, "replica": "worker-0"})
+        cluster.set_exited(f"{name}-worker-0", 0)
+
+    player = threading.Thread(target=kubelet, daemon=True)
+    player.start()
+    outputs = {}
+    for argv in commands:
+        code, out, err = run(kubeconfig, *argv)
+        outputs[" ".join(argv)] = (code, out, err)
+        if argv[0] == "logs":  # no kubelet, so no log: the answer must say why, not fail
+            assert code in (0, 1) and ("no log" in err or "has no Pod" in err), (argv, err)
+        else:
+            assert code == 0, (argv, out, err)
+    player.join(timeout=T)
+    submit = outputs[" ".join(commands[0])]
+    assert submit[1].startswith(f"trainjob.trainjob.dev/{name} created\n")
+    assert f"TrainJob {name} Succeeded after" in submit[1]
+    assert outputs[" ".join(commands[6])][1].startswith(f"TrainJob {name} Succeeded")
