@@ -72,6 +72,13 @@ def set_progress(cluster: Cluster, name: str, **fields: Any) -> None:
     )
 
 
+def printer_columns() -> list[str]:
+    """NAME and the CRD's additionalPrinterColumns, upper-case: the header of kubectl get tj."""
+    crd = yaml.safe_load((REPO_ROOT / "crds" / "trainjobs.trainjob.dev.yaml").read_text())
+    columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+    return ["NAME", *(column["name"].upper() for column in columns)]
+
+
 PROGRESS = {
     "summary": "50% (1/2)",
     "replica": "chief-0",
@@ -107,16 +114,7 @@ def test_cli_submit_get_describe_wait_delete(
     set_progress(cluster, "mnist", **PROGRESS)
     code, out, _ = run(kubeconfig, "get", "-n", ns)
     header, row = out.splitlines()
-    assert header.split() == [
-        "NAME",
-        "STATE",
-        "READY",
-        "RESTARTS",
-        "PROGRESS",
-        "ETA",
-        "LOSS",
-        "AGE",
-    ]
+    assert header.split() == printer_columns()  # what `kubectl get tj` prints
     assert row.split()[:8] == ["mnist", "Running", "2/2", "0", "50%", "(1/2)", "30s", "0.4321"]
     code, out, _ = run(kubeconfig, "get", "-A", "-o", "wide")
     mine = [line for line in out.splitlines() if line.startswith(ns)]

@@ -407,3 +407,11 @@ def test_every_field_of_the_model_survives_the_manifest() -> None:
     }
     job = spec.parse(rich)
     assert spec.parse(show.manifest_of(job)) == job
+
+
+def test_get_headers_are_the_crds_printer_columns() -> None:
+    import yaml
+
+    crd = yaml.safe_load((REPO / "crds" / "trainjobs.trainjob.dev.yaml").read_text())
+    columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert list(show.HEADERS) == ["NAME", *(column["name"].upper() for column in columns)]

@@ -200,15 +200,18 @@ class Cluster:
         except (HTTPError, OSError, ConfigException) as error:
             raise _translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
 
+    def _trainjobs(self, method: str, *args: Any) -> Any:
+        """CustomObjectsApi.<method> on the TrainJobs of this namespace."""
+        call = getattr(self._custom, method)
+        return call(
+            constants.GROUP, constants.VERSION, self.namespace, constants.PLURAL, *args,
+            _request_timeout=REQUEST_TIMEOUT,
+        )  # fmt: skip
+
     def get_job(self, name: str) -> Obj:
         result: Obj = self._job_call(
-            "get",
-            name,
-            lambda: self._custom.get_namespaced_custom_object(
-                constants.GROUP, constants.VERSION, self.namespace, constants.PLURAL, name,
-                _request_timeout=REQUEST_TIMEOUT,
-            ),
-        )  # fmt: skip
+            "get", name, lambda: self._trainjobs("get_namespaced_custom_object", name)
+        )
         return result
 
     def list_jobs(self, all_namespaces: bool = False) -> list[Obj]:
@@ -223,24 +226,16 @@ class Cluster:
         else:
             result = _call(
                 f"list TrainJobs in namespace {self.namespace}",
-                lambda: self._custom.list_namespaced_custom_object(
-                    constants.GROUP, constants.VERSION, self.namespace, constants.PLURAL,
-                    _request_timeout=REQUEST_TIMEOUT,
-                ),
-            )  # fmt: skip
+                lambda: self._trainjobs("list_namespaced_custom_object"),
+            )
         items: list[Obj] = result.get("items") or []
         return items
 
     def create_job(self, body: Obj) -> Obj:
         name = show.name_of(body)
         result: Obj = self._job_call(
-            "create",
-            name,
-            lambda: self._custom.create_namespaced_custom_object(
-                constants.GROUP, constants.VERSION, self.namespace, constants.PLURAL, body,
-                _request_timeout=REQUEST_TIMEOUT,
-            ),
-        )  # fmt: skip
+            "create", name, lambda: self._trainjobs("create_namespaced_custom_object", body)
+        )
         return result
 
     def apply_job(self, body: Obj) -> tuple[Obj, str]:
@@ -257,10 +252,7 @@ class Cluster:
             current = self.get_job(name)
             replacement = show.applied(current, body)
             try:
-                result: Obj = self._custom.replace_namespaced_custom_object(
-                    constants.GROUP, constants.VERSION, self.namespace, constants.PLURAL, name,
-                    replacement, _request_timeout=REQUEST_TIMEOUT,
-                )  # fmt: skip
+                result: Obj = self._trainjobs("replace_namespaced_custom_object", name, replacement)
             except ApiException as error:
                 if error.status == 409:
                     continue
@@ -273,13 +265,8 @@ class Cluster:
 
     def delete_job(self, name: str) -> None:
         self._job_call(
-            "delete",
-            name,
-            lambda: self._custom.delete_namespaced_custom_object(
-                constants.GROUP, constants.VERSION, self.namespace, constants.PLURAL, name,
-                _request_timeout=REQUEST_TIMEOUT,
-            ),
-        )  # fmt: skip
+            "delete", name, lambda: self._trainjobs("delete_namespaced_custom_object", name)
+        )
 
     def pods(self, job: str) -> list[Obj]:
         selector = f"{constants.LABEL_JOB_NAME}={job}"
