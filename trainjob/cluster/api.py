@@ -312,8 +312,16 @@ class Cluster:
         )
         return str(text or "")  # the client gives None for an empty body
 
-    def _stream(self, pod: str, instance: str, tail: int | None, out: queue.Queue[_Line]) -> None:
-        """One followed container's lines into `out`, then None (the stream ended)."""
+    def _stream(
+        self,
+        pod: str,
+        instance: str,
+        tail: int | None,
+        out: queue.Queue[_Line],
+        responses: list[Any],
+    ) -> None:
+        """One followed container's lines into `out`, then None (the stream ended). The open
+        response goes into `responses`, so a reader that stops early can close it."""
         kwargs: dict[str, Any] = {"container": constants.DEFAULT_CONTAINER_NAME, "follow": True}
         if tail is not None:
             kwargs["tail_lines"] = tail
@@ -321,6 +329,7 @@ class Cluster:
             response = self._core.read_namespaced_pod_log(
                 pod, self.namespace, _preload_content=False, **kwargs
             )
+            responses.append(response)
             pending = b""
             for chunk in response.stream(4096):
                 pending += chunk
@@ -341,33 +350,43 @@ class Cluster:
         has ended. A line starting with `show.NOTE_PREFIX` is a note about a stream."""
         lines: queue.Queue[_Line] = queue.Queue()
         streamed: set[str] = set()  # show.log_instance keys already followed
+        noted: set[str] = set()  # instances whose Pod can have no log (said once)
         open_streams: set[str] = set()
-        while True:
-            finished = show.finished(self.get_job(job))
-            for pod in self.pods(job):
-                instance = show.log_instance(pod)
-                if instance is None or instance in streamed:
-                    continue
-                streamed.add(instance)
-                unavailable = show.log_unavailable(pod)
-                if unavailable is not None:  # said once; a rescheduled Pod is a new instance
-                    yield pod["metadata"]["name"], f"{show.NOTE_PREFIX}{unavailable}"
-                    continue
-                open_streams.add(instance)
-                threading.Thread(
-                    target=self._stream,
-                    args=(pod["metadata"]["name"], instance, tail, lines),
-                    daemon=True,
-                ).start()
-            deadline = time.monotonic() + LOG_POLL_SECONDS
-            while (left := deadline - time.monotonic()) > 0:
-                try:
-                    instance, pod_name, line = lines.get(timeout=left)
-                except queue.Empty:
-                    break
-                if line is None:
-                    open_streams.discard(instance)
-                else:
-                    yield pod_name, line
-            if finished and not open_streams:
-                return
+        responses: list[Any] = []
+        try:
+            while True:
+                finished = show.finished(self.get_job(job))
+                for pod in self.pods(job):
+                    instance = show.log_instance(pod)
+                    if instance is None or instance in streamed:
+                        continue
+                    name = pod["metadata"]["name"]
+                    unavailable = show.log_unavailable(pod)
+                    if unavailable is not None:  # followed once it has a node
+                        if instance not in noted:
+                            noted.add(instance)
+                            yield name, f"{show.NOTE_PREFIX}{unavailable}"
+                        continue
+                    streamed.add(instance)
+                    open_streams.add(instance)
+                    threading.Thread(
+                        target=self._stream,
+                        args=(name, instance, tail, lines, responses),
+                        daemon=True,
+                    ).start()
+                deadline = time.monotonic() + LOG_POLL_SECONDS
+                while (left := deadline - time.monotonic()) > 0:
+                    try:
+                        instance, pod_name, line = lines.get(timeout=left)
+                    except queue.Empty:
+                        break
+                    if line is None:
+                        open_streams.discard(instance)
+                    else:
+                        yield pod_name, line
+                if finished and not open_streams:
+                    return
+        finally:  # the reader stopped (or the job ended): no stream goes on reading unseen
+            for response in list(responses):
+                with contextlib.suppress(HTTPError, OSError):
+                    response.close()
