@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pexpect
+import pyte
 import pytest
 import yaml
 from kubernetes import client as k8s
@@ -375,8 +377,6 @@ def test_cli_submit_follow_prints_the_summary(
 def test_cli_attach_on_a_terminal_draws_the_live_table(cluster: Cluster, kubeconfig: Path) -> None:
     """On a pseudo-terminal: the table of `trainjob run` (job line, a row per replica) while
     the job runs, then the summary in its place."""
-    pexpect = pytest.importorskip("pexpect")
-    pyte = pytest.importorskip("pyte")
     ns = cluster.namespace
     cluster.create_job(trainjob("tty", chief=1, workers=1))
     cluster.run_all("tty", {"tty-chief-0", "tty-worker-0"})

@@ -4,6 +4,9 @@ end in one line naming the cause (never a traceback), as every cluster command s
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -175,3 +178,24 @@ def test_a_reader_that_stops_early_closes_the_open_streams(monkeypatch: pytest.M
     assert next(lines) == ("j-worker-0", "first")
     lines.close()
     assert response.closed
+
+
+def test_without_the_kubernetes_package_the_cluster_commands_say_what_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['kubernetes'] = None  # as if it were not installed\n"
+        "from trainjob import cli\n"
+        "sys.exit(cli.main(['get']))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("trainjob get: talking to a cluster needs the kubernetes")
+    assert result.stderr.endswith(": pip install 'trainjob[cluster]'\n")
