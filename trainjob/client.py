@@ -108,7 +108,7 @@ def load_manifest(job: Manifest | spec.TrainJob) -> dict[str, Any]:
         raise TrainJobError(error.message) from error
     if not isinstance(document, dict):
         raise TrainJobError(f"{name}: expected a TrainJob object")
-    return document
+    return show.submittable(document)
 
 
 class TrainJobClient:

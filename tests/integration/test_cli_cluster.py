@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import json
 import os
 import select
 import shlex
@@ -122,8 +123,10 @@ def test_cli_submit_get_describe_wait_delete(
     mine = [line for line in out.splitlines() if line.startswith(ns)]
     assert out.split()[0] == "NAMESPACE" and "STEP" in out.splitlines()[0]
     assert len(mine) == 1 and "60/120" in mine[0]
-    code, out, _ = run(kubeconfig, "get", "mnist", "-n", ns, "-o", "json")
-    assert code == 0 and '"name": "mnist"' in out and '"progress"' in out
+    code, out, _ = run(kubeconfig, "get", "mnist", "-n", ns, "-o", "yaml")
+    assert code == 0 and yaml.safe_load(out)["status"]["progress"]["step"] == 60
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(out)  # resubmitted below, after the job is deleted
 
     code, out, _ = run(kubeconfig, "describe", "mnist", "-n", ns)
     assert code == 0
@@ -141,6 +144,10 @@ def test_cli_submit_get_describe_wait_delete(
     wait_until(lambda: cluster.job("mnist") is None, timeout=T, what="the job deleted")
     code, out, err = run(kubeconfig, "get", "mnist", "-n", ns)
     assert code == 1 and err == f"trainjob get: TrainJob mnist not found in namespace {ns}\n"
+    # What `get -o yaml` saved (uid, resourceVersion, status...) submits as a new job.
+    code, out, err = run(kubeconfig, "submit", "-f", str(saved), "-o", "json")
+    assert code == 0, err
+    assert json.loads(out)["metadata"]["namespace"] == ns and "status" not in json.loads(out)
 
 
 def test_cli_wait_timeout_failed_and_describe_cause(cluster: Cluster, kubeconfig: Path) -> None:

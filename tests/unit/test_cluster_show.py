@@ -415,3 +415,12 @@ def test_get_headers_are_the_crds_printer_columns() -> None:
     crd = yaml.safe_load((REPO / "crds" / "trainjobs.trainjob.dev.yaml").read_text())
     columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
     assert list(show.HEADERS) == ["NAME", *(column["name"].upper() for column in columns)]
+
+
+def test_a_saved_object_is_submitted_without_what_the_server_set() -> None:
+    server_set = {"uid": "u", "resourceVersion": "9", "generation": 2, "managedFields": []}
+    saved = {**RUNNING, "metadata": {**RUNNING["metadata"], **server_set, "labels": {"a": "b"}}}
+    body = show.submittable(saved)
+    assert "status" not in body and body["spec"] == RUNNING["spec"]
+    assert body["metadata"] == {"name": "mnist", "namespace": "team-a", "labels": {"a": "b"}}
+    assert "status" in saved and saved["metadata"]["uid"] == "u"  # the input is left alone

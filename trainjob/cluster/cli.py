@@ -208,7 +208,7 @@ def _manifests(args: argparse.Namespace, streams: Streams) -> list[dict[str, Any
         name = source_name(path)
         for document in load_documents(path, streams.stdin):
             parse_job(document, name, require_images=False)  # every problem, before any call
-            bodies.append(document)
+            bodies.append(show.submittable(document))
     return bodies
 
 

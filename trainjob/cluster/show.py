@@ -60,6 +60,26 @@ def parse_job(obj: Obj) -> spec.TrainJob:
         raise ShowError(f"TrainJob {name_of(obj)} cannot be read: {problems}") from error
 
 
+# What the API server sets on an object it stores: a manifest saved with `get -o yaml` carries
+# them, and a create that names a resourceVersion or uid is refused.
+SERVER_SET_METADATA: Final = (
+    "uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp",
+    "deletionGracePeriodSeconds", "managedFields", "selfLink", "finalizers", "ownerReferences",
+)  # fmt: skip
+
+
+def submittable(manifest: Obj) -> dict[str, Any]:
+    """The manifest as a new object: no status, none of the metadata the server sets."""
+    metadata = {
+        key: value
+        for key, value in (manifest.get("metadata") or {}).items()
+        if key not in SERVER_SET_METADATA
+    }
+    body = {key: value for key, value in manifest.items() if key != "status"}
+    body["metadata"] = metadata
+    return body
+
+
 def applied(current: Obj, manifest: Obj) -> dict[str, Any]:
     """The object `apply` writes: the manifest's spec, labels and annotations on the stored
     object (its status, uid, finalizers and resourceVersion kept, so the write is a checked
