@@ -320,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
             "examples:\n"
             "  trainjob run -f examples/mnist-multiworker.yaml\n"
             "  trainjob status\n"
+            "  trainjob submit -f examples/mnist-multiworker.yaml -n team-a --follow\n"
             "  trainjob render -f examples/mnist-multiworker.yaml | kubectl apply --dry-run=client -f -\n"  # noqa: E501
             "  source <(trainjob completion bash)\n\n" + EXIT_CODES_HELP
         ),

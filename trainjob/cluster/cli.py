@@ -326,6 +326,11 @@ def cmd_attach(args: argparse.Namespace, streams: Streams) -> int:
         return follow(cluster, args.name, streams, args.no_tty)
 
 
+def _showing(snapshot: view.Snapshot) -> Callable[[], view.Snapshot]:
+    """The terminal asks for the state to draw when it draws; here it is already read."""
+    return lambda: snapshot
+
+
 def follow(cluster: api.Cluster, name: str, streams: Streams, no_tty: bool) -> int:
     """The live table (on a TTY) or one line per Event and progress report, until the job
     ends; then the summary of `trainjob run`. Ctrl-C detaches and says how to attach again."""
@@ -348,8 +353,7 @@ def follow(cluster: api.Cluster, name: str, streams: Streams, no_tty: bool) -> i
             if text != last_progress and text is not None and not tty:
                 terminal.emit(f"progress: {text}")
             last_progress = text
-            current = show.snapshot(job, now)
-            terminal.draw(lambda current=current: current, force=True)  # type: ignore[misc]
+            terminal.draw(_showing(show.snapshot(job, now)), force=True)
             if show.finished(job):
                 break
             time.sleep(POLL_SECONDS)
