@@ -278,9 +278,12 @@ class LocalRun:
             self._process.terminate()
         return self.wait()
 
-    def logs(self, replica: str | None = None, *, follow: bool = False) -> Iterator[str]:
-        """The replicas' log lines prefixed `worker-0 | ` (everything they printed); `follow`
-        goes on until the run ends."""
+    def logs(
+        self, replica: str | None = None, *, follow: bool = False, verbose: bool = False
+    ) -> Iterator[str]:
+        """The replicas' log lines prefixed `worker-0 | `, TensorFlow's routine messages left
+        out unless `verbose` (as for a cluster job; the files keep everything); `follow` goes
+        on until the run ends."""
         log_dir = os.path.join(self.run_dir, plan.LOGS_DIR)
         offsets: dict[str, int] = {}
         while True:
@@ -290,7 +293,7 @@ class LocalRun:
                 text, offsets[name] = rundir.read_from(
                     os.path.join(log_dir, name), offsets.get(name, 0), final=ended or not follow
                 )
-                for line in text.splitlines():
+                for line in cli.filtered(text.splitlines(), verbose):
                     yield view.log_line(name[: -len(".log")], line, len("worker-0"))
             if not follow or ended:
                 return

@@ -316,7 +316,10 @@ def test_cli_client_create_get_list_progress_wait_delete(
 
 def test_cli_client_local_run_create_wait_logs(tmp_path: Path) -> None:
     """The same calls for a run on this machine (no cluster needed)."""
-    code = "print('hello from the chief', flush=True)"
+    code = (
+        "print('hello from the chief', flush=True)\n"
+        "print('2026-11-24 12:00:00.123456: I tensorflow/core/x.cc:1] noise', flush=True)"
+    )
     container = {"name": "tensorflow", "image": "none", "command": ["python", "-c", code]}
     chief = {
         "replicas": 1,
@@ -334,6 +337,8 @@ def test_cli_client_local_run_create_wait_logs(tmp_path: Path) -> None:
     assert (result.state, result.succeeded) == ("Succeeded", True), local.status()
     assert result.exit_codes == {"chief-0": 0}
     assert any("hello from the chief" in line for line in local.logs())
+    assert not any("noise" in line for line in local.logs())
+    assert any("noise" in line for line in local.logs(verbose=True))
     assert all(line.startswith("chief-0  | ") for line in local.logs(follow=True))
 
 
