@@ -424,3 +424,16 @@ def test_a_saved_object_is_submitted_without_what_the_server_set() -> None:
     assert "status" not in body and body["spec"] == RUNNING["spec"]
     assert body["metadata"] == {"name": "mnist", "namespace": "team-a", "labels": {"a": "b"}}
     assert "status" in saved and saved["metadata"]["uid"] == "u"  # the input is left alone
+
+
+@pytest.mark.parametrize("verb", ["submit", "get", "describe", "wait", "delete", "attach"])
+def test_every_cluster_verb_has_help_with_examples_and_exit_codes(verb: str) -> None:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_info:
+        cli.main([verb, "--help"])
+    assert exit_info.value.code == 0
+    assert f"examples:\n  trainjob {verb}" in out.getvalue()
+    assert "exit codes:\n  0 " in out.getvalue() and "--namespace" in out.getvalue()
