@@ -26,7 +26,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from tests.controlplane.cluster import REPO_ROOT
+from tests.controlplane.cluster import REPO_ROOT, ControlPlane
 from tests.integration.operator_harness import GROUP, Cluster, Operator, trainjob, wait_until
 from trainjob import cli, client
 from trainjob.core import spec
@@ -472,3 +472,27 @@ def test_cli_the_readme_commands_work(cluster: Cluster, kubeconfig: Path) -> Non
     assert submit[1].startswith(f"trainjob.trainjob.dev/{name} created\n")
     assert f"TrainJob {name} Succeeded after" in submit[1]
     assert outputs[" ".join(commands[6])][1].startswith(f"TrainJob {name} Succeeded")
+
+
+def test_cli_forbidden_and_refused_credentials_are_one_line(
+    cluster: Cluster, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    ns = cluster.namespace
+    # The namespace's default service account: authenticated, but no RBAC for TrainJobs.
+    account = control_plane.service_account_kubeconfig(ns, "default", tmp_path / "sa.yaml")
+    code, _, err = run(account, "get")
+    assert code == 1
+    assert err.startswith(
+        f"trainjob get: list TrainJobs in namespace {ns}: trainjobs.trainjob.dev is forbidden: "
+        f'User "system:serviceaccount:{ns}:default" cannot list resource "trainjobs"'
+    ), err
+    assert err.count("\n") == 1
+    with pytest.raises(client.TrainJobError, match="is forbidden"):
+        client.TrainJobClient(kubeconfig=str(account)).list()
+    stranger = control_plane.write_kubeconfig(tmp_path / "bad.yaml", "nobody", "no-token", ns)
+    code, _, err = run(stranger, "describe", "x")
+    assert code == 1
+    assert err == (
+        f"trainjob describe: get TrainJob {ns}/x: Unauthorized (the kubeconfig's credentials "
+        "were refused)\n"
+    )
