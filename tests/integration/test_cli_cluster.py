@@ -191,7 +191,7 @@ def test_cli_logs_say_why_there_is_none(cluster: Cluster, kubeconfig: Path) -> N
 
 
 def test_cli_kubeconfig_context_and_namespace_as_kubectl(
-    cluster: Cluster, kubeconfig: Path, tmp_path: Path
+    cluster: Cluster, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ns = cluster.namespace
     cluster.create_job(trainjob("ctx", chief=1, workers=0))
@@ -206,6 +206,17 @@ def test_cli_kubeconfig_context_and_namespace_as_kubectl(
     assert code == 0 and out.splitlines()[1].split()[0] == "ctx"
     code, _, err = run(scoped, "get", "--context", "nope")
     assert code == 1 and f"has no context 'nope' (contexts: {current})" in err
+    # $KUBECONFIG as a list of files, merged as kubectl merges them: the credentials in one,
+    # the context (with its namespace) in the other.
+    first, second = tmp_path / "credentials.yaml", tmp_path / "context.yaml"
+    first.write_text(yaml.safe_dump({**config, "contexts": [], "current-context": ""}))
+    second.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": [],
+                                      "users": [], "contexts": config["contexts"],
+                                      "current-context": current}))  # fmt: skip
+    out = io.StringIO()
+    monkeypatch.setenv("KUBECONFIG", f"{first}{os.pathsep}{second}")
+    assert cli.main(["get"], out=out, err=io.StringIO()) == 0
+    assert out.getvalue().splitlines()[1].split()[0] == "ctx"
     code, _, err = run(tmp_path / "missing.yaml", "get")
     assert code == 1 and "no kubeconfig" in err and "missing.yaml does not exist" in err
 
