@@ -27,7 +27,14 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.controlplane.cluster import REPO_ROOT, ControlPlane
-from tests.integration.operator_harness import GROUP, Cluster, Operator, trainjob, wait_until
+from tests.integration.operator_harness import (
+    GROUP,
+    Cluster,
+    Operator,
+    running_operator,
+    trainjob,
+    wait_until,
+)
 from trainjob import cli, client
 from trainjob.core import spec
 
@@ -39,12 +46,8 @@ T = 30.0  # per-step deadline on a 2-core machine; steps take well under a secon
 @pytest.fixture(scope="module")
 def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = Operator(kubeconfig, log, "--namespace=test-cli-*").start()
-    try:
+    with running_operator(kubeconfig, log, "--namespace=test-cli-*") as op:
         yield op.wait_serving(T)
-    finally:
-        op.stop()
-        print(f"operator log: {log}\n{op.log_tail(30)}")
 
 
 @pytest.fixture
