@@ -32,8 +32,10 @@ from trainjob.cliutil import (
     parse_job,
     source_name,
 )
+from trainjob.cluster import cli as cluster_cli
 from trainjob.core import constants, convert, render, spec
 from trainjob.local import cli as local_cli
+from trainjob.local import plan as local_plan
 
 Handler = Callable[[argparse.Namespace, Streams], int]
 
@@ -143,6 +145,85 @@ def cmd_convert(args: argparse.Namespace, streams: Streams) -> int:
     return EXIT_OK
 
 
+LOGS_CLUSTER_DESCRIPTION: Final = """\
+On a cluster (--cluster, implied by -n/--context/--kubeconfig/--previous/--tail or by a JOB
+that is no local run): every replica's Pod log, prefixed with the replica, TensorFlow's
+routine messages filtered out unless --verbose; -f follows across restarts and new Pods
+until the job ends."""
+LOGS_CLUSTER_EXAMPLES: Final = """\
+  trainjob logs mnist --cluster -n team-a
+  trainjob logs mnist worker-1 --cluster --previous --tail 50
+  trainjob logs mnist --cluster -f"""
+
+
+def cmd_logs(args: argparse.Namespace, streams: Streams) -> int:
+    """A local run's logs, or a cluster job's (see LOGS_CLUSTER_DESCRIPTION)."""
+    if cluster_cli.wants_cluster(args, os.getcwd(), local_plan.DEFAULT_RUNS_DIR):
+        return cluster_cli.cmd_cluster_logs(args, streams)
+    if args.verbose:
+        raise CliError("--verbose applies to cluster logs; a local run's log files hold everything")
+    return local_cli.cmd_logs(args, streams)
+
+
+def _add_cluster_commands(commands: Any) -> None:
+    """submit, get, describe, wait, delete, attach: TrainJobs on a cluster, as kubectl."""
+    cluster_cli.add_submit_parser(
+        _sub(
+            commands,
+            "submit",
+            "create (or apply) TrainJobs on the cluster; --follow shows them run",
+            cluster_cli.SUBMIT_DESCRIPTION,
+            cluster_cli.SUBMIT_EXAMPLES,
+        )
+    ).set_defaults(handler=cluster_cli.cmd_submit)
+    cluster_cli.add_get_parser(
+        _sub(
+            commands,
+            "get",
+            "list TrainJobs on the cluster (kubectl get tj)",
+            cluster_cli.GET_DESCRIPTION,
+            cluster_cli.GET_EXAMPLES,
+        )
+    ).set_defaults(handler=cluster_cli.cmd_get)
+    cluster_cli.add_name_parser(
+        _sub(
+            commands,
+            "describe",
+            "conditions, replicas, exit codes, cause, progress and Events of a cluster job",
+            cluster_cli.DESCRIBE_DESCRIPTION,
+            cluster_cli.DESCRIBE_EXAMPLES,
+        )
+    ).set_defaults(handler=cluster_cli.cmd_describe)
+    cluster_cli.add_wait_parser(
+        _sub(
+            commands,
+            "wait",
+            "wait for a cluster job to succeed, finish or run; the exit code says how it went",
+            cluster_cli.WAIT_DESCRIPTION,
+            cluster_cli.WAIT_EXAMPLES,
+        )
+    ).set_defaults(handler=cluster_cli.cmd_wait)
+    cluster_cli.add_name_parser(
+        _sub(
+            commands,
+            "delete",
+            "delete TrainJobs from the cluster",
+            cluster_cli.DELETE_DESCRIPTION,
+            cluster_cli.DELETE_EXAMPLES,
+        ),
+        several=True,
+    ).set_defaults(handler=cluster_cli.cmd_delete)
+    cluster_cli.add_attach_parser(
+        _sub(
+            commands,
+            "attach",
+            "follow a cluster job: the live table and summary of trainjob run",
+            cluster_cli.ATTACH_DESCRIPTION,
+            cluster_cli.ATTACH_EXAMPLES,
+        )
+    ).set_defaults(handler=cluster_cli.cmd_attach)
+
+
 def cmd_completion(args: argparse.Namespace, streams: Streams) -> int:
     streams.out.write(completion_script(build_parser(), args.shell))
     return EXIT_OK
@@ -171,8 +252,9 @@ _trainjob() {{
   prev="${{COMP_WORDS[COMP_CWORD-1]}}"
   cmd="${{COMP_WORDS[1]}}"
   case "$prev" in
-    -f|--file|--run-dir|--data-dir) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-    -o|--output) COMPREPLY=($(compgen -W "{" ".join(OUTPUT_FORMATS)}" -- "$cur")); return ;;
+    -f|--file|--run-dir|--data-dir|--kubeconfig) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+    --for) COMPREPLY=($(compgen -W "{" ".join(cluster_cli.WAIT_FOR)}" -- "$cur")); return ;;
+    -o|--output) COMPREPLY=($(compgen -W "{" ".join(OUTPUT_FORMATS)} wide" -- "$cur")); return ;;
   esac
   if [[ $COMP_CWORD -eq 1 ]]; then
     COMPREPLY=($(compgen -W "{" ".join(commands)} {" ".join(top)}" -- "$cur")); return
@@ -238,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
             "examples:\n"
             "  trainjob run -f examples/mnist-multiworker.yaml\n"
             "  trainjob status\n"
+            "  trainjob submit -f examples/mnist-multiworker.yaml -n team-a --follow\n"
             "  trainjob render -f examples/mnist-multiworker.yaml | kubectl apply --dry-run=client -f -\n"  # noqa: E501
             "  source <(trainjob completion bash)\n\n" + EXIT_CODES_HELP
         ),
@@ -264,15 +347,18 @@ def build_parser() -> argparse.ArgumentParser:
             local_cli.STATUS_EXAMPLES,
         )
     ).set_defaults(handler=local_cli.cmd_status)
-    local_cli.add_logs_parser(
+    logs = local_cli.add_logs_parser(
         _sub(
             commands,
             "logs",
-            "print (or follow) the replica logs of a local run",
-            local_cli.LOGS_DESCRIPTION,
-            local_cli.LOGS_EXAMPLES,
+            "print (or follow) the replica logs of a local run or a cluster job",
+            local_cli.LOGS_DESCRIPTION + "\n\n" + LOGS_CLUSTER_DESCRIPTION,
+            local_cli.LOGS_EXAMPLES + "\n" + LOGS_CLUSTER_EXAMPLES,
         )
-    ).set_defaults(handler=local_cli.cmd_logs)
+    )
+    cluster_cli.add_cluster_log_flags(logs)
+    logs.set_defaults(handler=cmd_logs)
+    _add_cluster_commands(commands)
 
     validate = _sub(
         commands,

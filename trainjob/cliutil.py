@@ -20,6 +20,7 @@ from trainjob.core import spec
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1  # the job failed; validate: the manifests have problems
 EXIT_USAGE: Final = 2  # a bad command line, or input that cannot be used at all
+EXIT_TIMEOUT: Final = 124  # wait: --timeout passed first, as timeout(1) exits
 EXIT_SIGHUP: Final = 129  # the terminal closed, as 128 + SIGHUP
 EXIT_SIGINT: Final = 130  # Ctrl-C, as 128 + SIGINT
 EXIT_SIGPIPE: Final = 141  # the reader of our output went away (`| head -1`), as 128 + SIGPIPE
@@ -27,11 +28,14 @@ EXIT_SIGTERM: Final = 143  # stopped by SIGTERM, as 128 + SIGTERM
 
 EXIT_CODES_HELP: Final = """\
 exit codes:
-  0    success (run: the job Succeeded)
-  1    run: the job Failed; validate: a manifest has problems
+  0    success (run, attach, wait: the job Succeeded)
+  1    run, attach, wait: the job Failed; validate: a manifest has problems;
+       a cluster command: the API server refused or could not be reached
   2    bad command line or unusable input: unreadable file, not YAML, duplicate key,
        invalid TrainJob (render/run/convert), run directory in use, cannot run locally
-  130  run: stopped by Ctrl-C (SIGINT); 143: by SIGTERM; 129: the terminal closed (SIGHUP)
+  124  wait: --timeout passed before the job got there
+  130  run: stopped by Ctrl-C (SIGINT); 143: by SIGTERM; 129: the terminal closed (SIGHUP);
+       attach: detached by Ctrl-C (the job keeps running)
   141  the reader of the output went away (| head); run stops every replica first
 """
 OUTPUT_FORMATS: Final = ("yaml", "json")

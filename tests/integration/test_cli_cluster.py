@@ -1,0 +1,512 @@
+"""The `trainjob` cluster commands and `trainjob.client` against the real test control plane:
+one operator for the module (namespaces `test-cli-*`), Pods played by patching their status,
+progress written into `.status.progress` as the operator's endpoint would. Pod logs need a
+kubelet, which this control plane has none of: here `logs` must say so clearly; the
+formatting and filtering of log lines are unit-tested (tests/unit/test_cluster_show.py)."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import os
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pyte
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from tests.controlplane.cluster import REPO_ROOT, ControlPlane
+from tests.integration.operator_harness import (
+    GROUP,
+    Cluster,
+    Operator,
+    running_operator,
+    trainjob,
+    wait_until,
+)
+from trainjob import cli, client
+from trainjob.core import spec
+
+pytestmark = pytest.mark.integration
+
+T = 30.0  # per-step deadline on a 2-core machine; steps take well under a second
+
+
+@pytest.fixture(scope="module")
+def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with running_operator(kubeconfig, log, "--namespace=test-cli-*") as op:
+        yield op.wait_serving(T)
+
+
+@pytest.fixture
+def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+    assert namespace.startswith("test-cli-"), namespace
+    yield Cluster(api_client, namespace)
+    print(f"operator log, last lines:\n{operator.log_tail(25)}")
+
+
+def run(kubeconfig: Path, *argv: str) -> tuple[int, str, str]:
+    """`trainjob ARGV --kubeconfig KUBECONFIG` in this process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main([*argv, "--kubeconfig", str(kubeconfig)], out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def write(path: Path, body: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def set_progress(cluster: Cluster, name: str, **fields: Any) -> None:
+    """What the operator writes after a progress report (core.progress.status_progress)."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    progress = {"state": "Running", "lastUpdateTime": now, **fields}
+    cluster.custom.patch_namespaced_custom_object_status(
+        GROUP, "v1alpha1", cluster.namespace, "trainjobs", name, {"status": {"progress": progress}}
+    )
+
+
+def printer_columns() -> list[str]:
+    """NAME and the CRD's additionalPrinterColumns, upper-case: the header of kubectl get tj."""
+    crd = yaml.safe_load((REPO_ROOT / "crds" / "trainjobs.trainjob.dev.yaml").read_text())
+    columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+    return ["NAME", *(column["name"].upper() for column in columns)]
+
+
+PROGRESS = {
+    "summary": "50% (1/2)",
+    "replica": "chief-0",
+    "epoch": 1,
+    "totalEpochs": 2,
+    "step": 60,
+    "totalSteps": 120,
+    "percent": 50.0,
+    "loss": 0.4321,
+    "etaSeconds": 30,
+    "eta": "30s",
+}
+
+
+def test_cli_submit_get_describe_wait_delete(
+    cluster: Cluster, kubeconfig: Path, tmp_path: Path
+) -> None:
+    ns = cluster.namespace
+    path = write(tmp_path / "job.yaml", trainjob("mnist", chief=1, workers=1))
+    code, out, err = run(kubeconfig, "submit", "-f", str(path), "-n", ns)
+    assert (code, out, err) == (0, "trainjob.trainjob.dev/mnist created\n", "")
+    pods = {"mnist-chief-0", "mnist-worker-0"}
+    cluster.wait_pods("mnist", pods)
+    code, out, _ = run(kubeconfig, "submit", "-f", str(path), "-n", ns)
+    assert (code, out) == (0, "trainjob.trainjob.dev/mnist unchanged\n")
+    changed = trainjob("mnist", chief=1, workers=1, run_policy={"backoffLimit": 2})
+    code, out, _ = run(kubeconfig, "submit", "-f", str(write(path, changed)), "-n", ns)
+    assert (code, out) == (0, "trainjob.trainjob.dev/mnist configured\n")
+    assert (cluster.job("mnist") or {})["spec"]["runPolicy"]["backoffLimit"] == 2
+
+    cluster.run_all("mnist", pods)
+    cluster.wait_condition("mnist", "Running")
+    set_progress(cluster, "mnist", **PROGRESS)
+    code, out, _ = run(kubeconfig, "get", "-n", ns)
+    header, row = out.splitlines()
+    assert header.split() == printer_columns()  # what `kubectl get tj` prints
+    assert row.split()[:8] == ["mnist", "Running", "2/2", "0", "50%", "(1/2)", "30s", "0.4321"]
+    code, out, _ = run(kubeconfig, "get", "-A", "-o", "wide")
+    mine = [line for line in out.splitlines() if line.startswith(ns)]
+    assert out.split()[0] == "NAMESPACE" and "STEP" in out.splitlines()[0]
+    assert len(mine) == 1 and "60/120" in mine[0]
+    code, out, _ = run(kubeconfig, "get", "mnist", "-n", ns, "-o", "yaml")
+    assert code == 0 and yaml.safe_load(out)["status"]["progress"]["step"] == 60
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(out)  # resubmitted below, after the job is deleted
+
+    code, out, _ = run(kubeconfig, "describe", "mnist", "-n", ns)
+    assert code == 0
+    assert "State:        Running" in out
+    assert "Progress:     50% (1/2)  step 60/120  loss 0.4321" in out
+    assert "chief-0" in out and "mnist-worker-0" in out
+    assert "Events:" in out and "Created" in out
+
+    cluster.set_exited("mnist-chief-0", 0)
+    code, out, _ = run(kubeconfig, "wait", "mnist", "-n", ns, "--timeout", "30s")
+    assert code == 0 and out.startswith("TrainJob mnist Succeeded"), out
+
+    code, out, _ = run(kubeconfig, "delete", "mnist", "-n", ns)
+    assert (code, out) == (0, 'trainjob.trainjob.dev "mnist" deleted\n')
+    wait_until(lambda: cluster.job("mnist") is None, timeout=T, what="the job deleted")
+    code, out, err = run(kubeconfig, "get", "mnist", "-n", ns)
+    assert code == 1 and err == f"trainjob get: TrainJob mnist not found in namespace {ns}\n"
+    # What `get -o yaml` saved (uid, resourceVersion, status...) submits as a new job.
+    code, out, err = run(kubeconfig, "submit", "-f", str(saved), "-o", "json")
+    assert code == 0, err
+    assert json.loads(out)["metadata"]["namespace"] == ns and "status" not in json.loads(out)
+
+
+def test_cli_wait_timeout_failed_and_describe_cause(cluster: Cluster, kubeconfig: Path) -> None:
+    ns = cluster.namespace
+    cluster.create_job(trainjob("bad", chief=1, workers=1))
+    code, _, err = run(kubeconfig, "wait", "bad", "-n", ns, "--timeout", "1s")
+    assert code == 124 and "timed out after 1s waiting for TrainJob bad to be succeeded" in err
+    pods = {"bad-chief-0", "bad-worker-0"}
+    cluster.run_all("bad", pods)
+    cluster.set_exited("bad-worker-0", 3)
+    code, out, _ = run(kubeconfig, "wait", "bad", "-n", ns, "--timeout", "30s")
+    assert code == 1 and out.startswith("TrainJob bad Failed ("), out
+    code, out, _ = run(kubeconfig, "wait", "bad", "-n", ns, "--for", "finished")
+    assert code == 0
+    code, out, _ = run(kubeconfig, "describe", "bad", "-n", ns)
+    assert "Cause:        " in out and "State:        Failed" in out
+    worker = next(line for line in out.splitlines() if line.strip().startswith("worker-0"))
+    assert worker.split()[:4] == ["worker-0", "Failed", "0", "3"], worker
+    # The summary attach prints for a job that ended already, with its cause.
+    code, out, _ = run(kubeconfig, "attach", "bad", "-n", ns, "--no-tty")
+    assert code == 1
+    assert "TrainJob bad Failed after" in out
+    assert "cause:      worker-0: exit code 3" in out
+    assert f"trainjob logs bad worker-0 -n {ns} --cluster" in out
+
+
+def test_cli_logs_say_why_there_is_none(cluster: Cluster, kubeconfig: Path) -> None:
+    ns = cluster.namespace
+    cluster.create_job(trainjob("quiet", chief=1, workers=0))
+    cluster.run_all("quiet", {"quiet-chief-0"})
+    code, out, err = run(kubeconfig, "logs", "quiet", "-n", ns)
+    assert code == 1 and out == ""
+    assert err == (
+        "trainjob logs: no log for chief-0: Pod quiet-chief-0 is on no node yet (Running, not "
+        "scheduled), so it has no log\n"
+    )
+    code, _, err = run(kubeconfig, "logs", "quiet", "worker-3", "--cluster", "-n", ns)
+    assert code == 1 and "has no Pod for replica worker-3" in err
+    code, _, err = run(kubeconfig, "logs", "nope", "-n", ns)
+    assert code == 1 and err == f"trainjob logs: TrainJob nope not found in namespace {ns}\n"
+
+
+def test_cli_kubeconfig_context_and_namespace_as_kubectl(
+    cluster: Cluster, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ns = cluster.namespace
+    cluster.create_job(trainjob("ctx", chief=1, workers=0))
+    config = yaml.safe_load(kubeconfig.read_text())
+    current = config["current-context"]
+    for context in config["contexts"]:
+        if context["name"] == current:
+            context["context"]["namespace"] = ns
+    scoped = tmp_path / "scoped.yaml"
+    scoped.write_text(yaml.safe_dump(config))
+    code, out, _ = run(scoped, "get")  # no -n: the context's namespace
+    assert code == 0 and out.splitlines()[1].split()[0] == "ctx"
+    code, _, err = run(scoped, "get", "--context", "nope")
+    assert code == 1 and f"has no context 'nope' (contexts: {current})" in err
+    # $KUBECONFIG as a list of files, merged as kubectl merges them: the credentials in one,
+    # the context (with its namespace) in the other.
+    first, second = tmp_path / "credentials.yaml", tmp_path / "context.yaml"
+    first.write_text(yaml.safe_dump({**config, "contexts": [], "current-context": ""}))
+    second.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": [],
+                                      "users": [], "contexts": config["contexts"],
+                                      "current-context": current}))  # fmt: skip
+    out = io.StringIO()
+    monkeypatch.setenv("KUBECONFIG", f"{first}{os.pathsep}{second}")
+    assert cli.main(["get"], out=out, err=io.StringIO()) == 0
+    assert out.getvalue().splitlines()[1].split()[0] == "ctx"
+    code, _, err = run(tmp_path / "missing.yaml", "get")
+    assert code == 1 and "no kubeconfig" in err and "missing.yaml does not exist" in err
+
+
+def _attach(kubeconfig: Path, *argv: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KUBECONFIG": str(kubeconfig)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainjob", "attach", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _first_line(process: subprocess.Popen[str]) -> str:
+    """The first line a process prints, within T seconds (so Ctrl-C reaches a running loop)."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], T)
+    assert ready, "attach printed nothing"
+    return process.stdout.readline()
+
+
+def test_cli_attach_follows_to_the_summary_and_detaches(cluster: Cluster, kubeconfig: Path) -> None:
+    ns = cluster.namespace
+    cluster.create_job(trainjob("live", chief=1, workers=1))
+    cluster.wait_pods("live", {"live-chief-0", "live-worker-0"})
+    following = _attach(kubeconfig, "live", "-n", ns, "--no-tty")
+    detaching = _attach(kubeconfig, "live", "-n", ns, "--no-tty")
+    try:
+        first = _first_line(following)
+        _first_line(detaching)
+        detaching.send_signal(signal.SIGINT)
+        out, _ = detaching.communicate(timeout=T)
+        assert detaching.returncode == 130, out
+        assert "Detached: TrainJob live keeps running" in out
+        assert f"trainjob attach live -n {ns}" in out
+        assert cluster.job("live") is not None
+
+        cluster.run_all("live", {"live-chief-0", "live-worker-0"})
+        cluster.wait_condition("live", "Running")
+        set_progress(cluster, "live", **PROGRESS)
+        wait_until(
+            lambda: (cluster.job("live") or {}).get("status", {}).get("progress"),
+            timeout=T,
+            what="progress in status",
+        )
+        cluster.set_exited("live-chief-0", 0)
+        rest, _ = following.communicate(timeout=T)
+    finally:
+        for process in (following, detaching):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    out = first + rest
+    assert following.returncode == 0, out
+    assert first.startswith("* "), out  # the job's Events, as trainjob run prints its own
+    assert "progress: 50% (1/2)  step 60/120  loss 0.4321" in out
+    assert "TrainJob live Succeeded after" in out
+    assert "  progress:   50% (1/2)  step 60/120  loss 0.4321" in out
+    assert "last exit:  chief-0=0 (Succeeded, attempt 0)" in out
+    assert f"logs:       trainjob logs live -n {ns} --cluster" in out
+
+
+def test_cli_client_create_get_list_progress_wait_delete(
+    cluster: Cluster, kubeconfig: Path, tmp_path: Path
+) -> None:
+    ns = cluster.namespace
+    with client.TrainJobClient(ns, kubeconfig=str(kubeconfig)) as tj:
+        assert tj.create(trainjob("nb", chief=1, workers=1)) == "nb"
+        path = write(tmp_path / "two.yaml", trainjob("nb2", chief=1, workers=0))
+        assert tj.create(str(path)) == "nb2"
+        with pytest.raises(client.TrainJobError, match="already exists"):
+            tj.create(str(path))
+        assert tj.create(str(path), apply=True) == "nb2"
+        assert sorted(j["metadata"]["name"] for j in tj.list()) == ["nb", "nb2"]
+        assert tj.progress("nb") is None
+        cluster.run_all("nb", {"nb-chief-0", "nb-worker-0"})
+        cluster.wait_condition("nb", "Running")
+        set_progress(cluster, "nb", **PROGRESS)
+        report = tj.progress("nb")
+        assert report is not None and (report.step, report.loss) == (60, 0.4321)
+        running = tj.wait("nb", timeout=T, until="running")
+        assert (running.state, running.timed_out) == ("Running", False)
+        early = tj.wait("nb", timeout=0.5)
+        assert early.timed_out and not early.succeeded
+        cluster.set_exited("nb-worker-0", 2)
+        result = tj.wait("nb", timeout=T)
+        assert (result.state, result.succeeded, result.timed_out) == ("Failed", False, False)
+        assert result.exit_codes["worker-0"] == 2 and "worker" in result.message
+        assert tj.get("nb")["status"]["state"] == "Failed"
+        with pytest.raises(
+            client.TrainJobError, match=r"^no log for worker-0: Pod nb-worker-0 is on no node yet"
+        ):
+            list(tj.logs("nb"))
+        tj.delete("nb")
+        with pytest.raises(
+            client.TrainJobError, match=f"TrainJob nope not found in namespace {ns}"
+        ):
+            tj.get("nope")
+        parsed = spec.parse(trainjob("nb3", chief=1, workers=0), require_images=False)
+        assert tj.create(parsed) == "nb3"
+        assert tj.get("nb3")["spec"]["replicaSpecs"]["chief"]["replicas"] == 1
+        with pytest.raises(client.TrainJobError, match=r"spec\.replicaSpecs"):
+            tj.create({"apiVersion": "trainjob.dev/v1alpha1", "kind": "TrainJob",
+                       "metadata": {"name": "x"}, "spec": {}})  # fmt: skip
+
+
+def test_cli_client_local_run_create_wait_logs(tmp_path: Path) -> None:
+    """The same calls for a run on this machine (no cluster needed)."""
+    code = (
+        "print('hello from the chief', flush=True)\n"
+        "print('2026-11-24 12:00:00.123456: I tensorflow/core/x.cc:1] noise', flush=True)"
+    )
+    container = {"name": "tensorflow", "image": "none", "command": ["python", "-c", code]}
+    chief = {
+        "replicas": 1,
+        "restartPolicy": "Never",
+        "template": {"spec": {"containers": [container]}},
+    }
+    manifest = {
+        "apiVersion": "trainjob.dev/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "here"},
+        "spec": {"replicaSpecs": {"chief": chief}},
+    }
+    local = client.run_local(manifest, run_dir=str(tmp_path / "run"))
+    result = local.wait(timeout=60)
+    assert (result.state, result.succeeded) == ("Succeeded", True), local.status()
+    assert result.exit_codes == {"chief-0": 0}
+    assert any("hello from the chief" in line for line in local.logs())
+    assert not any("noise" in line for line in local.logs())
+    assert any("noise" in line for line in local.logs(verbose=True))
+    assert all(line.startswith("chief-0  | ") for line in local.logs(follow=True))
+
+
+def test_cli_logs_follow_ends_with_the_job_and_says_why_a_log_is_missing(
+    cluster: Cluster, kubeconfig: Path
+) -> None:
+    ns = cluster.namespace
+    cluster.create_job(trainjob("ended", chief=1, workers=0))
+    cluster.run_all("ended", {"ended-chief-0"})
+    cluster.set_exited("ended-chief-0", 0)
+    cluster.wait_condition("ended", "Succeeded")
+    code, out, err = run(kubeconfig, "logs", "ended", "-n", ns, "-f")
+    assert (code, out) == (0, "")
+    assert err == (
+        "trainjob logs: chief-0: Pod ended-chief-0 is on no node yet (Succeeded, not "
+        "scheduled), so it has no log\n"
+    )
+
+
+def test_cli_submit_follow_prints_the_summary(
+    cluster: Cluster, kubeconfig: Path, tmp_path: Path
+) -> None:
+    ns = cluster.namespace
+    path = write(tmp_path / "job.yaml", trainjob("sub", chief=1, workers=1))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KUBECONFIG": str(kubeconfig)}
+    argv = ["submit", "-f", str(path), "-n", ns, "--follow", "--no-tty"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainjob", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert _first_line(process) == "trainjob.trainjob.dev/sub created\n"
+        cluster.run_all("sub", {"sub-chief-0", "sub-worker-0"})
+        cluster.set_exited("sub-worker-0", 137, reason="OOMKilled")
+        out, _ = process.communicate(timeout=T)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 1, out
+    assert "TrainJob sub Failed after" in out
+    assert "worker-0=137 (Failed, attempt 0)" in out
+
+
+def test_cli_attach_on_a_terminal_draws_the_live_table(cluster: Cluster, kubeconfig: Path) -> None:
+    """On a pseudo-terminal: the table of `trainjob run` (job line, a row per replica) while
+    the job runs, then the summary in its place."""
+    ns = cluster.namespace
+    cluster.create_job(trainjob("tty", chief=1, workers=1))
+    cluster.run_all("tty", {"tty-chief-0", "tty-worker-0"})
+    cluster.wait_condition("tty", "Running")
+    set_progress(cluster, "tty", **PROGRESS)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KUBECONFIG": str(kubeconfig)}
+    env.update(TERM="xterm", NO_COLOR="1")
+    screen = pyte.Screen(100, 30)
+    stream = pyte.ByteStream(screen)
+    child = pexpect.spawn(
+        sys.executable, ["-m", "trainjob", "attach", "tty", "-n", ns], env=env,
+        dimensions=(30, 100),
+    )  # fmt: skip
+    try:
+        child.expect("restarts 0/", timeout=T)
+        stream.feed(child.before + child.after)
+        child.expect(r"\n", timeout=T)  # the rest of the table's first draw
+        stream.feed(child.before + child.after)
+        child.expect(r"worker-0.*\n", timeout=T)
+        stream.feed(child.before + child.after)
+        shown = [line.rstrip() for line in screen.display]
+        job_line = next(line for line in shown if line.startswith("TrainJob tty  "))
+        assert "Running" in job_line and "step 60/120 (50%)" in job_line and "ETA 30.0s" in job_line
+        rows = [line.split() for line in shown if line.startswith("  ")]
+        assert rows[0][:2] == ["chief-0", "Running"] and "step" in rows[0]
+        assert rows[1][:2] == ["worker-0", "Running"]
+        cluster.set_exited("tty-chief-0", 0)
+        child.expect(pexpect.EOF, timeout=T)
+        stream.feed(child.before)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    shown = [line.rstrip() for line in screen.display]
+    assert any(line.startswith("TrainJob tty Succeeded after") for line in shown), shown
+    assert not any(line.startswith("TrainJob tty  ") for line in shown), "the table was not erased"
+
+
+def _readme_commands(section: str) -> list[list[str]]:
+    """The `trainjob` commands of a README section's sh block, one argv each."""
+    text = (REPO_ROOT / "README.md").read_text()
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    block = body.split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = []
+    for line in block.splitlines():
+        command = line.split("  #", 1)[0].split(" && ", 1)[0]
+        argv = shlex.split(command)
+        if argv and argv[0] == "trainjob":
+            commands.append(argv[1:])
+    return commands
+
+
+def test_cli_the_readme_commands_work(cluster: Cluster, kubeconfig: Path) -> None:
+    """README "From your laptop", in its order, with the kubelet played meanwhile: the
+    example's two workers run, report progress, and worker 0 finishes while submit follows."""
+    ns = cluster.namespace
+    commands = [[ns if arg == "team-a" else arg for arg in argv] for argv in _readme_commands(
+        "From your laptop")]  # fmt: skip
+    assert [argv[0] for argv in commands] == [
+        "submit", "get", "get", "describe", "logs", "logs", "wait", "attach", "delete",
+    ]  # fmt: skip
+    name = "mnist-multiworker"
+
+    def kubelet() -> None:
+        cluster.run_all(name, {f"{name}-worker-0", f"{name}-worker-1"})
+        cluster.wait_condition(name, "Running")
+        set_progress(cluster, name, **{**PROGRESS, "replica": "worker-0"})
+        cluster.set_exited(f"{name}-worker-0", 0)
+
+    player = threading.Thread(target=kubelet, daemon=True)
+    player.start()
+    outputs = {}
+    for argv in commands:
+        code, out, err = run(kubeconfig, *argv)
+        outputs[" ".join(argv)] = (code, out, err)
+        if argv[0] == "logs":  # no kubelet, so no log: the answer must say why, not fail
+            assert code in (0, 1) and ("no log" in err or "has no Pod" in err), (argv, err)
+        else:
+            assert code == 0, (argv, out, err)
+    player.join(timeout=T)
+    submit = outputs[" ".join(commands[0])]
+    assert submit[1].startswith(f"trainjob.trainjob.dev/{name} created\n")
+    assert f"TrainJob {name} Succeeded after" in submit[1]
+    assert outputs[" ".join(commands[6])][1].startswith(f"TrainJob {name} Succeeded")
+
+
+def test_cli_forbidden_and_refused_credentials_are_one_line(
+    cluster: Cluster, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    ns = cluster.namespace
+    # The namespace's default service account: authenticated, but no RBAC for TrainJobs.
+    account = control_plane.service_account_kubeconfig(ns, "default", tmp_path / "sa.yaml")
+    code, _, err = run(account, "get")
+    assert code == 1
+    assert err.startswith(
+        f"trainjob get: list TrainJobs in namespace {ns}: trainjobs.trainjob.dev is forbidden: "
+        f'User "system:serviceaccount:{ns}:default" cannot list resource "trainjobs"'
+    ), err
+    assert err.count("\n") == 1
+    with pytest.raises(client.TrainJobError, match="is forbidden"):
+        client.TrainJobClient(kubeconfig=str(account)).list()
+    stranger = control_plane.write_kubeconfig(tmp_path / "bad.yaml", "nobody", "no-token", ns)
+    code, _, err = run(stranger, "describe", "x")
+    assert code == 1
+    assert err == (
+        f"trainjob describe: get TrainJob {ns}/x: Unauthorized (the kubeconfig's credentials "
+        "were refused)\n"
+    )

@@ -1,0 +1,392 @@
+"""The one module of the cluster side that talks to the API server (the `kubernetes` package).
+
+Everything it returns is plain data (dicts as `kubectl get -o json` prints them, strings), so
+formatting and decisions stay pure in `trainjob.cluster.show`. Every failure, whatever raised
+it (an ApiException, an unreachable server, a broken kubeconfig), becomes one `ClusterError`
+whose message names the cause in the API server's own words: callers never see a traceback.
+
+kubeconfig and context are resolved as kubectl does: `--kubeconfig`, else $KUBECONFIG (a
+list of files, merged), else ~/.kube/config; `--context`, else the current context; the
+namespace is `-n`, else the context's namespace, else `default`. Inside a Pod without a
+kubeconfig (a notebook on the cluster), the Pod's service account is used, as kubectl does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final, TypeVar
+
+from kubernetes import client as _k8s
+from kubernetes import config as _k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from urllib3.exceptions import HTTPError
+
+from trainjob.cluster import show
+from trainjob.cluster.errors import ClusterError
+from trainjob.core import constants
+
+# The kubernetes package is only partly typed (untyped functions, `object` results): its
+# objects are handled as Any here and every result is checked where it is turned into data.
+k8s: Any = _k8s
+k8s_config: Any = _k8s_config
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+_Line = tuple[str, str, str | None]  # stream instance, Pod name, line (None: the stream ended)
+
+IN_CLUSTER_NAMESPACE_FILE: Final = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+LOG_POLL_SECONDS: Final = 1.0  # how often a followed job's Pods are listed again
+REQUEST_TIMEOUT: Final = 30.0  # seconds for one API call (a follow stream has none)
+
+
+def _server_message(error: ApiException) -> str:
+    """The API server's own words (the `message` of its Status body), else the HTTP reason."""
+    with contextlib.suppress(ValueError, TypeError):
+        body = json.loads(error.body or "")
+        if isinstance(body, dict) and body.get("message"):
+            return str(body["message"])
+    return f"{error.status} {error.reason}".strip()
+
+
+def _translate(what: str, error: Exception) -> ClusterError:
+    if isinstance(error, ApiException):
+        message = _server_message(error)
+        if error.status == 401:
+            message += " (the kubeconfig's credentials were refused)"
+        if error.status == 404 and "could not find the requested resource" in message:
+            message += (
+                f" (is the TrainJob CRD installed? kubectl get crd {constants.PLURAL}."
+                f"{constants.GROUP})"
+            )
+        return ClusterError(f"{what}: {message}", error.status)
+    if isinstance(error, ConfigException):
+        return ClusterError(f"kubeconfig: {error}")
+    return ClusterError(f"{what}: cannot reach the API server: {_network_cause(error)}")
+
+
+def _network_cause(error: Exception) -> str:
+    """The root of urllib3's retry error: `Failed to establish a new connection: [Errno 111]
+    Connection refused`, without the pool and URL it wraps it in."""
+    cause = getattr(error, "reason", None) or error
+    text = str(cause)
+    _, found, rest = text.partition("): ")
+    return rest if found and rest else text
+
+
+def _call(what: str, function: Callable[[], T]) -> T:
+    try:
+        return function()
+    except (ApiException, HTTPError, OSError, ConfigException) as error:
+        raise _translate(what, error) from error
+
+
+# ----- connecting -----
+@dataclasses.dataclass(frozen=True)
+class Connection:
+    """Where the commands go: the API client, the namespace meant, and the context's name."""
+
+    api: Any  # kubernetes.client.ApiClient
+    namespace: str
+    context: str | None
+
+
+def kubeconfig_files(explicit: str | None, environ: Mapping[str, str]) -> str:
+    """kubectl's order: --kubeconfig, else $KUBECONFIG (':'-separated, merged), else
+    ~/.kube/config."""
+    return explicit or environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+
+
+def _existing(paths: str) -> list[str]:
+    return [
+        p
+        for p in (os.path.expanduser(x) for x in paths.split(os.pathsep) if x)
+        if os.path.exists(p)
+    ]
+
+
+def connect(
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    namespace: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Connection:
+    """An API client for the kubeconfig/context kubectl would pick, and the namespace."""
+    env = os.environ if environ is None else environ
+    files = kubeconfig_files(kubeconfig, env)
+    if not _existing(files):
+        if kubeconfig is None and context is None and env.get("KUBERNETES_SERVICE_HOST"):
+            return _in_cluster(namespace)
+        raise ClusterError(
+            f"no kubeconfig: {files} does not exist (give --kubeconfig, set KUBECONFIG, or "
+            "run inside a Pod with a service account)"
+        )
+    try:
+        contexts, current = k8s_config.list_kube_config_contexts(config_file=files)
+    except Exception as error:  # any failure to read a user's file (YAML, types, keys)
+        problem = " ".join(str(error).split())
+        raise ClusterError(f"kubeconfig {files} cannot be used: {problem}") from error
+    names = [c.get("name") for c in contexts or []]
+    chosen = (
+        current
+        if context is None
+        else next((c for c in contexts if c.get("name") == context), None)
+    )
+    if chosen is None:
+        which = f"context {context!r}" if context else "a current context"
+        raise ClusterError(
+            f"kubeconfig {files} has no {which} (contexts: {', '.join(map(str, names)) or 'none'})"
+        )
+    try:
+        api = k8s_config.new_client_from_config(
+            config_file=files, context=chosen.get("name"), persist_config=False
+        )
+    except Exception as error:  # a context naming a missing user or cluster, a bad cert...
+        problem = " ".join(str(error).split())
+        raise ClusterError(
+            f"kubeconfig {files}, context {chosen.get('name')}: {problem}"
+        ) from error
+    context_namespace = (chosen.get("context") or {}).get("namespace")
+    return Connection(api, namespace or context_namespace or "default", chosen.get("name"))
+
+
+def _in_cluster(namespace: str | None) -> Connection:
+    try:
+        k8s_config.load_incluster_config()
+    except ConfigException as error:
+        raise ClusterError(f"in-cluster configuration: {error}") from error
+    own = None
+    with contextlib.suppress(OSError), open(IN_CLUSTER_NAMESPACE_FILE, encoding="utf-8") as handle:
+        own = handle.read().strip() or None
+    return Connection(k8s.ApiClient(), namespace or own or "default", None)
+
+
+# ----- TrainJobs -----
+class Cluster:
+    """TrainJobs, their Pods, Events and logs in one namespace (or all of them)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.namespace = connection.namespace
+        self._custom: Any = k8s.CustomObjectsApi(connection.api)
+        self._core: Any = k8s.CoreV1Api(connection.api)
+
+    def close(self) -> None:
+        self.connection.api.close()
+
+    def in_namespace(self, namespace: str) -> Cluster:
+        """The same connection, another namespace (a manifest's metadata.namespace)."""
+        return Cluster(Connection(self.connection.api, namespace, self.connection.context))
+
+    def _job_call(self, verb: str, name: str, function: Callable[[], T]) -> T:
+        try:
+            return function()
+        except ApiException as error:
+            if (
+                error.status == 404
+                and "could not find the requested resource" not in _server_message(error)
+            ):
+                raise ClusterError(
+                    f"TrainJob {name} not found in namespace {self.namespace}", 404
+                ) from error
+            raise _translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
+        except (HTTPError, OSError, ConfigException) as error:
+            raise _translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
+
+    def _trainjobs(self, method: str, *args: Any) -> Any:
+        """CustomObjectsApi.<method> on the TrainJobs of this namespace."""
+        call = getattr(self._custom, method)
+        return call(
+            constants.GROUP, constants.VERSION, self.namespace, constants.PLURAL, *args,
+            _request_timeout=REQUEST_TIMEOUT,
+        )  # fmt: skip
+
+    def get_job(self, name: str) -> Obj:
+        result: Obj = self._job_call(
+            "get", name, lambda: self._trainjobs("get_namespaced_custom_object", name)
+        )
+        return result
+
+    def list_jobs(self, all_namespaces: bool = False) -> list[Obj]:
+        if all_namespaces:
+            result: Obj = _call(
+                "list TrainJobs in all namespaces",
+                lambda: self._custom.list_cluster_custom_object(
+                    constants.GROUP, constants.VERSION, constants.PLURAL,
+                    _request_timeout=REQUEST_TIMEOUT,
+                ),
+            )  # fmt: skip
+        else:
+            result = _call(
+                f"list TrainJobs in namespace {self.namespace}",
+                lambda: self._trainjobs("list_namespaced_custom_object"),
+            )
+        items: list[Obj] = result.get("items") or []
+        return items
+
+    def create_job(self, body: Obj) -> Obj:
+        name = show.name_of(body)
+        result: Obj = self._job_call(
+            "create", name, lambda: self._trainjobs("create_namespaced_custom_object", body)
+        )
+        return result
+
+    def apply_job(self, body: Obj) -> tuple[Obj, str]:
+        """Create the job, or give an existing one this spec, labels and annotations (the
+        server keeps its status). Returns the object and `created`, `configured` or
+        `unchanged` (the spec's generation did not move), as kubectl apply says."""
+        try:
+            return self.create_job(body), "created"
+        except ClusterError as error:
+            if error.status != 409:
+                raise
+        name = show.name_of(body)
+        for _ in range(3):  # a concurrent writer (the operator's finalizer) moved the version
+            current = self.get_job(name)
+            replacement = show.applied(current, body)
+            try:
+                result: Obj = self._trainjobs("replace_namespaced_custom_object", name, replacement)
+            except ApiException as error:
+                if error.status == 409:
+                    continue
+                raise _translate(f"apply TrainJob {self.namespace}/{name}", error) from error
+            except (HTTPError, OSError) as error:
+                raise _translate(f"apply TrainJob {self.namespace}/{name}", error) from error
+            moved = result["metadata"].get("generation") != current["metadata"].get("generation")
+            return result, "configured" if moved else "unchanged"
+        raise ClusterError(f"apply TrainJob {self.namespace}/{name}: it kept changing; try again")
+
+    def delete_job(self, name: str) -> None:
+        self._job_call(
+            "delete", name, lambda: self._trainjobs("delete_namespaced_custom_object", name)
+        )
+
+    def pods(self, job: str) -> list[Obj]:
+        selector = f"{constants.LABEL_JOB_NAME}={job}"
+        result = _call(
+            f"list the Pods of TrainJob {self.namespace}/{job}",
+            lambda: self._core.list_namespaced_pod(
+                self.namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT
+            ),
+        )
+        pods: list[Obj] = self.connection.api.sanitize_for_serialization(result.items)
+        return pods
+
+    def events(self, names: list[str]) -> list[Obj]:
+        """Events about any of these objects (the job and its Pods), oldest first."""
+        # One object: the server filters; several (a job and its Pods): one list, filtered here.
+        selector = f"involvedObject.name={names[0]}" if len(names) == 1 else None
+        result = _call(
+            f"list Events in namespace {self.namespace}",
+            lambda: self._core.list_namespaced_event(
+                self.namespace, field_selector=selector, _request_timeout=REQUEST_TIMEOUT
+            ),
+        )
+        wanted = set(names)
+        events: list[Obj] = self.connection.api.sanitize_for_serialization(
+            [e for e in result.items if e.involved_object and e.involved_object.name in wanted]
+        )
+        return events
+
+    def pod_log(self, pod: str, *, previous: bool = False, tail: int | None = None) -> str:
+        """The log of the replica container of one Pod; ClusterError with the server's reason
+        when there is none (no node yet, no kubelet, no previous container)."""
+        kwargs: dict[str, Any] = {
+            "container": constants.DEFAULT_CONTAINER_NAME,
+            "previous": previous,
+        }
+        if tail is not None:
+            kwargs["tail_lines"] = tail
+        text = _call(
+            f"log of Pod {pod}",
+            lambda: self._core.read_namespaced_pod_log(
+                pod, self.namespace, _request_timeout=REQUEST_TIMEOUT, **kwargs
+            ),
+        )
+        return str(text or "")  # the client gives None for an empty body
+
+    def _stream(
+        self,
+        pod: str,
+        instance: str,
+        tail: int | None,
+        out: queue.Queue[_Line],
+        responses: list[Any],
+    ) -> None:
+        """One followed container's lines into `out`, then None (the stream ended). The open
+        response goes into `responses`, so a reader that stops early can close it."""
+        kwargs: dict[str, Any] = {"container": constants.DEFAULT_CONTAINER_NAME, "follow": True}
+        if tail is not None:
+            kwargs["tail_lines"] = tail
+        try:
+            response = self._core.read_namespaced_pod_log(
+                pod, self.namespace, _preload_content=False, **kwargs
+            )
+            responses.append(response)
+            pending = b""
+            for chunk in response.stream(4096):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    out.put((instance, pod, line.decode("utf-8", "replace")))
+            if pending:
+                out.put((instance, pod, pending.decode("utf-8", "replace")))
+        except (ApiException, HTTPError, OSError) as error:
+            note = _translate(f"log of Pod {pod}", error).message
+            out.put((instance, pod, f"{show.NOTE_PREFIX}{note}"))
+        finally:
+            out.put((instance, pod, None))
+
+    def follow_logs(self, job: str, tail: int | None = None) -> Iterator[tuple[str, str]]:
+        """(Pod name, line) of every replica of `job` as they come, across container restarts
+        and Pods recreated under the same name, until the job has finished and every stream
+        has ended. A line starting with `show.NOTE_PREFIX` is a note about a stream."""
+        lines: queue.Queue[_Line] = queue.Queue()
+        streamed: set[str] = set()  # show.log_instance keys already followed
+        noted: set[str] = set()  # instances whose Pod can have no log (said once)
+        open_streams: set[str] = set()
+        responses: list[Any] = []
+        try:
+            while True:
+                finished = show.finished(self.get_job(job))
+                for pod in self.pods(job):
+                    instance = show.log_instance(pod)
+                    if instance is None or instance in streamed:
+                        continue
+                    name = pod["metadata"]["name"]
+                    unavailable = show.log_unavailable(pod)
+                    if unavailable is not None:  # followed once it has a node
+                        if instance not in noted:
+                            noted.add(instance)
+                            yield name, f"{show.NOTE_PREFIX}{unavailable}"
+                        continue
+                    streamed.add(instance)
+                    open_streams.add(instance)
+                    threading.Thread(
+                        target=self._stream,
+                        args=(name, instance, tail, lines, responses),
+                        daemon=True,
+                    ).start()
+                deadline = time.monotonic() + LOG_POLL_SECONDS
+                while (left := deadline - time.monotonic()) > 0:
+                    try:
+                        instance, pod_name, line = lines.get(timeout=left)
+                    except queue.Empty:
+                        break
+                    if line is None:
+                        open_streams.discard(instance)
+                    else:
+                        yield pod_name, line
+                if finished and not open_streams:
+                    return
+        finally:  # the reader stopped (or the job ended): no stream goes on reading unseen
+            for response in list(responses):
+                with contextlib.suppress(HTTPError, OSError):
+                    response.close()
