@@ -208,7 +208,7 @@ def _age(obj: Obj, now: datetime.datetime) -> str:
 
 
 # ----- get -----
-HEADERS: Final = ("NAME", "STATE", "READY", "RESTARTS", "PROGRESS", "ETA", "LOSS", "AGE")
+HEADERS: Final = ("NAME", "STATE", "READY", "RESTARTS", "REASON", "PROGRESS", "ETA", "LOSS", "AGE")
 
 
 def _cell(value: object) -> str:
@@ -224,6 +224,7 @@ def job_row(obj: Obj, now: datetime.datetime, *, wide: bool = False) -> list[str
         _cell(status.get("state")),
         _cell(status.get("ready")),
         _cell(status.get("restartCount")),
+        _cell(_running_reason(status)),
         _cell(progress.get("summary")),
         _cell(progress.get("eta")),
         _cell(progress.get("loss")),
@@ -234,6 +235,14 @@ def job_row(obj: Obj, now: datetime.datetime, *, wide: bool = False) -> list[str
         row.append(NONE if step is None else f"{step}/{total}" if total else str(step))
         row.append(_cell(state_message(status_of(obj))))
     return row
+
+
+def _running_reason(status: Mapping[str, Any]) -> str | None:
+    """The Running condition's reason (the REASON printer column: why a job is not running)."""
+    for condition in status.get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == st.RUNNING:
+            return str(condition.get("reason") or "") or None
+    return None
 
 
 def state_message(status: st.JobStatus) -> str:
