@@ -121,7 +121,17 @@ def test_cli_submit_get_describe_wait_delete(
     code, out, _ = run(kubeconfig, "get", "-n", ns)
     header, row = out.splitlines()
     assert header.split() == printer_columns()  # what `kubectl get tj` prints
-    assert row.split()[:8] == ["mnist", "Running", "2/2", "0", "50%", "(1/2)", "30s", "0.4321"]
+    assert row.split()[:9] == [
+        "mnist",
+        "Running",
+        "2/2",
+        "0",
+        "AllReplicasRunning",
+        "50%",
+        "(1/2)",
+        "30s",
+        "0.4321",
+    ]
     code, out, _ = run(kubeconfig, "get", "-A", "-o", "wide")
     mine = [line for line in out.splitlines() if line.startswith(ns)]
     assert out.split()[0] == "NAMESPACE" and "STEP" in out.splitlines()[0]
