@@ -94,3 +94,24 @@ def test_what_cannot_convert_is_an_error_naming_the_field(
     document = {**load("dist-mnist.yaml"), **mutation}
     with pytest.raises(convert.ConvertError, match=message):
         convert.convert_tfjob(document)
+
+
+@pytest.mark.parametrize(
+    ("managed_by", "expected"),
+    [
+        (None, None),
+        ("kubeflow.org/training-operator", None),  # TFJob's own controller: ours now
+        ("kueue.x-k8s.io/multikueue", "kueue.x-k8s.io/multikueue"),
+    ],
+)
+def test_tfjob_managed_by_becomes_the_top_level_managed_by(
+    managed_by: str | None, expected: str | None
+) -> None:
+    document = load("dist-mnist.yaml")
+    if managed_by is not None:
+        document["spec"].setdefault("runPolicy", {})["managedBy"] = managed_by
+    conversion = convert.convert_tfjob(document)
+    assert conversion.trainjob["spec"].get("managedBy") == expected
+    assert "managedBy" not in conversion.trainjob["spec"].get("runPolicy", {})
+    assert spec.parse(conversion.trainjob).managed_by == expected
+    assert not any("managedBy" in note for note in conversion.notes)

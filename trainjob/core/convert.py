@@ -59,6 +59,9 @@ def convert_tfjob(tfjob: Mapping[str, Any]) -> Conversion:
     }
     source_spec = tfjob.get("spec") or {}
     spec: dict[str, Any] = {"replicaSpecs": _replica_specs(source_spec, notes)}
+    managed_by = _managed_by(source_spec, notes)
+    if managed_by is not None:
+        spec["managedBy"] = managed_by
     run_policy = _run_policy(source_spec, notes)
     if run_policy:
         spec["runPolicy"] = run_policy
@@ -100,6 +103,26 @@ def _replica_specs(source_spec: Mapping[str, Any], notes: list[str]) -> dict[str
     return {rtype: result[rtype] for rtype in constants.REPLICA_TYPES if rtype in result}
 
 
+# TFJob's runPolicy.managedBy values: its own controller (ours takes its place) and Kueue's
+# MultiKueue, which a TrainJob names at the top of its spec (where Kueue reads it).
+TFJOB_CONTROLLER: Final = "kubeflow.org/training-operator"
+MULTIKUEUE: Final = "kueue.x-k8s.io/multikueue"
+
+
+def _managed_by(source_spec: Mapping[str, Any], notes: list[str]) -> str | None:
+    """TFJob's `runPolicy.managedBy` as TrainJob's top-level `spec.managedBy`."""
+    value = (source_spec.get("runPolicy") or {}).get("managedBy")
+    if value in (None, "", TFJOB_CONTROLLER):
+        return None
+    if value == MULTIKUEUE:
+        return MULTIKUEUE
+    notes.append(
+        f"runPolicy.managedBy: {value!r} names another controller; spec.managedBy keeps it "
+        "(this operator then leaves the job alone)"
+    )
+    return str(value)
+
+
 def _run_policy(source_spec: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
     # Old TFJobs kept these fields on spec itself; runPolicy wins when both are set.
     merged = {key: source_spec[key] for key in _RUN_POLICY_FIELDS if key in source_spec}
@@ -124,6 +147,6 @@ def _run_policy(source_spec: Mapping[str, Any], notes: list[str]) -> dict[str, A
         if kept:
             result["schedulingPolicy"] = kept
     for key in merged:
-        if key not in (*_RUN_POLICY_FIELDS, "schedulingPolicy"):
+        if key not in (*_RUN_POLICY_FIELDS, "schedulingPolicy", "managedBy"):
             notes.append(f"runPolicy.{key}: not supported by TrainJob; dropped")
     return result
