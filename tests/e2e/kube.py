@@ -205,3 +205,22 @@ def open_cluster(workdir: Path | None = None) -> Iterator[Cluster]:
     with running_node(workdir=workdir, crds=crds) as node:
         plane = node.plane
         yield Cluster("node", str(plane.tools.kubectl), str(plane.tools.helm), plane.env(), plane)
+
+
+def signal_training_process(cluster: Cluster, namespace: str, pod: str, signal_name: str) -> None:
+    """Send `signal_name` (SIGKILL, SIGSTOP) to the training process from a shell in the pod:
+    its process namespace must be shared (shareProcessNamespace), so that the process is not
+    the namespace's init, which ignores signals from inside."""
+    script = (
+        "import os, signal\n"
+        "for p in os.listdir('/proc'):\n"
+        "    if p.isdigit() and p != str(os.getpid()):\n"
+        "        try: cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n"
+        "        except OSError: continue\n"
+        "        if cmd.endswith(b'trainjob' + bytes(1) + b'train' + bytes(1)):\n"
+        f"            os.kill(int(p), signal.{signal_name}); print('signalled', p)\n"
+    )
+    out = cluster.kubectl(
+        "exec", "-n", namespace, pod, "-c", "tensorflow", "--", "python", "-c", script
+    )
+    assert "signalled" in out, out

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import pytest
 
-from tests.e2e.kube import Cluster, wait_until
+from tests.e2e.kube import Cluster, signal_training_process, wait_until
 from tests.e2e.test_trainjob import JOB_TIMEOUT, example
 
 pytestmark = pytest.mark.e2e
@@ -96,19 +96,7 @@ def test_a_training_process_that_stops_stepping_is_detected_and_restarted(
         return uid if any(e["event"] == "checkpoint" for e in events) else None
 
     first = wait_until(checkpointed, timeout=JOB_TIMEOUT, what="a first checkpoint")
-    script = (
-        "import os, signal\n"
-        "for p in os.listdir('/proc'):\n"
-        "    if p.isdigit() and p != str(os.getpid()):\n"
-        "        try: cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n"
-        "        except OSError: continue\n"
-        "        if cmd.endswith(b'trainjob' + bytes(1) + b'train' + bytes(1)):\n"
-        "            os.kill(int(p), signal.SIGSTOP); print('stopped', p)\n"
-    )
-    out = cluster.kubectl(
-        "exec", "-n", namespace, pod, "-c", "tensorflow", "--", "python", "-c", script
-    )
-    assert "stopped" in out, out
+    signal_training_process(cluster, namespace, pod, "SIGSTOP")
 
     stalled = wait_until(
         lambda: (

@@ -14,7 +14,13 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import IMAGE_TAG
-from tests.e2e.kube import CHECKPOINT_CLAIM, REPO_ROOT, Cluster, wait_until
+from tests.e2e.kube import (
+    CHECKPOINT_CLAIM,
+    REPO_ROOT,
+    Cluster,
+    signal_training_process,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -137,24 +143,6 @@ def test_multiworker_example_succeeds_exports_to_the_volume_and_kubectl_shows_it
     assert "Created" in events and "Succeeded" in events, described
 
 
-def _kill_from_inside(cluster: Cluster, namespace: str, pod: str) -> None:
-    """SIGKILL the training process from a shell in the pod (its process namespace is shared,
-    so the process is not the namespace's init, which ignores SIGKILL from inside)."""
-    script = (
-        "import os, signal\n"
-        "for p in os.listdir('/proc'):\n"
-        "    if p.isdigit() and p != str(os.getpid()):\n"
-        "        try: cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n"
-        "        except OSError: continue\n"
-        "        if cmd.endswith(b'trainjob' + bytes(1) + b'train' + bytes(1)):\n"
-        "            os.kill(int(p), signal.SIGKILL); print('killed', p)\n"
-    )
-    out = cluster.kubectl(
-        "exec", "-n", namespace, pod, "-c", "tensorflow", "--", "python", "-c", script
-    )
-    assert "killed" in out, out
-
-
 def test_worker_deleted_then_killed_resumes_from_the_checkpoint_and_succeeds(
     cluster: Cluster, namespace: str
 ) -> None:
@@ -195,7 +183,7 @@ def test_worker_deleted_then_killed_resumes_from_the_checkpoint_and_succeeds(
         return state.get("phase") == "Running"
 
     wait_until(lambda: running(worker1), timeout=120, what="worker-1 running again")
-    _kill_from_inside(cluster, namespace, worker1)
+    signal_training_process(cluster, namespace, worker1, "SIGKILL")
     wait_until(lambda: checkpointed_after(second), timeout=JOB_TIMEOUT, what="a second restart")
     starts = [e for e in cluster.progress(namespace, worker0) if e["event"] == "start"]
     assert starts and starts[0]["initial_step"] > 0, starts
