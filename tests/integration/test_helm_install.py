@@ -327,9 +327,19 @@ def test_removing_the_pods_rule_breaks_the_operator_visibly(
             except WaitTimeoutError as exc:
                 raise WaitTimeoutError(f"{exc}; operator log:\n{op.log_tail()}") from None
             assert not cluster.pods("denied"), "a Pod was created without the pods rule"
-            job = cluster.job("denied") or {}
-            conditions = (job.get("status") or {}).get("conditions") or []
-            assert not [c for c in conditions if c["type"] == "Running"], conditions
+
+            # The refusal is in the job's status too, in the API server's words.
+            def refused() -> dict[str, str] | None:
+                job = cluster.job("denied") or {}
+                for cond in (job.get("status") or {}).get("conditions") or []:
+                    if cond["type"] == "Running":
+                        assert cond["status"] == "False", cond
+                        if cond["reason"] == "FailedCreate":
+                            return dict(cond)
+                return None
+
+            cond = wait_until(refused, timeout=T, what="FailedCreate in the job's status")
+            assert 'cannot create resource "pods"' in cond["message"], cond
         finally:
             op.stop()
     finally:
