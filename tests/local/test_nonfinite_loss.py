@@ -19,20 +19,32 @@ RUN_TIMEOUT = 180
 NAN_LINE = "NonFiniteLossError: loss became nan at step 7 (epoch 1)"
 
 
-def _run_diverging(tmp_path: Path, workers: int, **config: Any) -> tuple[int, str]:
+# Replica counts -> the strategy Auto picks: one worker (default strategy), two workers
+# (MultiWorkerMirrored: both see the NaN at the same step), ParameterServer (the chief checks
+# the loss where it fetches the logs: progress_every_steps 1 here).
+LAYOUTS = {
+    "one-worker": {"worker": 1},
+    "multiworker-mirrored": {"worker": 2},
+    "parameter-server": {"chief": 1, "ps": 1, "worker": 1},
+}
+
+
+def _run_diverging(tmp_path: Path, roles: dict[str, int], **config: Any) -> tuple[int, str]:
     runtime = {
         "entrypoint": "trainjob.samples.diverge:build",
-        "strategy": "MultiWorkerMirrored" if workers > 1 else "Auto",
         # A data_dir of its own: the sample makes its inputs up, no MNIST to prepare.
         "config": {
             "nan_at_step": 7,
             "epochs": 2,
             "steps_per_epoch": 5,
             "data_dir": str(tmp_path / "data"),
+            "progress_every_steps": 1,
             **config,
         },
     }
-    replicas = {"worker": {"replicas": workers, "restartPolicy": "ExitCode"}}
+    replicas = {
+        role: {"replicas": count, "restartPolicy": "ExitCode"} for role, count in roles.items()
+    }
     write_job(tmp_path / "job.yaml", job_manifest("diverge", replicas, runtime=runtime))
     result = subprocess.run(
         [sys.executable, "-m", "trainjob", "run", "-f", "job.yaml", "--run-dir", "run"],
@@ -46,12 +58,14 @@ def _run_diverging(tmp_path: Path, workers: int, **config: Any) -> tuple[int, st
     return result.returncode, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "multiworker-mirrored"])
-def test_a_nan_loss_fails_the_run_with_its_reason_and_line(tmp_path: Path, workers: int) -> None:
-    code, text = _run_diverging(tmp_path, workers)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_nan_loss_fails_the_run_with_its_reason_and_line(tmp_path: Path, layout: str) -> None:
+    roles = LAYOUTS[layout]
+    code, text = _run_diverging(tmp_path, roles)
     assert code == 1, text
     assert "TrainJob diverge Failed" in text, text
-    assert "  reason:     NonFiniteLoss: worker " in text, text
+    trainer = "chief" if "chief" in roles else "worker"
+    assert f"  reason:     NonFiniteLoss: {trainer} " in text, text
     assert "exited with code 6; restartPolicy ExitCode does not retry it" in text, text
     assert f": {NAN_LINE}" in text, text  # the summary's cause line, from the replica's log
     assert "Traceback" not in text, text
@@ -60,7 +74,7 @@ def test_a_nan_loss_fails_the_run_with_its_reason_and_line(tmp_path: Path, worke
 
 
 def test_the_opt_out_lets_the_run_succeed(tmp_path: Path) -> None:
-    code, text = _run_diverging(tmp_path, 1, stop_on_nonfinite_loss=False)
+    code, text = _run_diverging(tmp_path, LAYOUTS["one-worker"], stop_on_nonfinite_loss=False)
     assert code == 0, text
     assert "TrainJob diverge Succeeded" in text, text
     assert "NonFiniteLoss" not in text, text
