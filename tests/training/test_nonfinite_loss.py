@@ -50,15 +50,25 @@ def _train(
     return result.returncode, events, result.stderr, message.read_text()
 
 
-@pytest.mark.parametrize("entrypoint", ["build", "build_loop"], ids=["fit", "custom-loop"])
+@pytest.mark.parametrize(
+    ("entrypoint", "every"),
+    [("build", 1), ("build", 0), ("build_loop", 1)],
+    # fit checks a step's loss at once where a step event fetches the logs, else one step late.
+    ids=["fit-step-events", "fit-no-step-events", "custom-loop"],
+)
 def test_a_nan_loss_stops_the_replica_with_exit_6_and_its_line(
-    tmp_path: Path, entrypoint: str
+    tmp_path: Path, entrypoint: str, every: int
 ) -> None:
-    code, events, err, message = _train(tmp_path, f"trainjob.samples.diverge:{entrypoint}", CONFIG)
+    config = dict(CONFIG, progress_every_steps=every)
+    code, events, err, message = _train(tmp_path, f"trainjob.samples.diverge:{entrypoint}", config)
     assert code == exitcodes.exit_code(FailureKind.NON_FINITE_LOSS) == 6, err
-    # At once: no step after the bad one was reported.
     steps = [e["step"] for e in events if e["event"] == "step"]
-    assert steps and max(steps) < 7, events
+    if every:
+        assert steps and max(steps) < 7, events  # at once: no step event after the bad one
+    else:
+        assert steps == [], events
+    # Named by its own step either way (the epoch event of the first epoch came before it).
+    assert [e["epoch"] for e in events if e["event"] == "epoch"] == [0], events
     assert events[-1]["event"] == "end" and events[-1]["status"] == "NonFiniteLoss", events
     # The log ends with the plain line (local mode quotes it), no traceback to read.
     assert err.strip().splitlines()[-1] == NAN_LINE, err

@@ -172,3 +172,25 @@ def test_keras_checks_each_step_except_under_parameter_server() -> None:
     off = {"stop_on_nonfinite_loss": False}
     assert check(off, parameter_server=False) is keras_runner.LossCheck.OFF
     assert check(off, parameter_server=True) is keras_runner.LossCheck.OFF
+
+
+def test_the_lagged_check_names_the_nan_step_when_the_next_step_ends() -> None:
+    lagged = keras_runner.LaggedLossCheck()
+    lagged.push(0.5, step=6, epoch=1)
+    lagged.push(math.nan, step=7, epoch=1)  # step 6 checked: finite
+    with pytest.raises(exitcodes.NonFiniteLossError, match=r"at step 7 \(epoch 1\)$"):
+        lagged.push(0.5, step=8, epoch=1)
+
+
+def test_logs_without_a_loss_keep_nothing() -> None:
+    lagged = keras_runner.LaggedLossCheck()
+    lagged.push(None, step=1, epoch=0)
+    lagged.flush()  # nothing to check, nothing raised
+
+
+def test_the_lagged_check_raises_on_flush_and_then_holds_nothing() -> None:
+    lagged = keras_runner.LaggedLossCheck()
+    lagged.push(math.inf, step=10, epoch=0)
+    with pytest.raises(exitcodes.NonFiniteLossError, match="loss became inf at step 10"):
+        lagged.flush()
+    lagged.flush()  # emptied: nothing raised twice

@@ -46,7 +46,8 @@ class LossCheck(enum.Enum):
     """When the runtime reads the training loss to stop at NaN/Inf."""
 
     OFF = "off"  # config stop_on_nonfinite_loss: false
-    # At every step, as tf.keras' TerminateOnNaN does: one scalar to the host per step.
+    # Every step's loss, as tf.keras' TerminateOnNaN does, but read one step late (see
+    # LaggedLossCheck) unless a step event fetches the logs anyway.
     EVERY_STEP = "every-step"
     # ParameterServer: only where the logs are fetched anyway (step events, epoch ends);
     # fetching each step would make the coordinator wait for every step it schedules.
@@ -65,6 +66,32 @@ def _check_loss(logs: Mapping[str, Any], *, step: int, epoch: int) -> None:
     loss = logs.get("loss")
     if loss is not None:
         exitcodes.check_loss(float(loss), step=step, epoch=epoch)
+
+
+class LaggedLossCheck:
+    """Checks each step's loss when the next step ends.
+
+    Reading a step's loss at once (TerminateOnNaN) makes the host wait for that step on the
+    device before it dispatches the next one; read one step later, it is (almost always)
+    already computed while the next step runs. A NaN step is still named by its own step
+    number; at most one more step runs, on weights that are NaN already.
+    """
+
+    def __init__(self) -> None:
+        self._pending: tuple[Any, int, int] | None = None
+
+    def push(self, loss: Any, *, step: int, epoch: int) -> None:
+        """Check the step before, then keep this one's (a scalar, or None without a loss)."""
+        self.flush()
+        if loss is not None:
+            self._pending = (loss, step, epoch)
+
+    def flush(self) -> None:
+        """Check the kept loss now (raises :class:`NonFiniteLossError`)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            loss, step, epoch = pending
+            exitcodes.check_loss(float(loss), step=step, epoch=epoch)
 
 
 def _progress_callback(
@@ -103,6 +130,7 @@ def _progress_callback(
             self._epoch_step0 = 0
             self._epoch_examples0 = 0
             self._batches = 0
+            self._lagged = LaggedLossCheck()
 
         def _global_step(self) -> int:
             return int(self.model.optimizer.iterations.numpy())
@@ -143,16 +171,16 @@ def _progress_callback(
             # clock for the ETA; reports go from its own thread.
             step = self._epoch_step0 + batch + 1
             emitter.tick(step)
-            if loss_check is LossCheck.EVERY_STEP and isinstance(logs, dict):
-                _check_loss({"loss": logs.get("loss")}, step=step, epoch=self._epoch)
-            if every_steps <= 0:
-                return
             self._batches += 1
-            if self._batches % every_steps == 0:
+            if every_steps > 0 and self._batches % every_steps == 0:
                 fetched = _logs(logs)
-                if loss_check is LossCheck.FETCHED:
+                if loss_check is not LossCheck.OFF:
+                    # Fetched for the event anyway: this step's loss is checked at once.
+                    self._lagged.flush()
                     _check_loss(fetched, step=step, epoch=self._epoch)
                 emitter.emit("step", epoch=self._epoch, step=self._global_step(), logs=fetched)
+            elif loss_check is LossCheck.EVERY_STEP and isinstance(logs, dict):
+                self._lagged.push(logs.get("loss"), step=step, epoch=self._epoch)
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             step = self._global_step()
@@ -163,6 +191,7 @@ def _progress_callback(
                 rate = (step - self._epoch_step0) * examples_per_step / elapsed
             fetched = _logs(logs)
             if loss_check is not LossCheck.OFF:
+                self._lagged.flush()  # the epoch's last step, by its own step number
                 _check_loss(fetched, step=step, epoch=epoch)
             emitter.emit("epoch", epoch=epoch, step=step, logs=fetched, examples_per_sec=rate)
             if save_freq == "epoch":
