@@ -914,3 +914,53 @@ def test_the_startup_deadline_quotes_the_refusal() -> None:
     failed = late.status.condition(st.FAILED)
     assert failed is not None and failed.status
     assert "FailedCreate" in failed.message and "violates PodSecurity" in failed.message
+
+
+NAN_CAUSE = "NonFiniteLossError: loss became nan at step 57 (epoch 2)"
+
+
+@pytest.mark.parametrize("restart_policy", ["Never", "ExitCode"])
+def test_a_nonfinite_loss_fails_the_job_with_its_own_reason(restart_policy: str) -> None:
+    world = started(make_job({"chief": 1, "worker": 2}, restart_policy))
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)], phase="Failed", exit_code=6, finished_at=at(5), cause=NAN_CAUSE
+    )
+    decision = world.reconcile(at(5))
+    failed = world.condition(st.FAILED)
+    assert failed.reason == "NonFiniteLoss"
+    assert failed.message == (
+        f"worker 0 exited with code 6; restartPolicy {restart_policy} does not retry it; "
+        f"cause: worker-0: {NAN_CAUSE}"
+    )
+    assert world.condition(st.RUNNING).reason == "NonFiniteLoss"
+    assert [e.reason for e in decision.events if e.type == "Warning"] == ["NonFiniteLoss"]
+    assert world.status.restart_count == 0 and decision.create_pods == ()
+
+
+def test_the_peers_exit_after_a_nonfinite_loss_do_not_hide_it() -> None:
+    """worker 1 fails because worker 0 left the collective: the earliest failure names it."""
+    world = started(make_job({"worker": 2}, "ExitCode"))
+    world.set_phase(("worker", 1), "Failed", exit_code=190, finished_at=at(7))
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)], phase="Failed", exit_code=6, finished_at=at(5), cause=NAN_CAUSE
+    )
+    world.reconcile(at(8))
+    assert world.condition(st.FAILED).reason == "NonFiniteLoss"
+
+
+def test_other_permanent_codes_stay_replica_failed() -> None:
+    world = started(make_job({"worker": 1}, "ExitCode"))
+    world.set_phase(("worker", 0), "Failed", exit_code=5, finished_at=at(5))
+    world.reconcile(at(5))
+    assert world.condition(st.FAILED).reason == "ReplicaFailed"
+
+
+def test_a_retrying_policy_restarts_a_nonfinite_loss_until_the_backoff_limit() -> None:
+    """OnFailure retries whatever the code (the user's choice): the limit ends it, as today."""
+    world = started(make_job({"worker": 1}, "OnFailure", {"backoffLimit": 0}))
+    world.pods[("worker", 0)] = dataclasses.replace(
+        world.pods[("worker", 0)], phase="Failed", exit_code=6, cause=NAN_CAUSE
+    )
+    world.reconcile(at(5))
+    assert world.condition(st.FAILED).reason == "BackoffLimitExceeded"
+    assert world.condition(st.FAILED).message.endswith(f"; cause: worker-0: {NAN_CAUSE}")

@@ -6,11 +6,13 @@ training tier checks the same codes on real processes.
 
 from __future__ import annotations
 
+import math
 import signal
 
 import pytest
 
-from trainjob.runtime import exitcodes
+from trainjob.core import policy
+from trainjob.runtime import exitcodes, keras_runner, reporter, settings
 from trainjob.runtime.exitcodes import FailureKind
 
 
@@ -29,6 +31,7 @@ PERMANENT = [
     (FailureKind.UNSUPPORTED, exitcodes.UnsupportedError("Estimator on TF 2.21"), 4),
     (FailureKind.RESOURCE_EXHAUSTED, _tf_error("ResourceExhaustedError", "OOM"), 5),
     (FailureKind.RESOURCE_EXHAUSTED, MemoryError(), 5),
+    (FailureKind.NON_FINITE_LOSS, exitcodes.NonFiniteLossError("loss became nan at step 3"), 6),
 ]
 TRANSIENT = [
     (FailureKind.PEER_UNAVAILABLE, _tf_error("UnavailableError", "Connection reset by peer"), 190),
@@ -106,3 +109,88 @@ def test_every_kind_has_a_distinct_code_and_success_is_zero() -> None:
 def test_sigterm_is_preemption_with_the_kubernetes_code() -> None:
     kind = exitcodes.classify_signal(signal.SIGTERM)
     assert exitcodes.exit_code(kind) == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize(
+    ("value", "word"), [(math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf")]
+)
+def test_a_nonfinite_loss_stops_with_its_own_line(value: float, word: str) -> None:
+    with pytest.raises(exitcodes.NonFiniteLossError) as raised:
+        exitcodes.check_loss(value, step=57, epoch=2)
+    # The line the termination message carries and the Failed condition quotes.
+    assert reporter.exception_line(raised.value) == (
+        f"NonFiniteLossError: loss became {word} at step 57 (epoch 2)"
+    )
+
+
+@pytest.mark.parametrize("value", [0.0, 1e30, -3.5])
+def test_a_finite_loss_passes(value: float) -> None:
+    exitcodes.check_loss(value, step=1, epoch=0)  # raises nothing
+
+
+def test_a_nonfinite_loss_wrapped_by_tf_or_user_code_keeps_its_kind() -> None:
+    """Keras may re-raise a callback's error inside its own: the verdict is kept."""
+    try:
+        try:
+            exitcodes.check_loss(math.nan, step=4, epoch=0)
+        except exitcodes.NonFiniteLossError as inner:
+            raise RuntimeError("fit failed") from inner
+    except RuntimeError as outer:
+        kind = exitcodes.classify_exception(outer, default=FailureKind.USER_CODE_ERROR)
+    assert kind is FailureKind.NON_FINITE_LOSS
+    assert exitcodes.exit_code(kind) == 6
+
+
+def test_the_policy_names_the_same_code_the_runtime_exits_with() -> None:
+    code = exitcodes.exit_code(FailureKind.NON_FINITE_LOSS)
+    assert code == policy.EXIT_CODE_NON_FINITE_LOSS
+    assert FailureKind.NON_FINITE_LOSS.value == policy.REASON_NON_FINITE_LOSS
+    assert not exitcodes.is_retryable(code)
+
+
+def test_the_loss_check_is_on_by_default_and_the_config_turns_it_off() -> None:
+    assert settings.stop_on_nonfinite_loss({}) is True
+    assert settings.stop_on_nonfinite_loss({"stop_on_nonfinite_loss": False}) is False
+    with pytest.raises(exitcodes.ConfigError, match="stop_on_nonfinite_loss must be true or"):
+        settings.stop_on_nonfinite_loss({"stop_on_nonfinite_loss": "no"})
+
+
+def test_a_bad_opt_out_value_is_rejected_with_the_rest_of_the_config() -> None:
+    env = {
+        "TRAINJOB_ENTRYPOINT": "pkg.train:build",
+        "TRAINJOB_CONFIG": '{"stop_on_nonfinite_loss": 0}',
+    }
+    with pytest.raises(exitcodes.ConfigError, match="stop_on_nonfinite_loss"):
+        settings.from_env(env)
+
+
+def test_keras_checks_each_step_except_under_parameter_server() -> None:
+    check = keras_runner.loss_check_for
+    assert check({}, parameter_server=False) is keras_runner.LossCheck.EVERY_STEP
+    # The coordinator would wait for each step: checked where logs are fetched anyway.
+    assert check({}, parameter_server=True) is keras_runner.LossCheck.FETCHED
+    off = {"stop_on_nonfinite_loss": False}
+    assert check(off, parameter_server=False) is keras_runner.LossCheck.OFF
+    assert check(off, parameter_server=True) is keras_runner.LossCheck.OFF
+
+
+def test_the_lagged_check_names_the_nan_step_when_the_next_step_ends() -> None:
+    lagged = keras_runner.LaggedLossCheck()
+    lagged.push(0.5, step=6, epoch=1)
+    lagged.push(math.nan, step=7, epoch=1)  # step 6 checked: finite
+    with pytest.raises(exitcodes.NonFiniteLossError, match=r"at step 7 \(epoch 1\)$"):
+        lagged.push(0.5, step=8, epoch=1)
+
+
+def test_logs_without_a_loss_keep_nothing() -> None:
+    lagged = keras_runner.LaggedLossCheck()
+    lagged.push(None, step=1, epoch=0)
+    lagged.flush()  # nothing to check, nothing raised
+
+
+def test_the_lagged_check_raises_on_flush_and_then_holds_nothing() -> None:
+    lagged = keras_runner.LaggedLossCheck()
+    lagged.push(math.inf, step=10, epoch=0)
+    with pytest.raises(exitcodes.NonFiniteLossError, match="loss became inf at step 10"):
+        lagged.flush()
+    lagged.flush()  # emptied: nothing raised twice

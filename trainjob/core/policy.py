@@ -53,6 +53,9 @@ REASON_PREEMPTED: Final = "Preempted"
 REASON_EVICTED: Final = "Evicted"
 REASON_DISRUPTION_LIMIT: Final = "DisruptionLimitExceeded"
 REASON_STALLED: Final = "Stalled"
+# The runtime's exit code for a training loss that became NaN or +/-Inf (permanent: 1-127).
+EXIT_CODE_NON_FINITE_LOSS: Final = 6
+REASON_NON_FINITE_LOSS: Final = "NonFiniteLoss"
 
 # Why a Pending Pod will not run by itself, as observe.py reports it: the kubelet's waiting
 # reasons a user must act on, and the scheduler's Unschedulable. ContainerCreating and
@@ -215,6 +218,14 @@ def disruption_kind(disruption_reason: str) -> str:
     if disruption_reason == DISRUPTION_PREEMPTION:
         return REASON_PREEMPTED
     return REASON_EVICTED
+
+
+def failed_reason(failure: Failure) -> str:
+    """The Failed condition's reason for a replica failure no policy retries: the runtime's
+    own verdict where its exit code names one (a diverged loss), else ReplicaFailed."""
+    if failure.exit_code == EXIT_CODE_NON_FINITE_LOSS and not failure.disrupted:
+        return REASON_NON_FINITE_LOSS
+    return REASON_FAILED
 
 
 def describe(failure: Failure) -> str:
@@ -665,7 +676,7 @@ def _handle_failures(
         policy = job.replica_specs[cause.key[0]].restart_policy
         if not is_retryable(policy, cause):
             message = f"{describe(cause)}; restartPolicy {policy} does not retry it"
-            _finish(work, st.FAILED, REASON_FAILED, message + _quote(cause, failures))
+            _finish(work, st.FAILED, failed_reason(cause), message + _quote(cause, failures))
             return _Verdict(restart_count, disruption_count, None, True)
     if restart_count + len(counted) > job.run_policy.backoff_limit:
         message = (

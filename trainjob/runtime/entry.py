@@ -153,13 +153,18 @@ def train_main(argv: list[str]) -> int:
         hint = data.offline_size_hint(str(exc))
         if hint is not None:
             exc.add_note(f"trainjob: {hint}")  # printed right under the error's own line
+        verdict = kind is FailureKind.NON_FINITE_LOSS
         log.error(
             "Replica %s failed (%s, exit %d): %s",
             settings.replica,
             kind.value,
             code,
-            "".join(traceback.format_exception(exc)),
+            # The runtime's verdict on the model is no bug to trace: its line says it all.
+            reporter.exception_line(exc) if verdict else "".join(traceback.format_exception(exc)),
         )
+        if verdict:
+            # A plain last line, as a traceback ends: local mode's summary quotes it.
+            print(reporter.exception_line(exc), file=sys.stderr, flush=True)
         with contextlib.suppress(OSError):  # stdout may be gone; the exit code still counts
             emitter.emit("end", status=kind.value, exit_code=code)
         if kind is not FailureKind.PREEMPTED:

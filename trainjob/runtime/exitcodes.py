@@ -17,6 +17,9 @@ INVALID_CONFIG           2   TRAINJOB_* / TF_CONFIG / DTENSOR_* env or the user 
 INVALID_ENTRYPOINT       3   TRAINJOB_ENTRYPOINT cannot be imported or is not callable
 UNSUPPORTED              4   e.g. Estimator on TF >= 2.16, a strategy this TF cannot build
 RESOURCE_EXHAUSTED       5   TF ran out of memory (retrying the same spec fails the same way)
+NON_FINITE_LOSS          6   the training loss became NaN or +/-Inf (the model diverged: a retry
+                             from the checkpoint diverges again); opt out with the config key
+                             ``stop_on_nonfinite_loss: false``
 PEER_UNAVAILABLE       190   a peer task is unreachable / the collective group was aborted
 COLLECTIVE_TIMEOUT     191   a collective or RPC passed its deadline
 PREEMPTED              143   SIGTERM (128 + 15, what Kubernetes reports for a TERM'd container)
@@ -26,8 +29,11 @@ PREEMPTED              143   SIGTERM (128 + 15, what Kubernetes reports for a TE
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable, Mapping
 from typing import Final
+
+from trainjob.core import policy
 
 
 class FailureKind(enum.Enum):
@@ -37,6 +43,7 @@ class FailureKind(enum.Enum):
     INVALID_ENTRYPOINT = "InvalidEntrypoint"
     UNSUPPORTED = "Unsupported"
     RESOURCE_EXHAUSTED = "ResourceExhausted"
+    NON_FINITE_LOSS = "NonFiniteLoss"
     PEER_UNAVAILABLE = "PeerUnavailable"
     COLLECTIVE_TIMEOUT = "CollectiveTimeout"
     PREEMPTED = "Preempted"
@@ -49,6 +56,8 @@ EXIT_CODES: Final[Mapping[FailureKind, int]] = {
     FailureKind.INVALID_ENTRYPOINT: 3,
     FailureKind.UNSUPPORTED: 4,
     FailureKind.RESOURCE_EXHAUSTED: 5,
+    # The core's constant: the policy names a job's failure by it (reason NonFiniteLoss).
+    FailureKind.NON_FINITE_LOSS: policy.EXIT_CODE_NON_FINITE_LOSS,
     FailureKind.PEER_UNAVAILABLE: 190,
     FailureKind.COLLECTIVE_TIMEOUT: 191,
     FailureKind.PREEMPTED: 143,
@@ -87,6 +96,13 @@ _USER_TF_ERROR_CLASSES: Final = frozenset(
 
 class Preempted(Exception):  # noqa: N818 - it is an event, not a bug
     """Raised inside the runtime when SIGTERM arrived; maps to :data:`FailureKind.PREEMPTED`."""
+
+
+class NonFiniteLossError(ArithmeticError):
+    """The training loss became NaN or +/-Inf; maps to ``NON_FINITE_LOSS``.
+
+    Named ``...Error`` so local mode's log reader quotes its line as a failure's cause.
+    """
 
 
 class ConfigError(ValueError):
@@ -155,6 +171,8 @@ def classify_exception(exc: BaseException, *, default: FailureKind) -> FailureKi
     transient errors override it wherever in the cause chain they appear.
     """
     for link in _chain(exc):
+        if isinstance(link, NonFiniteLossError):
+            return FailureKind.NON_FINITE_LOSS
         if isinstance(link, ConfigError):
             return FailureKind.INVALID_CONFIG
         if isinstance(link, EntrypointError):
@@ -171,3 +189,15 @@ def classify_signal(signum: int) -> FailureKind:
     """A replica told to stop (SIGTERM/SIGINT) was preempted: retryable, never a failure."""
     del signum  # every stop signal the runtime handles means the same
     return FailureKind.PREEMPTED
+
+
+def nonfinite_loss_message(value: float, *, step: int, epoch: int) -> str:
+    """`loss became nan at step 57 (epoch 2)`: the cause a job that diverged quotes. ``step``
+    counts completed steps, the bad one included; ``epoch`` is 0-based, as progress events."""
+    return f"loss became {value!r} at step {step} (epoch {epoch})"
+
+
+def check_loss(value: float, *, step: int, epoch: int) -> None:
+    """Raise :class:`NonFiniteLossError` when ``value`` is NaN or +/-Inf."""
+    if not math.isfinite(value):
+        raise NonFiniteLossError(nonfinite_loss_message(value, step=step, epoch=epoch))

@@ -6,15 +6,16 @@ TensorFlow is imported): Keras 3's fit fails under MultiWorkerMirrored and Param
 
 from __future__ import annotations
 
+import enum
 import importlib.util
 import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainjob.runtime import contract, layout, loop_runner, preemption, progress
+from trainjob.runtime import contract, exitcodes, layout, loop_runner, preemption, progress
 from trainjob.runtime import settings as settings_mod
 from trainjob.runtime import strategy as strategy_mod
 from trainjob.runtime.exitcodes import ConfigError, Preempted
@@ -41,6 +42,58 @@ def make_context(
     )
 
 
+class LossCheck(enum.Enum):
+    """When the runtime reads the training loss to stop at NaN/Inf."""
+
+    OFF = "off"  # config stop_on_nonfinite_loss: false
+    # Every step's loss, as tf.keras' TerminateOnNaN does, but read one step late (see
+    # LaggedLossCheck) unless a step event fetches the logs anyway.
+    EVERY_STEP = "every-step"
+    # ParameterServer: only where the logs are fetched anyway (step events, epoch ends);
+    # fetching each step would make the coordinator wait for every step it schedules.
+    FETCHED = "fetched"
+
+
+def loss_check_for(config: Mapping[str, Any], *, parameter_server: bool) -> LossCheck:
+    if not settings_mod.stop_on_nonfinite_loss(config):
+        return LossCheck.OFF
+    return LossCheck.FETCHED if parameter_server else LossCheck.EVERY_STEP
+
+
+def _check_loss(logs: Mapping[str, Any], *, step: int, epoch: int) -> None:
+    """TerminateOnNaN's test, but failing the replica (exit 6) instead of ending fit as if
+    training had succeeded."""
+    loss = logs.get("loss")
+    if loss is not None:
+        exitcodes.check_loss(float(loss), step=step, epoch=epoch)
+
+
+class LaggedLossCheck:
+    """Checks each step's loss when the next step ends.
+
+    Reading a step's loss at once (TerminateOnNaN) makes the host wait for that step on the
+    device before it dispatches the next one; read one step later, it is (almost always)
+    already computed while the next step runs. A NaN step is still named by its own step
+    number; at most one more step runs, on weights that are NaN already.
+    """
+
+    def __init__(self) -> None:
+        self._pending: tuple[Any, int, int] | None = None
+
+    def push(self, loss: Any, *, step: int, epoch: int) -> None:
+        """Check the step before, then keep this one's (a scalar, or None without a loss)."""
+        self.flush()
+        if loss is not None:
+            self._pending = (loss, step, epoch)
+
+    def flush(self) -> None:
+        """Check the kept loss now (raises :class:`NonFiniteLossError`)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            loss, step, epoch = pending
+            exitcodes.check_loss(float(loss), step=step, epoch=epoch)
+
+
 def _progress_callback(
     tf: Any,
     emitter: progress.Emitter,
@@ -52,8 +105,10 @@ def _progress_callback(
     save_freq: str | int,
     backup_dir: str,
     single_writer: bool,
+    loss_check: LossCheck,
 ) -> Any:
-    """The runtime's callback: progress events and the SIGTERM stop at a step boundary."""
+    """The runtime's callback: progress events, the SIGTERM stop at a step boundary and the
+    NaN/Inf loss stop (``loss_check``)."""
 
     def _value(value: Any) -> Any:
         fetch = getattr(value, "fetch", None)  # RemoteValue under ParameterServer
@@ -75,6 +130,7 @@ def _progress_callback(
             self._epoch_step0 = 0
             self._epoch_examples0 = 0
             self._batches = 0
+            self._lagged = LaggedLossCheck()
 
         def _global_step(self) -> int:
             return int(self.model.optimizer.iterations.numpy())
@@ -113,12 +169,18 @@ def _progress_callback(
                 raise Preempted(f"signal {stop.signum} received during epoch {self._epoch}")
             # The step from counters already on the host (no device sync): the reporter's
             # clock for the ETA; reports go from its own thread.
-            emitter.tick(self._epoch_step0 + batch + 1)
-            if every_steps <= 0:
-                return
+            step = self._epoch_step0 + batch + 1
+            emitter.tick(step)
             self._batches += 1
-            if self._batches % every_steps == 0:
-                emitter.emit("step", epoch=self._epoch, step=self._global_step(), logs=_logs(logs))
+            if every_steps > 0 and self._batches % every_steps == 0:
+                fetched = _logs(logs)
+                if loss_check is not LossCheck.OFF:
+                    # Fetched for the event anyway: this step's loss is checked at once.
+                    self._lagged.flush()
+                    _check_loss(fetched, step=step, epoch=self._epoch)
+                emitter.emit("step", epoch=self._epoch, step=self._global_step(), logs=fetched)
+            elif loss_check is LossCheck.EVERY_STEP and isinstance(logs, dict):
+                self._lagged.push(logs.get("loss"), step=step, epoch=self._epoch)
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             step = self._global_step()
@@ -127,7 +189,11 @@ def _progress_callback(
                 rate = (examples_seen() - self._epoch_examples0) / elapsed
             else:
                 rate = (step - self._epoch_step0) * examples_per_step / elapsed
-            emitter.emit("epoch", epoch=epoch, step=step, logs=_logs(logs), examples_per_sec=rate)
+            fetched = _logs(logs)
+            if loss_check is not LossCheck.OFF:
+                self._lagged.flush()  # the epoch's last step, by its own step number
+                _check_loss(fetched, step=step, epoch=epoch)
+            emitter.emit("epoch", epoch=epoch, step=step, logs=fetched, examples_per_sec=rate)
             if save_freq == "epoch":
                 # BackupAndRestore (earlier in the callback list) has just written this epoch.
                 emitter.emit("checkpoint", epoch=epoch, step=step, checkpoint=backup_dir)
@@ -358,6 +424,7 @@ def run(
             save_freq=spec.save_freq,
             backup_dir=backup,
             single_writer=not agreed_stop,
+            loss_check=loss_check_for(settings.config, parameter_server=is_ps),
         )
     )
     # TF >= 2.21 no longer depends on the tensorboard package; log only where it is installed.

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainjob.runtime import contract, layout, preemption, progress
+from trainjob.runtime import contract, exitcodes, layout, preemption, progress
 from trainjob.runtime import settings as settings_mod
 from trainjob.runtime.exitcodes import ConfigError, Preempted
 from trainjob.runtime.preemption import StopRequest, StopWatcher
@@ -126,6 +126,7 @@ class LoopRunner:
         self.every_progress = int(
             settings.config.get("progress_every_steps", DEFAULT_PROGRESS_EVERY_STEPS)
         )
+        self.stop_on_nonfinite_loss = settings_mod.stop_on_nonfinite_loss(settings.config)
         self.handler: Any = None
         self.coordinator: Any = None
         self._pending: list[Any] = []  # ParameterServer: RemoteValues of this epoch's steps
@@ -223,6 +224,16 @@ class LoopRunner:
 
     # -- steps, saves ---------------------------------------------------------------------
 
+    def _check_loss(self, logs: Mapping[str, Any]) -> None:
+        """Stop the replica (exit 6) when the step's ``loss`` is NaN or +/-Inf: every step
+        after a diverged one is NaN too, so training on wastes the job's time."""
+        loss = logs.get("loss")
+        if loss is None or not self.stop_on_nonfinite_loss:
+            return
+        value = float(loss.numpy() if hasattr(loss, "numpy") else loss)
+        step = self.host_step
+        exitcodes.check_loss(value, step=step, epoch=epoch_of(step - 1, self.spec.steps_per_epoch))
+
     def _run_step(self) -> Any:
         if self.coordinator is not None:
             remote = self.coordinator.schedule(self.train_step, args=(self.iterator,))
@@ -301,9 +312,11 @@ class LoopRunner:
             self.host_step += 1
             self.emitter.tick(self.host_step)
             if self.coordinator is None:
-                epoch.examples += float(result[1])
+                epoch.examples += float(result[1])  # on the host each step already
+                self._check_loss(result[0])
             if progress_due(self.host_step, self.every_progress):
                 logs = self._fetch(result)
+                self._check_loss(logs)  # ParameterServer: where results are fetched anyway
                 self.emitter.emit(
                     "step",
                     epoch=epoch_of(self.host_step - 1, spec.steps_per_epoch),
@@ -323,6 +336,7 @@ class LoopRunner:
                 self._barrier(epoch)
             if epoch_done:
                 logs = self._fetch(result)
+                self._check_loss(logs)
                 if spec.epoch_end_fn is not None:
                     logs.update(_numbers(spec.epoch_end_fn(self.state)))
                 elapsed = max(time.perf_counter() - epoch.started, 1e-9)

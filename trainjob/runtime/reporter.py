@@ -40,6 +40,7 @@ from typing import Any, Final
 
 from trainjob.core import constants, observe
 from trainjob.core import progress as core_progress
+from trainjob.runtime import exitcodes
 
 log = logging.getLogger("trainjob.progress")
 
@@ -356,6 +357,9 @@ def write_termination_message(env: Mapping[str, str], report: core_progress.Repo
 def exception_line(exc: BaseException) -> str:
     """The line Python prints last for an uncaught `exc` (`ValueError: learning rate must be
     > 0`): the cause a failed job quotes. Notes and later lines of a long message are left out."""
+    if isinstance(exc, exitcodes.NonFiniteLossError):
+        # The runtime's own verdict: its class name says it, its module path is noise.
+        return f"{type(exc).__name__}: {exc}"
     lines = traceback.format_exception_only(type(exc), exc)
     first = lines[0].strip().splitlines() if lines else []
     return first[0] if first else type(exc).__name__

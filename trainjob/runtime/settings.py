@@ -39,6 +39,8 @@ ROLE_SERVE: Final = "serve"
 ROLE_EVALUATE: Final = "evaluate"
 
 ENV_DATA_DIR: Final = constants.ENV_DATA_DIR
+# Config key (spec.runtime.config) that turns off stopping at a NaN/Inf training loss.
+STOP_ON_NONFINITE_LOSS: Final = "stop_on_nonfinite_loss"
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,7 @@ def from_env(env: Mapping[str, str]) -> RuntimeSettings:
     data_dir = config.get("data_dir") or env.get(ENV_DATA_DIR) or None
     if data_dir is not None and not isinstance(data_dir, str):
         raise ConfigError("config key data_dir must be a string")
+    stop_on_nonfinite_loss(config)  # a typo'd value fails here, before TensorFlow starts
     settings = RuntimeSettings(
         entrypoint=entrypoint,
         strategy=strategy,
@@ -202,6 +205,18 @@ def from_env(env: Mapping[str, str]) -> RuntimeSettings:
     )
     validate_strategy(settings)
     return settings
+
+
+def stop_on_nonfinite_loss(config: Mapping[str, Any]) -> bool:
+    """Whether a NaN/Inf training loss stops the replica (exit code 6); on unless the config
+    says ``stop_on_nonfinite_loss: false`` (a model that recovers by itself, e.g. with loss
+    scaling that skips such steps)."""
+    value = config.get(STOP_ON_NONFINITE_LOSS, True)
+    if not isinstance(value, bool):
+        raise ConfigError(
+            f"config key {STOP_ON_NONFINITE_LOSS} must be true or false, got {value!r}"
+        )
+    return value
 
 
 def validate_entrypoint(entrypoint: str) -> None:
