@@ -55,9 +55,12 @@ def readiness_of(body: Mapping[str, Any]) -> Readiness:
 
 def loss_of(name: str, readiness: Readiness) -> tuple[str, str] | None:
     """(reason, words) for the policy when a Pod's node is lost; None when it is Ready."""
-    since = f" since {st.format_time(readiness.since)}" if readiness.since else ""
+    when = st.format_time(readiness.since) if readiness.since else ""
+    since = f" since {when}" if when else ""
     if readiness.status == DELETED:
-        return policy.REASON_NODE_UNREACHABLE, f"node {name} was deleted{since}"
+        return policy.REASON_NODE_UNREACHABLE, f"node {name} deleted" + (
+            f" at {when}" if when else ""
+        )
     if readiness.status == READY_UNKNOWN:
         return policy.REASON_NODE_UNREACHABLE, f"node {name} unreachable{since}"
     if readiness.status == READY_FALSE:

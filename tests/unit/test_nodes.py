@@ -51,7 +51,7 @@ def test_a_deleted_node_stays_lost_until_its_pods_are_gone() -> None:
     index = nodes.NodeIndex()
     index.event(node("n1", "Unknown"), False, T0)
     assert index.event(node("n1", "Unknown"), True, T0) == {"n1"}
-    assert index.loss("n1") == ("NodeUnreachable", "node n1 was deleted since 2026-11-24T06:40:00Z")
+    assert index.loss("n1") == ("NodeUnreachable", "node n1 deleted at 2026-11-24T06:40:00Z")
 
 
 def test_a_node_missing_from_a_fresh_list_was_deleted_while_nobody_watched() -> None:
