@@ -158,6 +158,7 @@ def test_nodes_a_lost_node_is_shown_then_its_replica_is_recreated_as_a_disruptio
     assert condition["message"] == f"worker 1: node {node} unreachable since {since}", condition
     assert printed_reason(control_plane, cluster.namespace, "lost") == "NodeUnreachable"
     status = (cluster.job("lost") or {})["status"]
+    assert status["ready"] == "1/2", status
     entry = status["replicaStatuses"]["worker"]["indexes"][1]
     assert (entry["waitingReason"], entry["state"]) == ("NodeUnreachable", "Running"), entry
     assert entry["waitingMessage"] == f"node {node} unreachable since {since}", entry
@@ -201,3 +202,36 @@ def test_nodes_a_lost_node_is_shown_then_its_replica_is_recreated_as_a_disruptio
     cluster.run_all("lost", names)
     cluster.wait_condition("lost", "Running", T)
     assert running_condition(cluster, "lost")["reason"] == "AllReplicasRunning"
+
+
+def test_nodes_a_pod_force_deleted_from_a_lost_node_without_a_condition_is_a_disruption(
+    cluster: Cluster, node: str, control_plane: ControlPlane
+) -> None:
+    """Someone force-deletes the Pod of an unreachable node (what `kubectl delete pod --force`
+    or a node-repair tool does; no DisruptionTarget): the replica was known to be on a lost
+    node, so its loss is a disruption, not a failure that backoffLimit 0 would end the job on."""
+    names = {"gone-worker-0"}
+    cluster.create_job(trainjob("gone", chief=0, workers=1, run_policy={"backoffLimit": 0}))
+    cluster.wait_pods("gone", names, timeout=T)
+    bind(cluster, "gone-worker-0", node)
+    cluster.run_all("gone", names)
+    cluster.wait_condition("gone", "Running", T)
+    since = now()
+    set_ready(cluster, node, "Unknown", since)
+    wait_until(
+        lambda: waiting_on_node(cluster, "gone", "NodeUnreachable"), timeout=T, what="unreachable"
+    )
+    print(control_plane.kubectl("get", "tj", "gone", "-n", cluster.namespace).stdout)
+    print(control_plane.kubectl("describe", "tj", "gone", "-n", cluster.namespace).stdout)
+    cluster.core.delete_namespaced_pod("gone-worker-0", cluster.namespace, grace_period_seconds=0)
+    wait_until(
+        lambda: (p := cluster.pod("gone-worker-0")) is not None and attempt(p) == 1,
+        timeout=T,
+        what="worker 0 recreated as attempt 1",
+    )
+    status = (cluster.job("gone") or {})["status"]
+    assert (status["restartCount"], status["disruptionCount"]) == (0, 1), status
+    assert not cluster.condition("gone", "Failed")
+    restarting = cluster.wait_condition("gone", "Restarting", T)
+    assert restarting["reason"] == "Evicted", restarting
+    assert f"NodeUnreachable: node {node} unreachable since {since}" in restarting["message"]

@@ -934,8 +934,9 @@ def test_a_replica_on_a_lost_node_is_shown_waiting_on_its_node_and_left_alone() 
     assert decision.delete_pods == () and decision.create_pods == ()  # Kubernetes decides
     record = world.status.record(("worker", 1))
     assert (record.state, record.waiting_reason) == ("Running", "NodeUnreachable")
-    entry = st.to_dict(world.job, world.status)["replicaStatuses"]["worker"]["indexes"][1]
-    assert entry["waitingMessage"] == UNREACHABLE[1]
+    shown = st.to_dict(world.job, world.status)
+    assert shown["replicaStatuses"]["worker"]["indexes"][1]["waitingMessage"] == UNREACHABLE[1]
+    assert shown["ready"] == "1/2"  # kubectl get tj's READY: the lost replica is not
     again = world.reconcile(at(30))
     assert again.events == ()  # one Event per cause, not per reconcile
     # The node comes back: Running again, the cause cleared.
