@@ -235,3 +235,43 @@ def test_nodes_a_pod_force_deleted_from_a_lost_node_without_a_condition_is_a_dis
     restarting = cluster.wait_condition("gone", "Restarting", T)
     assert restarting["reason"] == "Evicted", restarting
     assert f"NodeUnreachable: node {node} unreachable since {since}" in restarting["message"]
+
+
+def test_nodes_a_peer_failing_after_its_node_was_lost_restarts_uncounted(
+    cluster: Cluster, node: str
+) -> None:
+    """All-reduce: worker 0 exits 1 once worker 1's node is unreachable (the collective broke).
+    The lost node is the cause, uncounted; worker 1's Pod is left to Kubernetes (not deleted
+    by the operator), and its new attempt comes only once that Pod is gone."""
+    names = {"peer-worker-0", "peer-worker-1"}
+    cluster.create_job(trainjob("peer", chief=0, workers=2, run_policy={"backoffLimit": 0}))
+    cluster.wait_pods("peer", names, timeout=T)
+    bind(cluster, "peer-worker-1", node)
+    cluster.run_all("peer", names)
+    cluster.wait_condition("peer", "Running", T)
+    set_ready(cluster, node, "Unknown", now())
+    wait_until(
+        lambda: waiting_on_node(cluster, "peer", "NodeUnreachable"), timeout=T, what="unreachable"
+    )
+    cluster.set_exited("peer-worker-0", 1)
+    wait_until(
+        lambda: (p := cluster.pod("peer-worker-0")) is not None and attempt(p) == 1,
+        timeout=T,
+        what="worker 0 recreated as attempt 1",
+    )
+    status = (cluster.job("peer") or {})["status"]
+    assert (status["restartCount"], status["disruptionCount"]) == (0, 1), status
+    restarting = cluster.condition("peer", "Restarting")
+    assert restarting is not None and restarting["reason"] == "Evicted", restarting
+    old = cluster.pod("peer-worker-1")
+    assert old is not None and attempt(old) == 0 and old.metadata.deletion_timestamp is None
+    # What the pod GC does once the Node is deleted (without waiting a minute for it).
+    cluster.core.delete_namespaced_pod("peer-worker-1", cluster.namespace, grace_period_seconds=0)
+    wait_until(
+        lambda: (p := cluster.pod("peer-worker-1")) is not None and attempt(p) == 1,
+        timeout=T,
+        what="worker 1 recreated as attempt 1",
+    )
+    status = (cluster.job("peer") or {})["status"]
+    assert (status["restartCount"], status["disruptionCount"]) == (0, 1), status
+    assert not cluster.condition("peer", "Failed")

@@ -1017,3 +1017,31 @@ def test_many_replicas_on_one_lost_node_are_one_event() -> None:
     decision = world.reconcile(at(20))
     assert [e.reason for e in decision.events] == ["NodeUnreachable"]
     assert decision.events[0].message.endswith("; and 2 more replicas")
+
+
+def test_peers_that_fail_because_a_node_was_lost_are_a_disruption_and_its_pod_is_left() -> None:
+    """All-reduce: worker 0 exits 1 once worker 1's node is unreachable. The lost node is the
+    cause (uncounted); worker 1's Pod is not deleted by us, and its new attempt comes only
+    once Kubernetes has removed the old one."""
+    world = started(make_job({"worker": 2}))  # restartPolicy Never: a failure would end it
+    world.lost = {("worker", 1): UNREACHABLE}
+    world.reconcile(at(20))
+    world.set_phase(("worker", 0), "Failed", 1, None, at(25))
+    decision = world.reconcile(at(25))
+    assert world.state() == "Restarting"
+    assert (world.status.restart_count, world.status.disruption_count) == (0, 1)
+    assert [e.reason for e in decision.events] == ["Evicted"]
+    assert "worker 1 was evicted (NodeUnreachable: node n3" in decision.events[0].message
+    assert decision.delete_pods == (("worker", 0),)  # not worker 1: Kubernetes decides
+    world.finish_deletions()
+    again = world.reconcile(at(26))
+    assert [(t, i) for t, i, _ in again.create_pods] == [("worker", 0)]  # never two Pods
+    assert again.delete_pods == ()
+    # The node is deleted, the pod GC removes the stale Pod: worker 1 comes back.
+    del world.pods[("worker", 1)]
+    world.lost = {}
+    third = world.reconcile(at(60))
+    assert [(t, i, a) for t, i, a in third.create_pods] == [("worker", 1, 1)]
+    assert (world.status.restart_count, world.status.disruption_count) == (0, 1)
+    world.run_all(at(61))
+    assert world.state() == "Running"

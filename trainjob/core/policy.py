@@ -380,9 +380,12 @@ def reconcile(
     return Decision(
         status=new_status,
         create_pods=tuple(create_pods),
-        # Only Pods that exist and are not already going away need a delete call.
+        # Only Pods that exist and are not already going away need a delete call; a Pod on a
+        # lost node is left to Kubernetes (taint eviction, the pod GC), which removes it.
         delete_pods=tuple(
-            key for key in dict.fromkeys(work.delete_pods) if key in pods and not pods[key].deleting
+            key
+            for key in dict.fromkeys(work.delete_pods)
+            if key in pods and not pods[key].deleting and key not in work.lost
         ),
         create_services=tuple(create_services),
         delete_services=tuple(delete_services),
@@ -752,6 +755,13 @@ def _group_cause(work: _Work, scope: tuple[ReplicaKey, ...], group: list[Failure
         if record.disruption_reason is not None:
             return Failure(
                 key, None, "Deleted", work.now, record.disruption_reason, record.disruption_message
+            )
+    for key in scope:
+        # A peer on a lost node: the collective broke because its node went away.
+        record = work.replicas[key]
+        if key in work.lost and record.waiting_reason in NODE_REASONS:
+            return Failure(
+                key, None, "Deleted", work.now, record.waiting_reason, record.waiting_message
             )
     return root_cause(group)
 
