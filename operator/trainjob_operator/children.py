@@ -31,6 +31,9 @@ class ChildPod:
     observed: policy.ObservedReplica
     uid: str
     owner_uid: str | None
+    # spec.nodeName: where it is bound ("" before the scheduler binds it). A Pod on a node
+    # that is not Ready is shown as lost (nodes.py); the Pod itself says nothing useful then.
+    node_name: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,7 +79,10 @@ def index_pod(body: Mapping[str, Any]) -> ChildPod | None:
         return None
     metadata = body.get("metadata") or {}
     key, observed = found
-    return ChildPod(key, observed, str(metadata.get("uid") or ""), controller_uid(metadata))
+    node_name = str((body.get("spec") or {}).get("nodeName") or "")
+    return ChildPod(
+        key, observed, str(metadata.get("uid") or ""), controller_uid(metadata), node_name
+    )
 
 
 def index_service(body: Mapping[str, Any]) -> ChildService | None:
@@ -228,6 +234,16 @@ class ChildIndex:
     def pods(self, job: JobKey) -> list[ChildPod]:
         children: dict[str, ChildPod] = self._kinds[PODS].by_job.get(job, {})
         return list(children.values())
+
+    def jobs_on_nodes(self, nodes: set[str]) -> set[JobKey]:
+        """The jobs with a Pod bound to one of `nodes` (one pass over every Pod: only a node
+        readiness change asks, which is rare next to Pod events)."""
+        by_job: dict[JobKey, dict[str, ChildPod]] = self._kinds[PODS].by_job
+        return {
+            job
+            for job, pods in by_job.items()
+            if any(pod.node_name in nodes for pod in pods.values())
+        }
 
     def services(self, job: JobKey) -> list[ChildService]:
         children: dict[str, ChildService] = self._kinds[SERVICES].by_job.get(job, {})

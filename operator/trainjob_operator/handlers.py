@@ -135,6 +135,7 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         # job was deleted while no operator ran must still be released (no loop will come).
         for namespace in cfg.kopf_namespaces or ("",):
             runtime.informer.acquire(namespace)
+    runtime.nodes.start()
     runtime.watchdog.start()
     if cfg.progress_enabled:
         memo[PROGRESS_KEY] = await progress_server.serve(runtime)
@@ -176,6 +177,7 @@ async def trainjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
     if isinstance(runtime, reconciler.Runtime):
         await runtime.watchdog.close()
         await runtime.informer.close()
+        await runtime.nodes.close()
         await runtime.kube.close()
 
 

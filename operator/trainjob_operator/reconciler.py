@@ -49,6 +49,7 @@ from trainjob_operator import (
     kube,
     kueue,
     metrics,
+    nodes,
     watchdog,
 )
 from trainjob_operator import kueue_patches as kp
@@ -98,6 +99,8 @@ class Runtime:
     child_index: children.ChildIndex = dataclasses.field(default_factory=children.ChildIndex)
     # Keeps child_index current and wakes the jobs whose children changed.
     informer: informer.ChildInformer = dataclasses.field(init=False)
+    # Which nodes are not Ready; wakes the jobs with Pods on a node whose readiness moved.
+    nodes: nodes.NodeInformer = dataclasses.field(init=False)
     # Jobs creating children at the same time, served first come, first served (asyncio's
     # semaphore). Why a limit: otherwise a burst of N new jobs holds a task per create for
     # all N jobs at once (16,000 at 1,000 x 8), the largest share of the operator's peak
@@ -125,6 +128,7 @@ class Runtime:
         self.informer = informer.ChildInformer(
             self.kube, self.child_index, self.wake, not self.settings.kopf_namespaces, kinds
         )
+        self.nodes = nodes.NodeInformer(self.kube, self._wake_on_nodes)
         self.watchdog = watchdog.Watchdog(
             self.kube, self.settings, self.metrics, self.reconciled.__contains__
         )
@@ -151,6 +155,10 @@ class Runtime:
 
         asyncio.get_running_loop().create_task(release(), name=f"release workloads {key}")
 
+    def _wake_on_nodes(self, names: set[str]) -> None:
+        for key in self.child_index.jobs_on_nodes(names):
+            self.wake(key)
+
     def begin(self, key: JobKey) -> None:
         """The job's loop is about to reconcile it (for the first time, or again)."""
         if key not in self.reconciled:
@@ -159,7 +167,7 @@ class Runtime:
 
     def problems(self) -> list[str]:
         """Why this operator is not healthy now (empty: it is)."""
-        return self.watchdog.problems(self.informer.health())
+        return self.watchdog.problems([*self.informer.health(), self.nodes.health])
 
     def waker(self, key: JobKey) -> asyncio.Event:
         return self.wakers.setdefault(key, asyncio.Event())
@@ -463,6 +471,12 @@ async def reconcile_job(
         for key in [k for k in seen.refused if k in observed]:
             del seen.refused[key]  # created since: no longer refused
         refused = dict(seen.refused)
+    # Replicas whose node is not Ready: shown, never deleted by us (Kubernetes decides).
+    lost = {
+        p.key: loss
+        for p in mine_pods
+        if p.node_name and (loss := rt.nodes.index.loss(p.node_name)) is not None
+    }
     decision = policy.reconcile(
         job,
         old,
@@ -471,6 +485,7 @@ async def reconcile_job(
         now,
         progress_at=rt.progress_at((namespace, name)),
         refused=refused,
+        lost=lost,
     )
     if queued is not None:
         decision = kp.held_decision(decision, old, queued.hold, queued.workload, now)

@@ -234,6 +234,8 @@ def test_clusterwide_mode_uses_a_clusterrole_only() -> None:
         assert grants(docs, "ClusterRole", "", resource, "create")
     assert grants(docs, "ClusterRole", "trainjob.dev", "trainjobs/status", "patch")
     assert not grants(docs, "ClusterRole", "", "namespaces", "list")
+    assert grants(docs, "ClusterRole", "", "nodes", "watch")  # lost nodes
+    assert not grants(docs, "ClusterRole", "", "nodes", "patch")
     assert not grants(docs, "ClusterRole", "kopf.dev", "clusterkopfpeerings", "patch")
     assert not grants(docs, "ClusterRole", "scheduling.volcano.sh", "podgroups", "create")
     args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -250,15 +252,27 @@ def test_namespaced_mode_writes_only_in_the_watched_namespaces() -> None:
         "team-b",
     ]
     # Nothing cluster-scoped: the operator observes no namespaces and no CRDs at run time.
-    # The one exception: TokenReview (cluster-scoped) for progress reports, and nothing else.
-    (cluster_role,) = of_kind(docs, "ClusterRole")
-    assert cluster_role["rules"] == [
-        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
-    ]
-    (binding,) = of_kind(docs, "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+    # The exceptions: TokenReview (cluster-scoped) for progress reports, and reading Nodes
+    # (lost nodes), and nothing else.
+    by_name = {r["metadata"]["name"]: r["rules"] for r in of_kind(docs, "ClusterRole")}
+    assert by_name == {
+        "tj-trainjob-operator-tokenreview": [
+            {
+                "apiGroups": ["authentication.k8s.io"],
+                "resources": ["tokenreviews"],
+                "verbs": ["create"],
+            }
+        ],
+        "tj-trainjob-operator-nodes": [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}
+        ],
+    }
+    bound = sorted(b["roleRef"]["name"] for b in of_kind(docs, "ClusterRoleBinding"))
+    assert bound == sorted(by_name)
     off = template(*MODES["namespaced"], "--set", "progress.enabled=false")
-    assert not of_kind(off, "ClusterRole") and not of_kind(off, "ClusterRoleBinding")
+    assert [r["metadata"]["name"] for r in of_kind(off, "ClusterRole")] == [
+        "tj-trainjob-operator-nodes"
+    ]
     args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
 

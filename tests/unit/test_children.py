@@ -120,3 +120,15 @@ def test_forgetting_a_namespace_drops_its_children_only() -> None:
     index.forget_namespace("ns")
     assert index.pods(JOB) == [] and index.services(JOB) == []
     assert phases(index, ELSEWHERE) == {("ps", 0): "Running"}
+
+
+def test_a_pods_node_is_kept_and_finds_the_jobs_on_a_node() -> None:
+    index = ChildIndex()
+    bound = pod("mnist-worker-0", "worker", 0)
+    bound["spec"] = {"nodeName": "n3"}
+    index.event(PODS, bound)
+    index.event(PODS, pod("other-worker-0", "worker", 0, job=OTHER))  # not bound yet
+    assert [p.node_name for p in index.pods(JOB)] == ["n3"]
+    assert [p.node_name for p in index.pods(OTHER)] == [""]
+    assert index.jobs_on_nodes({"n3"}) == {JOB}
+    assert index.jobs_on_nodes({"n4"}) == set()

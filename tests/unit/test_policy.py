@@ -55,9 +55,13 @@ class World:
     services: set[Key] = dataclasses.field(default_factory=set)
     deleted_job: bool = False
     last: policy.Decision | None = None
+    # Replicas whose Pod's node is not Ready, as the operator's node informer reports them.
+    lost: dict[Key, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
     def reconcile(self, now: datetime.datetime) -> policy.Decision:
-        decision = policy.reconcile(self.job, self.status, self.pods, self.services, now)
+        decision = policy.reconcile(
+            self.job, self.status, self.pods, self.services, now, lost=self.lost
+        )
         for key in decision.delete_pods:
             # Deletion is asynchronous on a real cluster: the Pod first shows deletionTimestamp.
             self.pods[key] = dataclasses.replace(self.pods[key], deleting=True)
@@ -964,3 +968,128 @@ def test_a_retrying_policy_restarts_a_nonfinite_loss_until_the_backoff_limit() -
     world.reconcile(at(5))
     assert world.condition(st.FAILED).reason == "BackoffLimitExceeded"
     assert world.condition(st.FAILED).message.endswith(f"; cause: worker-0: {NAN_CAUSE}")
+UNREACHABLE = ("NodeUnreachable", "node n3 unreachable since 2026-01-01T00:00:10Z")
+
+
+def test_a_replica_on_a_lost_node_is_shown_waiting_on_its_node_and_left_alone() -> None:
+    world = started(make_job({"worker": 2}))
+    world.lost = {("worker", 1): UNREACHABLE}
+    decision = world.reconcile(at(20))
+    running = world.condition(st.RUNNING)
+    assert not running.status and running.reason == "NodeUnreachable"
+    assert running.message == "worker 1: node n3 unreachable since 2026-01-01T00:00:10Z"
+    assert [(e.type, e.reason) for e in decision.events] == [("Warning", "NodeUnreachable")]
+    assert decision.delete_pods == () and decision.create_pods == ()  # Kubernetes decides
+    record = world.status.record(("worker", 1))
+    assert (record.state, record.waiting_reason) == ("Running", "NodeUnreachable")
+    shown = st.to_dict(world.job, world.status)
+    assert shown["replicaStatuses"]["worker"]["indexes"][1]["waitingMessage"] == UNREACHABLE[1]
+    assert shown["ready"] == "1/2"  # kubectl get tj's READY: the lost replica is not
+    again = world.reconcile(at(30))
+    assert again.events == ()  # one Event per cause, not per reconcile
+    # The node comes back: Running again, the cause cleared.
+    world.lost = {}
+    world.reconcile(at(40))
+    assert world.condition(st.RUNNING).status
+    assert world.status.record(("worker", 1)).waiting_reason is None
+    assert world.status.restart_count == 0 and world.status.disruption_count == 0
+
+
+def test_a_not_ready_node_changes_the_cause_and_says_so_again() -> None:
+    world = started(make_job({"worker": 1}))
+    world.lost = {("worker", 0): ("NodeNotReady", "node n3 not ready since X")}
+    first = world.reconcile(at(10))
+    assert [e.reason for e in first.events] == ["NodeNotReady"]
+    world.lost = {("worker", 0): UNREACHABLE}
+    second = world.reconcile(at(20))
+    assert [e.reason for e in second.events] == ["NodeUnreachable"]
+    assert world.condition(st.RUNNING).reason == "NodeUnreachable"
+
+
+def test_a_pod_taint_evicted_from_a_lost_node_restarts_uncounted() -> None:
+    world = started(make_job({"worker": 2}))
+    world.lost = {("worker", 1): UNREACHABLE}
+    world.reconcile(at(20))
+    disrupt(world, ("worker", 1), "DeletionByTaintManager", "Taint manager: deleting due to")
+    world.reconcile(at(320))
+    world.finish_deletions()
+    world.lost = {}
+    decision = world.reconcile(at(321))
+    assert (world.status.restart_count, world.status.disruption_count) == (0, 1)
+    assert [e.reason for e in decision.events] == ["Evicted"]
+    assert "DeletionByTaintManager" in decision.events[0].message
+    # All-reduce: worker 0 restarts with it, from the checkpoint; worker 1's Pod is gone.
+    assert decision.delete_pods == (("worker", 0),)
+    assert [(t, i) for t, i, _ in decision.create_pods] == [("worker", 1)]
+    world.settle(at(322))
+    assert world.state() == "Running"
+
+
+def test_a_pod_gone_with_its_lost_node_unseen_by_any_condition_is_a_disruption() -> None:
+    """The Node deleted, the pod GC removed the Pod before we saw its DisruptionTarget (or
+    someone force-deleted it): the replica was on a lost node, so it is not a failure."""
+    world = started(make_job({"worker": 2}))  # restartPolicy Never: a failure would end it
+    world.lost = {("worker", 1): UNREACHABLE}
+    world.reconcile(at(20))
+    del world.pods[("worker", 1)]
+    world.lost = {}
+    decision = world.reconcile(at(30))
+    assert world.state() == "Restarting"
+    assert (world.status.restart_count, world.status.disruption_count) == (0, 1)
+    assert world.condition(st.RESTARTING).reason == "Evicted"
+    assert "worker 1 was evicted (NodeUnreachable: node n3 unreachable since" in (
+        decision.events[0].message
+    )
+    # Never two live Pods for one replica: worker 1's new Pod comes only now it is gone.
+    assert ("worker", 1, 1) in decision.create_pods
+    world.settle(at(31))
+    assert world.state() == "Running"
+    assert world.status.record(("worker", 1)).waiting_reason is None
+
+
+def test_a_pod_deleted_after_its_node_came_back_counts_as_before() -> None:
+    world = started(make_job({"worker": 1}))
+    world.lost = {("worker", 0): UNREACHABLE}
+    world.reconcile(at(20))
+    world.lost = {}
+    world.reconcile(at(30))
+    del world.pods[("worker", 0)]
+    world.reconcile(at(40))
+    # Its node was Ready when last seen: a plain delete, counted toward backoffLimit.
+    assert (world.status.restart_count, world.status.disruption_count) == (1, 0)
+
+
+def test_many_replicas_on_one_lost_node_are_one_event() -> None:
+    world = started(make_job({"worker": 5}))
+    world.lost = {("worker", i): UNREACHABLE for i in range(5)}
+    decision = world.reconcile(at(20))
+    assert [e.reason for e in decision.events] == ["NodeUnreachable"]
+    assert decision.events[0].message.endswith("; and 2 more replicas")
+
+
+def test_peers_that_fail_because_a_node_was_lost_are_a_disruption_and_its_pod_is_left() -> None:
+    """All-reduce: worker 0 exits 1 once worker 1's node is unreachable. The lost node is the
+    cause (uncounted); worker 1's Pod is not deleted by us, and its new attempt comes only
+    once Kubernetes has removed the old one."""
+    world = started(make_job({"worker": 2}))  # restartPolicy Never: a failure would end it
+    world.lost = {("worker", 1): UNREACHABLE}
+    world.reconcile(at(20))
+    world.set_phase(("worker", 0), "Failed", 1, None, at(25))
+    decision = world.reconcile(at(25))
+    assert world.state() == "Restarting"
+    assert (world.status.restart_count, world.status.disruption_count) == (0, 1)
+    assert [e.reason for e in decision.events] == ["Evicted"]
+    assert "worker 1 was evicted (NodeUnreachable: node n3" in decision.events[0].message
+    assert decision.delete_pods == (("worker", 0),)  # not worker 1: Kubernetes decides
+    world.finish_deletions()
+    again = world.reconcile(at(26))
+    assert [(t, i) for t, i, _ in again.create_pods] == [("worker", 0)]  # never two Pods
+    assert again.delete_pods == ()
+    # The node is deleted, the pod GC removes the stale Pod: worker 1 comes back.
+    del world.pods[("worker", 1)]
+    world.lost = {}
+    third = world.reconcile(at(60))
+    assert [(t, i, a) for t, i, a in third.create_pods] == [("worker", 1, 1)]
+    assert (world.status.restart_count, world.status.disruption_count) == (0, 1)
+    world.run_all(at(61))
+    assert world.state() == "Running"

@@ -56,6 +56,13 @@ REASON_STALLED: Final = "Stalled"
 # The runtime's exit code for a training loss that became NaN or +/-Inf (permanent: 1-127).
 EXIT_CODE_NON_FINITE_LOSS: Final = 6
 REASON_NON_FINITE_LOSS: Final = "NonFiniteLoss"
+# The node a replica's Pod runs on is lost (its Ready condition Unknown: the kubelet stopped
+# reporting) or not ready (False). Kubernetes, not the operator, decides the Pod's end (taint
+# eviction after tolerationSeconds, the pod GC once the Node is deleted): until then the
+# replica is shown waiting on its node, and its removal is a disruption (restarted uncounted).
+REASON_NODE_UNREACHABLE: Final = "NodeUnreachable"
+REASON_NODE_NOT_READY: Final = "NodeNotReady"
+NODE_REASONS: Final = frozenset({REASON_NODE_UNREACHABLE, REASON_NODE_NOT_READY})
 
 # Why a Pending Pod will not run by itself, as observe.py reports it: the kubelet's waiting
 # reasons a user must act on, and the scheduler's Unschedulable. ContainerCreating and
@@ -73,7 +80,7 @@ WAITING_REASONS: Final = frozenset(
         "Unschedulable",
         "FailedCreate",
     }
-)
+).union(NODE_REASONS)
 # The API server refused to create the replica's Pod (Pod Security, a ResourceQuota, a
 # LimitRange, a denying admission webhook): the executor says so with its message and retries.
 REASON_FAILED_CREATE: Final = "FailedCreate"
@@ -257,6 +264,8 @@ class _Work:
     progress_at: datetime.datetime | None = None
     # Replicas whose Pod the API server refused to create, with its message.
     refused: Mapping[ReplicaKey, str] = dataclasses.field(default_factory=dict)
+    # Replicas whose Pod is on a node that is not Ready: (NodeUnreachable | NodeNotReady, text).
+    lost: Mapping[ReplicaKey, tuple[str, str]] = dataclasses.field(default_factory=dict)
     events: list[Event] = dataclasses.field(default_factory=list)
     delete_pods: list[ReplicaKey] = dataclasses.field(default_factory=list)
     requeue: list[float] = dataclasses.field(default_factory=list)
@@ -279,6 +288,7 @@ def reconcile(
     now: datetime.datetime,
     progress_at: datetime.datetime | None = None,
     refused: Mapping[ReplicaKey, str] | None = None,
+    lost: Mapping[ReplicaKey, tuple[str, str]] | None = None,
 ) -> Decision:
     """Decide everything for one job from what is recorded and what is observed.
 
@@ -287,12 +297,17 @@ def reconcile(
 
     `progress_at`: when the reporting replica's step last advanced (when it was first seen
     reporting, before its first step); None when nothing of its progress is known. Only
-    runPolicy.progressDeadlineSeconds reads it."""
+    runPolicy.progressDeadlineSeconds reads it.
+
+    `lost`: replicas whose Pod is bound to a node that is not Ready, with the reason
+    (NodeUnreachable or NodeNotReady) and the words, e.g. `node n3 unreachable since
+    2026-11-24T06:40:00Z`: a waiting cause; the Pod is left to Kubernetes."""
     work = _Work(
         job=job,
         now=now,
         progress_at=progress_at,
         refused=refused or {},
+        lost=lost or {},
         status=status,
         replicas={key: status.record(key) for key in job.replica_keys()},
         conditions=status.conditions,
@@ -376,9 +391,12 @@ def reconcile(
     return Decision(
         status=new_status,
         create_pods=tuple(create_pods),
-        # Only Pods that exist and are not already going away need a delete call.
+        # Only Pods that exist and are not already going away need a delete call; a Pod on a
+        # lost node is left to Kubernetes (taint eviction, the pod GC), which removes it.
         delete_pods=tuple(
-            key for key in dict.fromkeys(work.delete_pods) if key in pods and not pods[key].deleting
+            key
+            for key in dict.fromkeys(work.delete_pods)
+            if key in pods and not pods[key].deleting and key not in work.lost
         ),
         create_services=tuple(create_services),
         delete_services=tuple(delete_services),
@@ -412,16 +430,7 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
                         record, waiting_reason=reason, waiting_message=message
                     )
             if not finished and record.state in (st.STATE_PENDING, st.STATE_RUNNING):
-                failures.append(
-                    Failure(
-                        key,
-                        None,
-                        "Deleted",
-                        work.now,
-                        record.disruption_reason,
-                        record.disruption_message,
-                    )
-                )
+                failures.append(_vanished(work, key, record))
             continue
         if pod.attempt > record.attempt:
             # Created by an earlier reconcile whose status write was lost: adopt it.
@@ -448,14 +457,15 @@ def _observe(work: _Work, pods: Mapping[ReplicaKey, ObservedReplica]) -> list[Fa
             continue
         if pod.phase in (PHASE_PENDING, PHASE_RUNNING):
             waiting = pod.waiting_reason if pod.phase == PHASE_PENDING else None
+            message = pod.waiting_message if waiting is not None else None
+            if key in work.lost:
+                # The node outranks what its kubelet last said: it says nothing new now.
+                waiting, message = work.lost[key]
             if waiting is not None and _cause_of(waiting) != _cause_of(record.waiting_reason):
-                line = waiting_line(key, waiting, pod.waiting_message or "")
+                line = waiting_line(key, waiting, message or "")
                 new_causes.setdefault(waiting, []).append(line)
             work.replicas[key] = dataclasses.replace(
-                record,
-                state=pod.phase,
-                waiting_reason=waiting,
-                waiting_message=pod.waiting_message if waiting is not None else None,
+                record, state=pod.phase, waiting_reason=waiting, waiting_message=message
             )
         elif pod.phase == PHASE_SUCCEEDED:
             restart_policy = work.job.replica_specs[key[0]].restart_policy
@@ -496,12 +506,25 @@ def summarize(lines: list[str]) -> str:
     return shown + (f"; and {more} more replicas" if more > 0 else "")
 
 
+def _vanished(work: _Work, key: ReplicaKey, record: st.ReplicaRecord) -> Failure:
+    """The Failure of a replica whose Pod is gone without a verdict of its own. Its node was
+    lost when last seen (the record says so): the node's removal took it (pod GC of a deleted
+    Node, or a force delete), a disruption even when its DisruptionTarget was never seen."""
+    reason, message = record.disruption_reason, record.disruption_message
+    if reason is None and record.waiting_reason in NODE_REASONS:
+        reason, message = record.waiting_reason, record.waiting_message
+    return Failure(key, None, "Deleted", work.now, reason, message)
+
+
 def _cause_of(waiting_reason: str | None) -> str | None:
     return _SAME_CAUSE.get(waiting_reason or "", waiting_reason)
 
 
 def waiting_line(key: ReplicaKey, reason: str, message: str) -> str:
-    """`worker 1: ImagePullBackOff: Back-off pulling image "nope:1"`."""
+    """`worker 1: ImagePullBackOff: Back-off pulling image "nope:1"`; a lost node's words
+    say it all: `worker 1: node n3 unreachable since 2026-11-24T06:40:00Z`."""
+    if reason in NODE_REASONS and message:
+        return f"{key[0]} {key[1]}: {message}"
     return f"{key[0]} {key[1]}: {reason}" + (f": {message}" if message else "")
 
 
@@ -511,7 +534,10 @@ def _waiting_lines(work: _Work) -> list[tuple[str, str]]:
     for key in work.job.replica_keys():
         record = work.replicas[key]
         refused = record.state == st.STATE_NONE and record.waiting_reason == REASON_FAILED_CREATE
-        if record.waiting_reason is not None and (record.state == st.STATE_PENDING or refused):
+        lost = record.waiting_reason in NODE_REASONS and record.state == st.STATE_RUNNING
+        if record.waiting_reason is not None and (
+            record.state == st.STATE_PENDING or refused or lost
+        ):
             line = waiting_line(key, record.waiting_reason, record.waiting_message or "")
             result.append((record.waiting_reason, line))
     return result
@@ -741,6 +767,13 @@ def _group_cause(work: _Work, scope: tuple[ReplicaKey, ...], group: list[Failure
             return Failure(
                 key, None, "Deleted", work.now, record.disruption_reason, record.disruption_message
             )
+    for key in scope:
+        # A peer on a lost node: the collective broke because its node went away.
+        record = work.replicas[key]
+        if key in work.lost and record.waiting_reason in NODE_REASONS:
+            return Failure(
+                key, None, "Deleted", work.now, record.waiting_reason, record.waiting_message
+            )
     return root_cause(group)
 
 
@@ -797,6 +830,7 @@ def _update_running(work: _Work) -> None:
     Running=False, so `kubectl get tj` says it without a look at the Pods."""
     all_up = all(
         work.replicas[key].state in (st.STATE_RUNNING, st.STATE_SUCCEEDED)
+        and work.replicas[key].waiting_reason not in NODE_REASONS
         for key in work.job.replica_keys()
     )
     if not all_up:

@@ -202,10 +202,12 @@ def to_dict(job: spec.TrainJob, status: JobStatus) -> dict[str, Any]:
 
 
 def _ready_text(job: spec.TrainJob, status: JobStatus) -> str:
+    # A Running replica with a waiting cause is one whose node is lost: not ready.
     ready = sum(
         1
         for key in job.replica_keys()
-        if status.record(key).state in (STATE_RUNNING, STATE_SUCCEEDED)
+        if (record := status.record(key)).state == STATE_SUCCEEDED
+        or (record.state == STATE_RUNNING and record.waiting_reason is None)
     )
     return f"{ready}/{job.total_replicas}"
 
