@@ -377,3 +377,32 @@ def test_a_closed_pipe_stops_the_run_cleanly(tmp_path: Path) -> None:
     run exits 141 (128 + SIGPIPE) without a traceback, instead of training on unseen."""
     shell = run_piped(tmp_path, "pipe", "head -3")
     assert len(shell.stdout.splitlines()) == 3
+
+
+# A replica that reports three steps, then hangs: it neither steps nor exits (a stuck
+# collective, a deadlocked input pipeline).
+HANGS = (
+    "import json, time\n"
+    "for step in (1, 2, 3):\n"
+    "    event = {'event': 'step', 'step': step, 'replica': 'worker-0', 'chief': True}\n"
+    "    print('TRAINJOB_PROGRESS ' + json.dumps(event), flush=True)\n"
+    "    time.sleep(0.1)\n"
+    "while True: time.sleep(0.2)"
+)
+
+
+def test_a_replica_that_stops_stepping_is_stalled_as_on_a_cluster(tmp_path: Path) -> None:
+    """runPolicy.progressDeadlineSeconds in local mode: the same core policy, fed from the
+    lead replica's progress events instead of the operator's progress reports."""
+    manifest = job_manifest(
+        "hang",
+        {"worker": command_replica(HANGS, 1)},
+        runPolicy={"progressDeadlineSeconds": 3, "progressDeadlineAction": "Fail"},
+    )
+    write_job(tmp_path / "job.yaml", manifest)
+    result = trainjob("run", "-f", "job.yaml", "--run-dir", "run", "--quiet", cwd=tmp_path)
+    text = _clean(result)
+    assert result.returncode == 1, text
+    assert "Stalled" in text, text
+    assert "progressDeadlineSeconds=3" in text, text
+    assert read_json(tmp_path / "run" / "status.json")["state"] == "Failed"

@@ -67,6 +67,9 @@ class Executor:
         self.report: core_progress.Report | None = None
         self.report_received = self.now()
         self.export: str | None = None
+        # When the lead replica's step last moved (its first event counts): what hang
+        # detection (runPolicy.progressDeadlineSeconds) measures from, as in the operator.
+        self.progress_at: datetime.datetime | None = None
         self._filters: dict[ReplicaKey, logfilter.FilterState] = {}
         self._finished_attempts: set[tuple[ReplicaKey, int]] = set()
         keys = plan.all_keys(run_plan)
@@ -157,7 +160,12 @@ class Executor:
     ) -> None:
         if event.get("event") == "end" and event.get("status") == "succeeded":
             self._finished_attempts.add((key, attempt))
-        self.progress[key] = events.fold(self.progress.get(key), event)
+        before = self.progress.get(key)
+        self.progress[key] = events.fold(before, event)
+        if key == events.lead_replica(self.job) and (
+            self.progress_at is None or before is None or before.step != self.progress[key].step
+        ):
+            self.progress_at = self.now()
         self._note_progress(event)
         self._note_report(event)
         if event.get("export") and event.get("chief"):
@@ -251,7 +259,12 @@ class Executor:
         for key, attempt in self.processes.waiting():
             self._start(key, attempt)
         decision = policy.reconcile(
-            self.job, self.status, self.processes.observed(), keys, self.now()
+            self.job,
+            self.status,
+            self.processes.observed(),
+            keys,
+            self.now(),
+            progress_at=self.progress_at,
         )
         self.status = decision.status
         for event in decision.events:
