@@ -179,6 +179,34 @@ def running_operator(kubeconfig: Path, log: Path, *args: str) -> Iterator[Operat
         operator.stop()
 
 
+def module_operator(
+    kubeconfig: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    prefix: str,
+    *args: str,
+    timeout: float = 30.0,
+) -> Iterator[Operator]:
+    """The operator of one test module, watching the namespaces its tests get (`<prefix>-*`:
+    the namespace fixture names each after its test); for a module-scoped fixture."""
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    op = Operator(kubeconfig, log, f"--namespace={prefix}-*", *args).start()
+    try:
+        yield op.wait_serving(timeout)
+    finally:
+        op.stop()
+        print(f"operator log: {log}\n{op.log_tail(30)}")
+
+
+def module_cluster(
+    operator: Operator, api_client: k8s.ApiClient, namespace: str, prefix: str
+) -> Iterator[Cluster]:
+    """One test's namespace, served by the module's operator (see `module_operator`)."""
+    assert namespace.startswith(f"{prefix}-"), namespace
+    yield Cluster(api_client, namespace)
+    # pytest shows this only when the test failed: what the operator was doing meanwhile.
+    print(f"operator log, last lines:\n{operator.log_tail(25)}")
+
+
 # -- TrainJobs --------------------------------------------------------------------------------
 
 

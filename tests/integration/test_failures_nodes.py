@@ -22,7 +22,15 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import ControlPlane
-from tests.integration.operator_harness import Cluster, Operator, attempt, trainjob, wait_until
+from tests.integration.operator_harness import (
+    Cluster,
+    Operator,
+    attempt,
+    module_cluster,
+    module_operator,
+    trainjob,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -34,20 +42,12 @@ POD_GC = 150.0
 
 @pytest.fixture(scope="module")
 def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = Operator(kubeconfig, log, "--namespace=test-nodes-*").start()
-    try:
-        yield op.wait_serving(T)
-    finally:
-        op.stop()
-        print(f"operator log: {log}\n{op.log_tail(30)}")
+    yield from module_operator(kubeconfig, tmp_path_factory, "test-nodes", timeout=T)
 
 
 @pytest.fixture
 def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
-    assert namespace.startswith("test-nodes-"), namespace
-    yield Cluster(api_client, namespace)
-    print(f"operator log, last lines:\n{operator.log_tail(25)}")
+    yield from module_cluster(operator, api_client, namespace, "test-nodes")
 
 
 @pytest.fixture

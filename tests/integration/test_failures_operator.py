@@ -17,6 +17,8 @@ from tests.integration.operator_harness import (
     Cluster,
     Operator,
     attempt,
+    module_cluster,
+    module_operator,
     trainjob,
     wait_until,
 )
@@ -28,20 +30,12 @@ T = 30.0  # generous per-step deadline on a 2-core machine; steps take well unde
 
 @pytest.fixture(scope="module")
 def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = Operator(kubeconfig, log, "--namespace=test-fail-*").start()
-    try:
-        yield op.wait_serving(T)
-    finally:
-        op.stop()
-        print(f"operator log: {log}\n{op.log_tail(30)}")
+    yield from module_operator(kubeconfig, tmp_path_factory, "test-fail", timeout=T)
 
 
 @pytest.fixture
 def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
-    assert namespace.startswith("test-fail-"), namespace
-    yield Cluster(api_client, namespace)
-    print(f"operator log, last lines:\n{operator.log_tail(25)}")
+    yield from module_cluster(operator, api_client, namespace, "test-fail")
 
 
 def now() -> str:

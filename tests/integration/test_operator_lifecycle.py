@@ -16,6 +16,8 @@ from tests.integration.operator_harness import (
     Operator,
     attempt,
     env_of,
+    module_cluster,
+    module_operator,
     trainjob,
     wait_until,
 )
@@ -28,21 +30,12 @@ T = 30.0  # generous per-step deadline on a 2-core machine; steps take well unde
 
 @pytest.fixture(scope="module")
 def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = Operator(kubeconfig, log, "--namespace=test-op-*").start()
-    try:
-        yield op.wait_serving(T)
-    finally:
-        op.stop()
-        print(f"operator log: {log}\n{op.log_tail(30)}")
+    yield from module_operator(kubeconfig, tmp_path_factory, "test-op", timeout=T)
 
 
 @pytest.fixture
 def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
-    assert namespace.startswith("test-op-"), namespace
-    yield Cluster(api_client, namespace)
-    # pytest shows this only when the test failed: what the operator was doing meanwhile.
-    print(f"operator log, last lines:\n{operator.log_tail(25)}")
+    yield from module_cluster(operator, api_client, namespace, "test-op")
 
 
 def test_op_create_then_running(cluster: Cluster, operator: Operator) -> None:

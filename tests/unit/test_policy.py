@@ -968,6 +968,8 @@ def test_a_retrying_policy_restarts_a_nonfinite_loss_until_the_backoff_limit() -
     world.reconcile(at(5))
     assert world.condition(st.FAILED).reason == "BackoffLimitExceeded"
     assert world.condition(st.FAILED).message.endswith(f"; cause: worker-0: {NAN_CAUSE}")
+
+
 UNREACHABLE = ("NodeUnreachable", "node n3 unreachable since 2026-01-01T00:00:10Z")
 
 
