@@ -7,6 +7,10 @@
 #   helm   go install helm.sh/helm/v3/cmd/helm
 #   kueue  the Kueue controller, built from its Go module (wrapper module tests/controlplane/kueue),
 #          with its CRDs and webhook manifests copied from the module (tests/controlplane/kueue.py)
+#   scheduler-plugins  the gang scheduler (kube-scheduler + Coscheduling) and its PodGroup
+#          controller, built from their Go module (wrapper module tests/controlplane/scheduler-plugins,
+#          which shares the Kubernetes build cache), with the PodGroup and ElasticQuota CRDs copied
+#          from the module (tests/controlplane/gang.py)
 # and, with --node, the parts of a real node (tests/controlplane/node.py), in a cache folder of
 # their own so that the control plane's stays valid:
 #   kubelet, kube-proxy   from the same k8s.io/kubernetes module and version as the control plane
@@ -44,6 +48,7 @@ HELM_VERSION="v3.22.0"
 
 COREDNS_VERSION="$(modversion "$HERE/coredns/go.mod" github.com/coredns/coredns)"
 KUEUE_VERSION="$(modversion "$HERE/kueue/go.mod" sigs.k8s.io/kueue)"
+PLUGINS_VERSION="$(modversion "$HERE/scheduler-plugins/go.mod" sigs.k8s.io/scheduler-plugins)"
 NODE=""
 PACKAGES_ONLY=""
 for arg in "$@"; do
@@ -182,6 +187,20 @@ build_kueue() {
     SUMMARY+=("  kueue: $((SECONDS - t0))s")
 }
 
+build_scheduler_plugins() {
+    local out="$1" _version="$2"
+    local t0=$SECONDS src
+    # One go build for both; their Kubernetes packages are the test bed's (same replaces).
+    (cd "$HERE/scheduler-plugins" && "$GO" build -trimpath -ldflags "-s -w" -o "$out/" \
+        sigs.k8s.io/scheduler-plugins/cmd/scheduler sigs.k8s.io/scheduler-plugins/cmd/controller)
+    src="$(cd "$HERE/scheduler-plugins" && "$GO" list -m -f '{{.Dir}}' sigs.k8s.io/scheduler-plugins)"
+    # manifests/crds are symlinks, absent from the module zip: config/crd/bases has the files.
+    mkdir -p "$out/crds"
+    cp "$src"/config/crd/bases/scheduling.x-k8s.io_*.yaml "$out/crds/"
+    chmod -R u+w "$out"
+    SUMMARY+=("  scheduler-plugins: $((SECONDS - t0))s")
+}
+
 # The node's Debian packages: binary -> package.
 NODE_PACKAGES=(
     /usr/bin/containerd:containerd
@@ -246,6 +265,7 @@ build_into kwok "$KWOK_VERSION" build_kwok kwok
 build_into helm "$HELM_VERSION" build_helm helm
 build_into kubernetes "$K8S_VERSION" build_kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl
 build_into kueue "$KUEUE_VERSION" build_kueue kueue
+build_into scheduler-plugins "$PLUGINS_VERSION" build_scheduler_plugins scheduler controller
 if [[ -n "$NODE" ]]; then
     install_node_packages
     build_into node "$K8S_VERSION-coredns-$COREDNS_VERSION" build_node kubelet kube-proxy coredns pause
