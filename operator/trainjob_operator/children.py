@@ -21,6 +21,7 @@ JobKey = tuple[str, str]  # (namespace, TrainJob name)
 PODS: Final = "pods"
 SERVICES: Final = "services"
 WORKLOADS: Final = "workloads"  # Kueue's, with the Kueue integration on
+PODGROUPS: Final = "podgroups"  # the gang scheduler's, with gang scheduling on
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,6 +53,22 @@ class ChildWorkload:
     uid: str
     owner_uid: str | None
     body: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChildPodGroup:
+    """A job's PodGroup: whether it exists, and how far its scheduler got with it."""
+
+    name: str
+    uid: str
+    owner_uid: str | None
+    # Pending, Inqueue (Volcano), Scheduling (scheduler-plugins), Running, ...; "" until the
+    # scheduler's controller first writes status.
+    phase: str
+    min_member: int | None
+    # The scheduler's own words of why the group does not run (Volcano's conditions).
+    message: str = ""
+    deleting: bool = False
 
 
 def controller_uid(metadata: Mapping[str, Any]) -> str | None:
@@ -144,7 +161,33 @@ def index_workload(body: Mapping[str, Any]) -> ChildWorkload | None:
     )
 
 
-C = TypeVar("C", ChildPod, ChildService, ChildWorkload)
+def index_pod_group(body: Mapping[str, Any]) -> ChildPodGroup | None:
+    metadata = body.get("metadata") or {}
+    name = metadata.get("name")
+    if not name:
+        return None
+    status = body.get("status") or {}
+    min_member = (body.get("spec") or {}).get("minMember")
+    message = ""
+    for condition in status.get("conditions") or []:
+        if (
+            isinstance(condition, Mapping)
+            and condition.get("status") == "True"
+            and condition.get("type") == "Unschedulable"
+        ):
+            message = str(condition.get("message") or "")
+    return ChildPodGroup(
+        str(name),
+        str(metadata.get("uid") or ""),
+        controller_uid(metadata),
+        str(status.get("phase") or ""),
+        min_member if isinstance(min_member, int) else None,
+        message,
+        bool(metadata.get("deletionTimestamp")),
+    )
+
+
+C = TypeVar("C", ChildPod, ChildService, ChildWorkload, ChildPodGroup)
 
 
 class _Kind(Generic[C]):
@@ -192,6 +235,7 @@ class ChildIndex:
             PODS: _Kind(index_pod),
             SERVICES: _Kind(index_service),
             WORKLOADS: _Kind(index_workload),
+            PODGROUPS: _Kind(index_pod_group),
         }
         # Called with every Pod watch event's job and body (progress_status reads final
         # progress from termination messages here, so it needs no watch of its own).
@@ -248,6 +292,10 @@ class ChildIndex:
     def services(self, job: JobKey) -> list[ChildService]:
         children: dict[str, ChildService] = self._kinds[SERVICES].by_job.get(job, {})
         return list(children.values())
+
+    def pod_group(self, job: JobKey, name: str) -> ChildPodGroup | None:
+        children: dict[str, ChildPodGroup] = self._kinds[PODGROUPS].by_job.get(job, {})
+        return children.get(name)
 
     def workloads(self, job: JobKey) -> list[ChildWorkload]:
         children: dict[str, ChildWorkload] = self._kinds[WORKLOADS].by_job.get(job, {})

@@ -40,7 +40,7 @@ import kopf
 from kopf._core.reactor import observation
 
 from trainjob.core import constants
-from trainjob_operator import config, kube, metrics, progress_server, reconciler
+from trainjob_operator import config, gang, informer, kube, metrics, progress_server, reconciler
 
 RUNTIME_KEY: Final = "trainjob_runtime"
 PROGRESS_KEY: Final = "trainjob_progress"
@@ -129,6 +129,8 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         meters.serve(cfg.metrics_port)
         logger.info("Serving Prometheus metrics on :%d/metrics", cfg.metrics_port)
     await _wait_for_crd(api)
+    if gang.wanted(cfg):
+        await _require_pod_groups(api, cfg)
     runtime = reconciler.Runtime(settings=cfg, kube=api, metrics=meters)
     if cfg.kueue:
         # Watch Workloads from the start, not only while a job's loop runs: a Workload whose
@@ -140,6 +142,25 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     if cfg.progress_enabled:
         memo[PROGRESS_KEY] = await progress_server.serve(runtime)
     memo[RUNTIME_KEY] = runtime
+
+
+async def _require_pod_groups(api: kube.Kube, cfg: config.Settings) -> None:
+    """With a gang scheduler configured, every job's Pods wait for their PodGroup: without
+    the PodGroup CRD no job could ever start, so the operator refuses to start and says why
+    (the last line of its log, the reason its Pod restarts)."""
+    resource = informer.pod_groups(cfg.gang_scheduler)
+    try:
+        served = await api.serves(resource.group, resource.version, resource.plural)
+    except (kube.TransientError, kube.RejectedError) as exc:
+        raise kopf.PermanentError(f"Cannot check for the PodGroup API: {exc}") from exc
+    if not served:
+        message = (
+            f"--gang-scheduler {cfg.gang_scheduler}: the API server does not serve "
+            f"{resource.plural}.{resource.group}/{resource.version}; install the gang "
+            "scheduler and its CRDs, or run without --gang-scheduler"
+        )
+        logger.error(message)
+        raise kopf.PermanentError(message)
 
 
 async def _wait_for_crd(api: kube.Kube) -> None:

@@ -439,16 +439,20 @@ class Kube:
     async def serves_trainjobs(self) -> bool:
         """Whether the API server's discovery lists the TrainJob resource yet (its CRD is
         installed and Established); kopf resolves the resources it serves from discovery."""
+        return await self.serves(constants.GROUP, constants.VERSION, constants.PLURAL)
+
+    async def serves(self, group: str, version: str, plural: str) -> bool:
+        """Whether the API server's discovery lists `plural` in `group/version`."""
         status, payload = await self._request(
             "GET",
-            f"/apis/{constants.GROUP}/{constants.VERSION}",
-            f"discovering {constants.GROUP}/{constants.VERSION}",
+            f"/apis/{group}/{version}",
+            f"discovering {group}/{version}",
             accept=(404, 503),
         )
         if status != 200:
             return False
         resources = json.loads(payload).get("resources") or []
-        return any(r.get("name") == constants.PLURAL for r in resources if isinstance(r, dict))
+        return any(r.get("name") == plural for r in resources if isinstance(r, dict))
 
     async def _list(
         self, path: str, what: str, params: Mapping[str, str], accept_type: str = JSON

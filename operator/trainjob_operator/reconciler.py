@@ -125,6 +125,8 @@ class Runtime:
         # One list+watch per kind for the cluster when kopf watches TrainJobs cluster-wide
         # (no namespace given, or namespace patterns), else one per watched namespace.
         kinds = informer.KINDS + ((informer.WORKLOADS,) if self.settings.kueue else ())
+        if gang.wanted(self.settings):
+            kinds += (informer.pod_groups(self.settings.gang_scheduler),)
         self.informer = informer.ChildInformer(
             self.kube, self.child_index, self.wake, not self.settings.kopf_namespaces, kinds
         )
@@ -477,6 +479,8 @@ async def reconcile_job(
         for p in mine_pods
         if p.node_name and (loss := rt.nodes.index.loss(p.node_name)) is not None
     }
+    group = rt.child_index.pod_group((namespace, name), gang.pod_group_name(job))
+    gang_plan = gang.plan(job, rt.settings, old, mine_pods, group)
     decision = policy.reconcile(
         job,
         old,
@@ -486,9 +490,12 @@ async def reconcile_job(
         progress_at=rt.progress_at((namespace, name)),
         refused=refused,
         lost=lost,
+        held=gang_plan.hold,
     )
     if queued is not None:
         decision = kp.held_decision(decision, old, queued.hold, queued.workload, now)
+    if gang.wanted(rt.settings):
+        decision = gang.waiting_message(decision, job, group)
     owner = render.Owner(name=name, uid=uid)
 
     # Record the decision before acting on it (see the module docstring for why).
@@ -511,8 +518,16 @@ async def reconcile_job(
         await rt.kube.delete_service(
             namespace, naming.child_name(name, rtype, index), service_uids.get((rtype, index))
         )
+    if gang_plan.delete and group is not None:
+        # After the Pods (none is left running): a Pod whose group is gone is never placed.
+        resource = informer.pod_groups(rt.settings.gang_scheduler)
+        await rt.kube.delete_object(
+            resource.group, resource.version, namespace, resource.plural, group.name, group.uid
+        )
     refusals: dict[policy.ReplicaKey, str] = {}
     try:
+        if gang_plan.create and (decision.create_pods or gang_plan.hold):
+            await _create_pod_group(rt, job, namespace, options, owner)
         if decision.create_services or decision.create_pods:
             async with rt.creating:
                 await _create_children(rt, job, decision, namespace, options, owner, refusals)
@@ -575,7 +590,8 @@ async def _create_children(
     """`refusals` gets the replicas whose Pod (or Service) the API server refused (403)."""
     # Each group's creates are independent of each other, so they go out together (the API
     # layer bounds how many requests run at once); the groups keep their order (Services,
-    # then the PodGroup, then Pods) and each group finishes before the next starts.
+    # then Pods: the PodGroup, if any, is there before both) and each group finishes before
+    # the next starts.
     await _all(
         _create_refusable(
             rt,
@@ -588,8 +604,6 @@ async def _create_children(
         )
         for rtype, index in decision.create_services
     )
-    if decision.create_pods and gang.wanted(job, rt.settings):
-        await rt.kube.create_pod_group(gang.render_pod_group(job, rt.settings, namespace, owner))
     # The cluster spec (TF_CONFIG's host lists) once per reconcile, not once per Pod: it grows
     # with the job, so per Pod it made rendering a large job quadratic.
     cluster = render.cluster_of(job, options) if decision.create_pods else None
@@ -606,6 +620,32 @@ async def _create_children(
             refusals,
         )
         for rtype, index, attempt in decision.create_pods
+    )
+
+
+async def _create_pod_group(
+    rt: Runtime,
+    job: spec.TrainJob,
+    namespace: str,
+    options: render.RenderOptions,
+    owner: render.Owner,
+) -> None:
+    """The job's PodGroup, its minResources ordered by the templates' PriorityClass values
+    (read here: a class that cannot be read counts 0, as in training-operator)."""
+    priorities: dict[str, int] = {}
+    for class_name in sorted(gang.priority_class_names(job)):
+        try:
+            found = await rt.kube.get_object(
+                "scheduling.k8s.io", "v1", None, "priorityclasses", class_name
+            )
+        except (kube.TransientError, kube.RejectedError) as exc:
+            logger.warning("Could not read PriorityClass %s: %s", class_name, exc)
+            found = None
+        value = (found or {}).get("value")
+        priorities[class_name] = value if isinstance(value, int) else 0
+    resources = gang.min_resources(job, options, priorities)
+    await rt.kube.create_pod_group(
+        gang.render_pod_group(job, rt.settings, namespace, owner, resources)
     )
 
 

@@ -57,10 +57,12 @@ class World:
     last: policy.Decision | None = None
     # Replicas whose Pod's node is not Ready, as the operator's node informer reports them.
     lost: dict[Key, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    # (reason, message) while the executor holds Pod creation (a gang not admitted yet).
+    held: tuple[str, str] | None = None
 
     def reconcile(self, now: datetime.datetime) -> policy.Decision:
         decision = policy.reconcile(
-            self.job, self.status, self.pods, self.services, now, lost=self.lost
+            self.job, self.status, self.pods, self.services, now, lost=self.lost, held=self.held
         )
         for key in decision.delete_pods:
             # Deletion is asynchronous on a real cluster: the Pod first shows deletionTimestamp.
@@ -1095,3 +1097,54 @@ def test_peers_that_fail_because_a_node_was_lost_are_a_disruption_and_its_pod_is
     assert (world.status.restart_count, world.status.disruption_count) == (0, 1)
     world.run_all(at(61))
     assert world.state() == "Running"
+
+
+def unschedulable(world: World, key: Key) -> None:
+    world.pods[key] = dataclasses.replace(
+        world.pods[key],
+        phase="Pending",
+        waiting_reason=policy.REASON_UNSCHEDULABLE,
+        waiting_message="0/10 nodes are available: 10 Insufficient cpu.",
+    )
+
+
+def test_the_startup_deadline_waits_while_no_replica_has_a_node() -> None:
+    """A job none of whose Pods fits a node holds nothing and no peer waits for it (a gang
+    waiting for room, a busy cluster): it waits, saying Unschedulable, however long, and the
+    startup clock starts once a replica is placed."""
+    job = make_job({"chief": 1, "worker": 1}, run_policy={"startupDeadlineSeconds": 60})
+    world = World(job)
+    world.reconcile(at(0))
+    for key in list(world.pods):
+        unschedulable(world, key)
+    world.reconcile(at(10))
+    assert world.condition(st.RUNNING).reason == policy.REASON_UNSCHEDULABLE
+    world.reconcile(at(3600))
+    assert world.state() not in ("Failed", "Succeeded")
+    assert world.status.attempt_start_time == at(3600)
+    # Placed at last: one replica runs, the other still waits; the clock runs from here.
+    world.set_phase(("chief", 0), "Running")
+    world.reconcile(at(3610))
+    assert world.state() not in ("Failed", "Succeeded")
+    world.reconcile(at(3600 + 61))
+    assert world.state() == "Failed"
+    assert world.condition(st.FAILED).reason == policy.REASON_STARTUP
+
+
+def test_a_held_job_creates_no_pod_says_why_and_its_startup_clock_waits() -> None:
+    job = make_job({"chief": 1, "worker": 3}, run_policy={"startupDeadlineSeconds": 60})
+    world = World(job, held=(policy.REASON_GANG_PENDING, "Waiting for Volcano to enqueue"))
+    decision = world.reconcile(at(0))
+    assert decision.create_pods == ()
+    assert len(decision.create_services) == 4  # Services hold nothing
+    assert world.condition(st.RUNNING).reason == policy.REASON_GANG_PENDING
+    assert [e.reason for e in decision.events] == ["Created", policy.REASON_GANG_PENDING]
+    again = world.reconcile(at(600))
+    assert world.state() == "Created"
+    assert policy.REASON_GANG_PENDING not in [e.reason for e in again.events]  # told once
+    world.held = None
+    released = world.reconcile(at(601))
+    assert len(released.create_pods) == 4
+    assert world.condition(st.RUNNING).reason == policy.REASON_STARTING
+    world.reconcile(at(650))
+    assert world.state() != "Failed"  # the clock started at 600, not at 0

@@ -12,7 +12,7 @@ from typing import Any, Final
 from trainjob.core import constants, policy, status
 
 # The scheduler's PodScheduled=False reason for a Pod that fits no node.
-REASON_UNSCHEDULABLE: Final = "Unschedulable"
+REASON_UNSCHEDULABLE: Final = policy.REASON_UNSCHEDULABLE
 # Pod condition (Kubernetes >= 1.26) set by whoever disrupts a Pod: the scheduler's
 # preemption, the Eviction API, the taint manager, the kubelet's node-pressure eviction, pod GC.
 DISRUPTION_TARGET: Final = "DisruptionTarget"

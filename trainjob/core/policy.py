@@ -79,6 +79,7 @@ WAITING_REASONS: Final = frozenset(
         "CrashLoopBackOff",
         "Unschedulable",
         "FailedCreate",
+        "GangPending",
     }
 ).union(NODE_REASONS)
 # The API server refused to create the replica's Pod (Pod Security, a ResourceQuota, a
@@ -86,6 +87,11 @@ WAITING_REASONS: Final = frozenset(
 REASON_FAILED_CREATE: Final = "FailedCreate"
 # The kubelet alternates these two for one bad image while it backs off: one cause, one Event.
 _SAME_CAUSE: Final = {"ErrImagePull": "ImagePullBackOff"}
+# The scheduler's reason on PodScheduled=False when no node fits a Pod.
+REASON_UNSCHEDULABLE: Final = "Unschedulable"
+# The gang scheduler has not admitted the job's PodGroup yet (Volcano: not Inqueue): its Pods
+# are not created, so that a job that cannot fit holds nothing (the executor says why).
+REASON_GANG_PENDING: Final = "GangPending"
 # DisruptionTarget's reason for a preemption; every other one (EvictionByEvictionAPI,
 # DeletionByTaintManager, TerminationByKubelet, DeletionByPodGC) is an eviction.
 DISRUPTION_PREEMPTION: Final = "PreemptionByScheduler"
@@ -266,6 +272,8 @@ class _Work:
     refused: Mapping[ReplicaKey, str] = dataclasses.field(default_factory=dict)
     # Replicas whose Pod is on a node that is not Ready: (NodeUnreachable | NodeNotReady, text).
     lost: Mapping[ReplicaKey, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    # (reason, message) while the executor holds the creation of Pods (a gang not admitted).
+    held: tuple[str, str] | None = None
     events: list[Event] = dataclasses.field(default_factory=list)
     delete_pods: list[ReplicaKey] = dataclasses.field(default_factory=list)
     requeue: list[float] = dataclasses.field(default_factory=list)
@@ -289,8 +297,13 @@ def reconcile(
     progress_at: datetime.datetime | None = None,
     refused: Mapping[ReplicaKey, str] | None = None,
     lost: Mapping[ReplicaKey, tuple[str, str]] | None = None,
+    held: tuple[str, str] | None = None,
 ) -> Decision:
     """Decide everything for one job from what is recorded and what is observed.
+
+    `held`: (reason, message) while the executor may not create the job's Pods yet (its gang
+    scheduler has not admitted the PodGroup): no Pod is created, Running=False says why, and
+    the startup deadline waits (nothing is placed, nothing waits for a peer).
 
     `refused`: replicas whose Pod the API server refused to create at the executor's last
     try, with the API server's message (a waiting cause, FailedCreate; still created again).
@@ -308,6 +321,7 @@ def reconcile(
         progress_at=progress_at,
         refused=refused or {},
         lost=lost or {},
+        held=held,
         status=status,
         replicas={key: status.record(key) for key in job.replica_keys()},
         conditions=status.conditions,
@@ -336,6 +350,8 @@ def reconcile(
             start_time = attempt_start = now
         if start_time is None:
             start_time = attempt_start = now
+        if held is not None and not pods:
+            attempt_start = now  # the startup clock starts once the Pods may be created
 
     failures = _observe(work, pods)
 
@@ -372,6 +388,8 @@ def reconcile(
             if key not in existing_services:
                 create_services.append(key)
             if key not in pods and record.state != st.STATE_SUCCEEDED:
+                if held is not None:
+                    continue  # the gang is not admitted: no Pod may take a node yet
                 if hold > 0 and record.state == st.STATE_NONE:
                     work.requeue.append(hold)  # a restarted replica waits out its delay
                     continue
@@ -593,6 +611,10 @@ def _judge(
         for key in job.replica_keys()
         if work.replicas[key].state not in (st.STATE_RUNNING, st.STATE_SUCCEEDED)
     ]
+    if not_up and _nothing_placed(work):
+        # Every replica still waits for a node (no capacity, a gang that does not fit yet):
+        # nothing is held and no peer waits, so the clock starts once something is placed.
+        return _Verdict(restart_count, disruption_count, now, False)
     if not_up and attempt_start is not None:
         limit = job.run_policy.startup_deadline_seconds
         remaining = (attempt_start - now).total_seconds() + limit
@@ -608,6 +630,15 @@ def _judge(
             return _Verdict(restart_count, disruption_count, None, True)
         work.requeue.append(remaining)
     return None
+
+
+def _nothing_placed(work: _Work) -> bool:
+    """Whether no replica of the job has a node yet and each one waits for one (the scheduler
+    says Unschedulable), so the job holds nothing while it waits."""
+    records = [work.replicas[key] for key in work.job.replica_keys()]
+    return bool(records) and all(
+        r.state == st.STATE_PENDING and r.waiting_reason == REASON_UNSCHEDULABLE for r in records
+    )
 
 
 def stall_remaining(
@@ -843,6 +874,12 @@ def _update_running(work: _Work) -> None:
 
 
 def _show_waiting(work: _Work) -> None:
+    if work.held is not None:
+        reason, message = work.held
+        if not work.status.is_true(st.RUNNING) and _condition_reason(work, st.RUNNING) != reason:
+            work.event("Normal", reason, message)
+        work.condition(st.RUNNING, False, reason, message)
+        return
     waiting = _waiting_lines(work)
     if waiting:
         work.condition(st.RUNNING, False, waiting[0][0], summarize([line for _, line in waiting]))
@@ -854,6 +891,10 @@ def _show_waiting(work: _Work) -> None:
             work.condition(st.RUNNING, False, REASON_RESTARTING, "Replicas are restarting")
         else:
             work.condition(st.RUNNING, False, REASON_STARTING, "Replicas are starting")
+
+
+def _condition_reason(work: _Work, ctype: str) -> str | None:
+    return next((c.reason for c in work.conditions if c.type == ctype), None)
 
 
 def _suspend(

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import yaml
 
-from trainjob.core import constants
+from trainjob.core import constants, quantity
 
 RESTART_POLICIES: Final = ("Never", "OnFailure", "Always", "ExitCode")
 CLEAN_POD_POLICIES: Final = ("All", "Running", "None")
@@ -117,6 +117,9 @@ class SchedulingPolicy:
     queue: str | None
     priority_class: str | None
     schedule_timeout_seconds: int | None
+    # What the whole gang needs at once (a ResourceList); None: the operator sums the
+    # requests of the first minAvailable Pods, as training-operator does.
+    min_resources: Mapping[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -699,7 +702,17 @@ def _parse_scheduling(c: _Collector, value: object) -> SchedulingPolicy | None:
         return None
     path = "spec.runPolicy.schedulingPolicy"
     raw = c.mapping(value, path)
-    c.unknown_keys(raw, path, ("minAvailable", "queue", "priorityClass", "scheduleTimeoutSeconds"))
+    c.unknown_keys(
+        raw,
+        path,
+        ("minAvailable", "queue", "priorityClass", "scheduleTimeoutSeconds", "minResources"),
+    )
+    min_resources: dict[str, str] | None = None
+    if raw.get("minResources") is not None:
+        given = c.mapping(raw.get("minResources"), f"{path}.minResources")
+        for name, why in quantity.invalid(given):
+            c.add(f"{path}.minResources.{name}", why)
+        min_resources = {str(k): str(v) for k, v in given.items()}
     return SchedulingPolicy(
         min_available=c.integer(raw.get("minAvailable"), f"{path}.minAvailable", None, 1, None),
         queue=c.string(raw.get("queue"), f"{path}.queue"),
@@ -707,6 +720,7 @@ def _parse_scheduling(c: _Collector, value: object) -> SchedulingPolicy | None:
         schedule_timeout_seconds=c.integer(
             raw.get("scheduleTimeoutSeconds"), f"{path}.scheduleTimeoutSeconds", None, 1, None
         ),
+        min_resources=min_resources,
     )
 
 

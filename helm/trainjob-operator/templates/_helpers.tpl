@@ -122,14 +122,22 @@ No wildcards, no Secrets, no ConfigMaps.
   verbs: [patch]
 {{- end }}
 {{- if eq .Values.gangScheduler.type "volcano" }}
-# Gang scheduling with Volcano: one PodGroup per TrainJob with a schedulingPolicy.
+# Gang scheduling with Volcano: one PodGroup per TrainJob, created before its Pods (which wait
+# until Volcano enqueues it), watched for its phase, deleted after the Pods.
 - apiGroups: [scheduling.volcano.sh]
   resources: [podgroups]
-  verbs: [create]
+  verbs: [get, list, watch, create, delete]
 {{- else if eq .Values.gangScheduler.type "scheduler-plugins" }}
-# Gang scheduling with scheduler-plugins coscheduling: one PodGroup per TrainJob.
+# Gang scheduling with scheduler-plugins' Coscheduling: one PodGroup per TrainJob, created
+# before its Pods, watched for its phase, deleted after the Pods.
 - apiGroups: [scheduling.x-k8s.io]
   resources: [podgroups]
-  verbs: [create]
+  verbs: [get, list, watch, create, delete]
+{{- end }}
+{{- if ne .Values.gangScheduler.type "none" }}
+# minResources of a gang: the replica templates' PriorityClass values order which Pods count.
+- apiGroups: [scheduling.k8s.io]
+  resources: [priorityclasses]
+  verbs: [get]
 {{- end }}
 {{- end }}
