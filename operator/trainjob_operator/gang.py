@@ -41,6 +41,15 @@ VOLCANO_WAITING_PHASES: Final = frozenset({"", "Pending"})
 # The order of replica types of equal priority in minResources (TFJob's; the evaluator,
 # which training needs least, last).
 MIN_RESOURCES_ORDER: Final = (constants.CHIEF, constants.PS, constants.WORKER, constants.EVALUATOR)
+# Touched on a waiting gang's PodGroup when room may have appeared (see `waits_for_room`).
+REQUEUE_ANNOTATION: Final = "trainjob.dev/room-appeared-at"
+# At most one such touch per PodGroup in this many seconds, however many Pods end; each
+# sign of room is followed by this many touches, that far apart: the room may not be there
+# yet at the first (its Pods still terminating), and a gang the scheduler has just rejected
+# is refused without a look for its podGroupBackoffSeconds ("failed recently"), after which
+# only a new touch makes it try again.
+REQUEUE_INTERVAL_SECONDS: Final = 5.0
+REQUEUES_PER_ROOM: Final = 2
 # A Pod that is done holds no node: the gang's PodGroup may go once only these are left.
 DONE_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
@@ -241,3 +250,25 @@ def waiting_message(
     return dataclasses.replace(
         decision, status=dataclasses.replace(decision.status, conditions=conditions)
     )
+
+
+def waits_for_room(status: st.JobStatus) -> bool:
+    """Whether the job's gang waits for nodes (the scheduler said Unschedulable).
+
+    scheduler-plugins' Coscheduling, once it has rejected a gang, retries it only on a Pod
+    or PodGroup event: a new node or a finished job does not wake it, and the gang would
+    wait until the scheduler's periodic flush of unschedulable Pods (5 minutes). So when
+    room may have appeared (a Node became Ready, some TrainJob Pod ended), the executor
+    touches the waiting gangs' PodGroups (`requeue_patch`), which makes the scheduler try
+    them again at once, and once more a little later (see REQUEUES_PER_ROOM)."""
+    running = status.condition(st.RUNNING)
+    return (
+        running is not None
+        and not running.status
+        and running.reason == policy.REASON_UNSCHEDULABLE
+        and not status.finished
+    )
+
+
+def requeue_patch(now: str) -> dict[str, Any]:
+    return {"metadata": {"annotations": {REQUEUE_ANNOTATION: now}}}

@@ -36,6 +36,8 @@ import functools
 import hashlib
 import json
 import logging
+import math
+import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -119,6 +121,11 @@ class Runtime:
     kueue_namespaces: kueue.Namespaces = dataclasses.field(default_factory=kueue.Namespaces)
     # Jobs whose orphaned Workloads are being released now.
     releasing: set[JobKey] = dataclasses.field(default_factory=set)
+    # Gangs waiting for nodes; those to requeue with their scheduler now that room may have
+    # appeared, and when each was last requeued (monotonic seconds). See gang.waits_for_room.
+    waiting_gangs: set[JobKey] = dataclasses.field(default_factory=set)
+    requeue_gangs: dict[JobKey, int] = dataclasses.field(default_factory=dict)
+    gangs_requeued_at: dict[JobKey, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.creating = asyncio.Semaphore(creating_jobs(self.settings.api_workers))
@@ -136,6 +143,8 @@ class Runtime:
         )
         if self.settings.kueue:
             self.child_index.workload_listeners.append(self._release_if_orphaned)
+        if gang.wanted(self.settings):
+            self.child_index.pod_listeners.append(self._room_from_pod)
 
     def _release_if_orphaned(self, key: JobKey, body: Mapping[str, Any]) -> None:
         """A Workload being deleted whose job has no reconcile loop here (the job is gone:
@@ -160,6 +169,20 @@ class Runtime:
     def _wake_on_nodes(self, names: set[str]) -> None:
         for key in self.child_index.jobs_on_nodes(names):
             self.wake(key)
+        if any(self.nodes.index.loss(name) is None for name in names):
+            self.room_appeared()  # a node joined or is Ready again
+
+    def _room_from_pod(self, key: JobKey, body: Mapping[str, Any]) -> None:
+        """A TrainJob Pod that ends (or goes) gives its node's room back."""
+        phase = (body.get("status") or {}).get("phase")
+        if phase in gang.DONE_PHASES or (body.get("metadata") or {}).get("deletionTimestamp"):
+            self.room_appeared()
+
+    def room_appeared(self) -> None:
+        """Room for a waiting gang may have appeared: each one asks its scheduler again."""
+        for key in self.waiting_gangs:
+            self.requeue_gangs[key] = gang.REQUEUES_PER_ROOM
+            self.wake(key)
 
     def begin(self, key: JobKey) -> None:
         """The job's loop is about to reconcile it (for the first time, or again)."""
@@ -182,6 +205,9 @@ class Runtime:
     def forget(self, key: JobKey) -> None:
         self.wakers.pop(key, None)
         self.reconciled.discard(key)
+        self.waiting_gangs.discard(key)
+        self.requeue_gangs.pop(key, None)
+        self.gangs_requeued_at.pop(key, None)
 
 
 @dataclasses.dataclass
@@ -494,8 +520,10 @@ async def reconcile_job(
     )
     if queued is not None:
         decision = kp.held_decision(decision, old, queued.hold, queued.workload, now)
+    requeue_gang_in: float | None = None
     if gang.wanted(rt.settings):
         decision = gang.waiting_message(decision, job, group)
+        requeue_gang_in = await _requeue_waiting_gang(rt, (namespace, name), decision, group)
     owner = render.Owner(name=name, uid=uid)
 
     # Record the decision before acting on it (see the module docstring for why).
@@ -556,7 +584,45 @@ async def reconcile_job(
             )
             return Outcome(requeue)
         seen.refusals = 0
+    if requeue_gang_in is not None:
+        later = decision.requeue_after
+        return Outcome(requeue_gang_in if later is None else min(later, requeue_gang_in))
     return Outcome(decision.requeue_after)
+
+
+async def _requeue_waiting_gang(
+    rt: Runtime, key: JobKey, decision: policy.Decision, group: children.ChildPodGroup | None
+) -> float | None:
+    """Keep `rt.waiting_gangs` current and, when room may have appeared since this gang was
+    rejected, touch its PodGroup so that the scheduler tries it again (gang.waits_for_room);
+    at most once per gang.REQUEUE_INTERVAL_SECONDS. Returns when to look again, if a touch
+    is due later."""
+    if not gang.waits_for_room(decision.status) or group is None:
+        rt.waiting_gangs.discard(key)
+        rt.requeue_gangs.pop(key, None)
+        return None
+    rt.waiting_gangs.add(key)
+    owed = rt.requeue_gangs.get(key, 0)
+    if owed <= 0:
+        return None
+    clock = time.monotonic()
+    wait = rt.gangs_requeued_at.get(key, -math.inf) + gang.REQUEUE_INTERVAL_SECONDS - clock
+    if wait > 0:
+        return wait
+    rt.requeue_gangs[key] = owed - 1
+    rt.gangs_requeued_at[key] = clock
+    resource = informer.pod_groups(rt.settings.gang_scheduler)
+    now = st.format_time(datetime.datetime.now(datetime.timezone.utc))
+    await rt.kube.patch_object(
+        resource.group,
+        resource.version,
+        key[0],
+        resource.plural,
+        group.name,
+        gang.requeue_patch(now),
+    )
+    logger.info("Room may have appeared: asked the scheduler to retry gang %s/%s", *key)
+    return gang.REQUEUE_INTERVAL_SECONDS if owed > 1 else None
 
 
 async def release_workloads(

@@ -31,6 +31,7 @@ from tests.controlplane.cluster import (
     ToolsMissingError,
     wait_for,
 )
+from tests.controlplane.gang import GangScheduler, start_gang_scheduler
 from tests.controlplane.kueue import Kueue, start_kueue
 from tests.integration.kueue_harness import KUEUE_PODS_READY_TIMEOUT
 
@@ -96,6 +97,20 @@ def kueue(control_plane: ControlPlane) -> Iterator[Kueue]:
         yield controller
     finally:
         controller.stop()
+
+
+@pytest.fixture(scope="session")
+def gang_scheduler(control_plane: ControlPlane) -> Iterator[GangScheduler]:
+    """scheduler-plugins' Coscheduling as a second scheduler against the session's control
+    plane, its PodGroup CRDs applied (started by the first test that needs it)."""
+    try:
+        scheduler = start_gang_scheduler(control_plane, backoff_seconds=1)
+    except (ControlPlaneError, ToolsMissingError) as exc:
+        pytest.fail(f"the gang scheduler did not start: {exc}", pytrace=False)
+    try:
+        yield scheduler
+    finally:
+        scheduler.stop()
 
 
 @pytest.fixture(scope="session")

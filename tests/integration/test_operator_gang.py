@@ -1,7 +1,9 @@
-"""Gang scheduling: with --gang-scheduler set and a schedulingPolicy on the TrainJob, the
-operator creates the PodGroup (Volcano or scheduler-plugins) before the Pods, and the Pods
-name the scheduler and the group. The PodGroup CRDs are minimal stand-ins (no scheduler runs:
-the Pods simply stay Pending)."""
+"""Gang scheduling, the operator's side: with --gang-scheduler set, the operator creates the
+job's PodGroup (Volcano or scheduler-plugins) before the Pods, and the Pods name the
+scheduler and the group. scheduler-plugins' CRDs are the real ones (its scheduler runs:
+test_gang_scheduling.py watches it place gangs); Volcano cannot be built from the Go module
+proxy here, so its PodGroup CRD is a minimal stand-in and the test plays Volcano's part: it
+moves the group from Pending to Inqueue, which is when the operator creates the Pods."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from tests.controlplane.gang import GangScheduler
 from tests.controlplane.kueue import Kueue
 from tests.integration.kueue_harness import Queues, queued_job
 from tests.integration.operator_harness import (
@@ -28,6 +31,7 @@ GANGS = {
     "volcano": ("scheduling.volcano.sh", "v1beta1", "volcano"),
     "scheduler-plugins": ("scheduling.x-k8s.io", "v1alpha1", "scheduler-plugins-scheduler"),
 }
+VOLCANO = "volcano"
 
 
 def _podgroup_crd(group: str, version: str) -> dict[str, Any]:
@@ -57,9 +61,10 @@ def _podgroup_crd(group: str, version: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def podgroup_crds(api_client: k8s.ApiClient) -> None:
+def podgroup_crds(api_client: k8s.ApiClient, gang_scheduler: GangScheduler) -> None:
+    """scheduler-plugins' CRDs come with its scheduler; Volcano's is a stand-in."""
     ext = k8s.ApiextensionsV1Api(api_client)
-    for group, version, _ in GANGS.values():
+    for group, version, _ in [GANGS[VOLCANO]]:
         try:
             ext.create_custom_resource_definition(_podgroup_crd(group, version))
         except ApiException as exc:
@@ -99,12 +104,26 @@ def test_gang_podgroup_and_pod_references(
         f"--namespace={namespace}",
         f"--gang-scheduler={gang}",
     ).start()
+    names = {"gang-chief-0", "gang-worker-0", "gang-worker-1"}
     try:
         created = cluster.create_job(body)
-        pods = cluster.wait_pods("gang", {"gang-chief-0", "gang-worker-0", "gang-worker-1"})
-        podgroup = cluster.custom.get_namespaced_custom_object(
-            group, version, namespace, "podgroups", "gang"
+        podgroup = wait_until(
+            lambda: _podgroup(cluster, group, version, "gang"), timeout=30, what="the PodGroup"
         )
+        if gang == VOLCANO:
+            # Until Volcano enqueues the group, no Pod may take a node; the job says why.
+            held = wait_until(
+                lambda: (c := _running(cluster, "gang")).get("reason") == "GangPending" and c,
+                timeout=30,
+                what="the job to say its gang waits for Volcano",
+            )
+            assert "queue research" in held["message"], held
+            assert not cluster.pods("gang")
+            assert any(e.reason == "GangPending" for e in cluster.events("gang"))
+            cluster.custom.patch_namespaced_custom_object(
+                group, version, namespace, "podgroups", "gang", {"status": {"phase": "Inqueue"}}
+            )
+        pods = cluster.wait_pods("gang", names)
     finally:
         operator.stop()
     assert podgroup["spec"]["minMember"] == 3
@@ -185,3 +204,21 @@ def test_gang_podgroup_of_a_kueue_job_is_made_only_after_admission(
     finally:
         operator.stop()
         queues.cleanup()
+
+
+def _podgroup(cluster: Cluster, group: str, version: str, name: str) -> Any:
+    try:
+        return cluster.custom.get_namespaced_custom_object(
+            group, version, cluster.namespace, "podgroups", name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _running(cluster: Cluster, name: str) -> dict[str, Any]:
+    for condition in ((cluster.job(name) or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Running":
+            return dict(condition)
+    return {}

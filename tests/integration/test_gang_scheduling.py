@@ -1,0 +1,364 @@
+"""Gang scheduling against a real gang scheduler: scheduler-plugins' Coscheduling (built from
+its Go module, tests/controlplane/gang.py), the operator in the loop with
+--gang-scheduler=scheduler-plugins, kwok nodes with little CPU.
+
+Each test gets a pool of kwok nodes of its own (labelled and tainted with its namespace, so
+no other test's Pod lands there and its Pods land nowhere else) and watches where the
+scheduler binds its Pods: a gang is placed whole or not at all, two gangs that fit one at a
+time run one after the other, and the same two under the default scheduler split (the
+control: why gangs exist). kwok plays the Pods: a chief annotated with an exit code succeeds
+after its run time, then the operator deletes the job's still-running workers.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from tests.controlplane.cluster import Component
+from tests.controlplane.gang import PODGROUP_GROUP, PODGROUP_VERSION, GangScheduler
+from tests.integration.operator_harness import (
+    Cluster,
+    Operator,
+    container,
+    module_cluster,
+    module_operator,
+    trainjob,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+PREFIX = "test-gang"
+POOL_LABEL = "trainjob.dev/test-pool"
+PRIORITY_HIGH = "trainjob-test-gang-high"
+PRIORITY_LOW = "trainjob-test-gang-low"
+
+
+@pytest.fixture(scope="module")
+def operator(
+    gang_scheduler: GangScheduler, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
+    yield from module_operator(
+        kubeconfig, tmp_path_factory, PREFIX, "--gang-scheduler=scheduler-plugins"
+    )
+
+
+@pytest.fixture
+def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+    yield from module_cluster(operator, api_client, namespace, PREFIX)
+
+
+class Pool:
+    """kwok nodes that only this test's Pods use (its namespace labels and taints them)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.name = cluster.namespace
+        self.nodes: list[str] = []
+
+    def add(self, count: int, cpu: int) -> None:
+        for _ in range(count):
+            node = f"{self.name}-n{len(self.nodes)}"
+            self.cluster.core.create_node(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": node,
+                        "annotations": {"kwok.x-k8s.io/node": "fake"},
+                        "labels": {POOL_LABEL: self.name, "kubernetes.io/hostname": node},
+                    },
+                    "spec": {
+                        "taints": [{"key": POOL_LABEL, "value": self.name, "effect": "NoSchedule"}]
+                    },
+                    "status": {
+                        "allocatable": {"cpu": str(cpu), "memory": "64Gi", "pods": "110"},
+                        "capacity": {"cpu": str(cpu), "memory": "64Gi", "pods": "110"},
+                    },
+                }
+            )
+            self.nodes.append(node)
+        wait_until(self._all_ready, timeout=30, what=f"nodes {self.nodes} Ready")
+
+    def _all_ready(self) -> bool:
+        for node in self.nodes:
+            conditions = self.cluster.core.read_node(node).status.conditions or []
+            if not any(c.type == "Ready" and c.status == "True" for c in conditions):
+                return False
+        return True
+
+    def remove(self) -> None:
+        for node in self.nodes:
+            try:
+                self.cluster.core.delete_node(node)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+    def template(self, cpu: str) -> dict[str, Any]:
+        """A replica template whose Pods fit only this pool."""
+        return {
+            "spec": {
+                "nodeSelector": {POOL_LABEL: self.name},
+                "tolerations": [
+                    {
+                        "key": POOL_LABEL,
+                        "operator": "Equal",
+                        "value": self.name,
+                        "effect": "NoSchedule",
+                    }
+                ],
+                "containers": [container(resources={"requests": {"cpu": cpu}})],
+            }
+        }
+
+
+@pytest.fixture
+def pool(cluster: Cluster, kwok: Component) -> Iterator[Pool]:
+    nodes = Pool(cluster)
+    try:
+        yield nodes
+    finally:
+        nodes.remove()
+
+
+@pytest.fixture(scope="module")
+def priority_classes(operator: Operator, api_client: k8s.ApiClient) -> None:
+    """Chiefs outrank workers, so that a scheduler that takes Pods one by one takes both
+    jobs' chiefs first: the interleaving that splits two jobs (as many Pods created at
+    once do in a busy cluster)."""
+    scheduling = k8s.SchedulingV1Api(api_client)
+    for name, value in ((PRIORITY_HIGH, 1000), (PRIORITY_LOW, 10)):
+        try:
+            scheduling.create_priority_class(
+                {
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": name},
+                    "value": value,
+                }
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+
+def gang_job(
+    name: str,
+    pool: Pool,
+    *,
+    workers: int,
+    cpu: str,
+    run: str | None = "3s",
+    scheduler: str | None = None,
+    prioritised: bool = False,
+) -> dict[str, Any]:
+    """A chief and `workers` workers on `pool`; the chief succeeds after `run` (None: runs
+    until deleted). `scheduler`: a schedulerName of the template's own (the gang is then
+    bypassed: the control)."""
+    body = trainjob(name, chief=1, workers=workers)
+    for rtype, replica in body["spec"]["replicaSpecs"].items():
+        template = copy.deepcopy(pool.template(cpu))
+        if scheduler is not None:
+            template["spec"]["schedulerName"] = scheduler
+        if prioritised:
+            template["spec"]["priorityClassName"] = (
+                PRIORITY_HIGH if rtype == "chief" else PRIORITY_LOW
+            )
+        if rtype == "chief" and run is not None:
+            template["metadata"] = {
+                "annotations": {
+                    "trainjob.dev/kwok-exit-code": "0",
+                    "trainjob.dev/kwok-run-duration": run,
+                }
+            }
+        replica["template"] = template
+    return body
+
+
+def bound(cluster: Cluster, job: str) -> tuple[int, int]:
+    """(Pods of `job` bound to a node, Pods of `job`), not counting Pods that are done."""
+    pods = [
+        p
+        for p in cluster.pods(job).values()
+        if p.status.phase not in ("Succeeded", "Failed") and not p.metadata.deletion_timestamp
+    ]
+    return sum(1 for p in pods if p.spec.node_name), len(pods)
+
+
+def pod_group(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = cluster.custom.get_namespaced_custom_object(
+            PODGROUP_GROUP, PODGROUP_VERSION, cluster.namespace, "podgroups", name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return found
+
+
+def running_condition(cluster: Cluster, name: str) -> dict[str, Any]:
+    job = cluster.job(name) or {}
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Running":
+            result: dict[str, Any] = condition
+            return result
+    return {}
+
+
+def test_gang_larger_than_the_cluster_binds_no_pod_says_why_then_runs_when_room_appears(
+    cluster: Cluster, pool: Pool
+) -> None:
+    pool.add(2, cpu=4)  # room for two 3-CPU Pods; the job has four
+    cluster.create_job(gang_job("big", pool, workers=3, cpu="3"))
+    group = wait_until(lambda: pod_group(cluster, "big"), timeout=30, what="the PodGroup")
+    assert group["spec"]["minMember"] == 4
+    assert group["spec"]["minResources"] == {"cpu": "12"}
+    cluster.wait_pods("big", {"big-chief-0", "big-worker-0", "big-worker-1", "big-worker-2"})
+
+    waiting = wait_until(
+        lambda: (c := running_condition(cluster, "big")).get("reason") == "Unschedulable" and c,
+        timeout=60,
+        what="the job to say it is unschedulable",
+    )
+    assert waiting["message"].startswith("Gang big waits until all 4 Pods fit at once")
+    assert "nodes are available" in waiting["message"]  # the scheduler's own words
+    # Two of the four would fit: the default scheduler binds them. The gang binds none,
+    # through at least one Permit timeout of the scheduler (10 s).
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline:
+        assert bound(cluster, "big")[0] == 0, "a gang Pod was bound while the gang cannot fit"
+        time.sleep(0.5)
+    assert (cluster.job("big") or {})["status"]["state"] == "Created"
+    assert any(e.reason == "Unschedulable" for e in cluster.events("big"))
+
+    pool.add(2, cpu=4)  # room for all four
+    wait_until(lambda: bound(cluster, "big") == (4, 4), timeout=60, what="the whole gang bound")
+    cluster.wait_condition("big", "Succeeded", timeout=60)
+    # Its Pods gone (cleanPodPolicy Running), the PodGroup goes after them.
+    wait_until(lambda: pod_group(cluster, "big") is None, timeout=30, what="the PodGroup gone")
+
+
+def watch_placement(cluster: Cluster, jobs: list[str], until: float) -> list[dict[str, int]]:
+    """Bound Pods per job, sampled every 0.3 s until every job Succeeded or `until`."""
+    samples = []
+    while time.monotonic() < until:
+        samples.append({job: bound(cluster, job)[0] for job in jobs})
+        if all(cluster.condition(job, "Succeeded") for job in jobs):
+            break
+        time.sleep(0.3)
+    return samples
+
+
+def longest_partial(samples: list[dict[str, int]], job: str, size: int) -> int:
+    """The most consecutive samples in which `job` had some but not all Pods bound."""
+    longest = streak = 0
+    for sample in samples:
+        streak = streak + 1 if 0 < sample[job] < size else 0
+        longest = max(longest, streak)
+    return longest
+
+
+def test_gang_two_jobs_that_fit_one_at_a_time_run_one_after_the_other(
+    cluster: Cluster, pool: Pool, priority_classes: None
+) -> None:
+    jobs = ["first", "second"]
+    for name in jobs:
+        cluster.create_job(gang_job(name, pool, workers=3, cpu="2", run="4s", prioritised=True))
+    for name in jobs:
+        wait_until(
+            lambda n=name: running_condition(cluster, n).get("reason") == "Unschedulable",
+            timeout=60,
+            what=f"{name} waiting for room",
+        )
+    pool.add(2, cpu=4)  # room for one job's four 2-CPU Pods, not for both
+    samples = watch_placement(cluster, jobs, time.monotonic() + 150)
+    for name in jobs:
+        assert cluster.condition(name, "Succeeded"), f"{name} did not succeed: {compress(samples)}"
+        # A gang's Pods are bound in one burst of binds; a sample may catch it mid-burst,
+        # never two samples in a row (0.3 s apart).
+        assert longest_partial(samples, name, 4) <= 1, (name, samples)
+    # One after the other: one job whole while the other had nothing.
+    assert any(s["first"] == 4 and s["second"] == 0 for s in samples) or any(
+        s["second"] == 4 and s["first"] == 0 for s in samples
+    ), samples
+
+
+def test_gang_control_the_same_two_jobs_under_the_default_scheduler_split(
+    cluster: Cluster, pool: Pool, priority_classes: None
+) -> None:
+    """Why gangs: placed Pod by Pod, two jobs that fit one at a time each get part of the
+    cluster and (as TensorFlow jobs) wait for their missing peers for ever."""
+    jobs = ["first", "second"]
+    for name in jobs:
+        body = gang_job(
+            name,
+            pool,
+            workers=3,
+            cpu="2",
+            run=None,
+            scheduler="default-scheduler",
+            prioritised=True,
+        )
+        cluster.create_job(body)
+    for name in jobs:
+        wait_until(
+            lambda n=name: running_condition(cluster, n).get("reason") == "Unschedulable",
+            timeout=60,
+            what=f"{name} waiting for room",
+        )
+    # The default scheduler retries an unschedulable Pod after a backoff of up to 10 s; past
+    # it, the new room is offered to the Pods by priority: both chiefs first.
+    time.sleep(11)
+    pool.add(2, cpu=4)
+    wait_until(
+        lambda: sum(bound(cluster, n)[0] for n in jobs) == 4,
+        timeout=60,
+        what="the pool full",
+    )
+    split = {name: bound(cluster, name)[0] for name in jobs}
+    assert all(0 < count < 4 for count in split.values()), split
+    time.sleep(3)  # and so it stays: neither job can ever start
+    assert {name: bound(cluster, name)[0] for name in jobs} == split
+
+
+def test_gang_suspend_deletes_the_podgroup_after_the_pods_and_resume_makes_a_new_one(
+    cluster: Cluster, pool: Pool
+) -> None:
+    pool.add(1, cpu=4)
+    cluster.create_job(gang_job("pausing", pool, workers=1, cpu="1", run=None))
+    wait_until(lambda: bound(cluster, "pausing") == (2, 2), timeout=60, what="the gang bound")
+    cluster.wait_condition("pausing", "Running", timeout=60)
+    before = pod_group(cluster, "pausing")
+    assert before is not None
+
+    cluster.patch_job("pausing", {"spec": {"runPolicy": {"suspend": True}}})
+    wait_until(lambda: pod_group(cluster, "pausing") is None, timeout=30, what="PodGroup gone")
+    assert not cluster.pods("pausing"), "the PodGroup went before the Pods"
+
+    cluster.patch_job("pausing", {"spec": {"runPolicy": {"suspend": False}}})
+    wait_until(lambda: bound(cluster, "pausing") == (2, 2), timeout=60, what="bound again")
+    after = pod_group(cluster, "pausing")
+    assert after is not None
+    assert after["metadata"]["uid"] != before["metadata"]["uid"]
+    assert after["spec"]["minMember"] == 2
+
+
+def compress(samples: list[dict[str, int]]) -> list[tuple[dict[str, int], int]]:
+    """Runs of equal samples: (sample, how many in a row), for a readable failure."""
+    runs: list[tuple[dict[str, int], int]] = []
+    for sample in samples:
+        if runs and runs[-1][0] == sample:
+            runs[-1] = (sample, runs[-1][1] + 1)
+        else:
+            runs.append((sample, 1))
+    return runs
