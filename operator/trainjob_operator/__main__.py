@@ -48,15 +48,22 @@ def main(argv: list[str] | None = None) -> int:
         priority = 1 + secrets.randbelow(2**31 - 2)
     memo = kopf.Memo()
     memo[handlers.SETTINGS_KEY] = settings
-    kopf.run(
-        standalone=settings.standalone,
-        priority=priority,
-        peering_name=None if settings.standalone else settings.peering_name,
-        liveness_endpoint=settings.liveness_endpoint,
-        clusterwide=settings.clusterwide,
-        namespaces=settings.namespaces,
-        memo=memo,
-    )
+    try:
+        kopf.run(
+            standalone=settings.standalone,
+            priority=priority,
+            peering_name=None if settings.standalone else settings.peering_name,
+            liveness_endpoint=settings.liveness_endpoint,
+            clusterwide=settings.clusterwide,
+            namespaces=settings.namespaces,
+            memo=memo,
+        )
+    except Exception:
+        refused = memo.get(handlers.REFUSED_KEY)
+        if refused is None:
+            raise
+        print(f"trainjob-operator: {refused}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -44,6 +44,8 @@ from trainjob_operator import config, gang, informer, kube, metrics, progress_se
 
 RUNTIME_KEY: Final = "trainjob_runtime"
 PROGRESS_KEY: Final = "trainjob_progress"
+# Why start-up refused to go on (kopf then stops; __main__ says it and exits 2).
+REFUSED_KEY: Final = "trainjob_refused"
 SETTINGS_KEY: Final = "trainjob_settings"
 BACKOFF_FIRST: Final = 0.5
 BACKOFF_MAX: Final = 60.0
@@ -130,7 +132,11 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         logger.info("Serving Prometheus metrics on :%d/metrics", cfg.metrics_port)
     await _wait_for_crd(api)
     if gang.wanted(cfg):
-        await _require_pod_groups(api, cfg)
+        refusal = await _pod_groups_problem(api, cfg)
+        if refusal is not None:
+            memo[REFUSED_KEY] = refusal
+            await api.close()
+            raise kopf.PermanentError(refusal)
     runtime = reconciler.Runtime(settings=cfg, kube=api, metrics=meters)
     if cfg.kueue:
         # Watch Workloads from the start, not only while a job's loop runs: a Workload whose
@@ -144,23 +150,22 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     memo[RUNTIME_KEY] = runtime
 
 
-async def _require_pod_groups(api: kube.Kube, cfg: config.Settings) -> None:
+async def _pod_groups_problem(api: kube.Kube, cfg: config.Settings) -> str | None:
     """With a gang scheduler configured, every job's Pods wait for their PodGroup: without
     the PodGroup CRD no job could ever start, so the operator refuses to start and says why
-    (the last line of its log, the reason its Pod restarts)."""
+    (the last line of its log, the reason its Pod restarts). None: the API is served."""
     resource = informer.pod_groups(cfg.gang_scheduler)
     try:
         served = await api.serves(resource.group, resource.version, resource.plural)
     except (kube.TransientError, kube.RejectedError) as exc:
-        raise kopf.PermanentError(f"Cannot check for the PodGroup API: {exc}") from exc
-    if not served:
-        message = (
-            f"--gang-scheduler {cfg.gang_scheduler}: the API server does not serve "
-            f"{resource.plural}.{resource.group}/{resource.version}; install the gang "
-            "scheduler and its CRDs, or run without --gang-scheduler"
-        )
-        logger.error(message)
-        raise kopf.PermanentError(message)
+        return f"cannot check for the PodGroup API: {exc}"
+    if served:
+        return None
+    return (
+        f"--gang-scheduler {cfg.gang_scheduler}: the API server does not serve "
+        f"{resource.plural}.{resource.group}/{resource.version}; install the gang "
+        "scheduler and its CRDs, or run without --gang-scheduler"
+    )
 
 
 async def _wait_for_crd(api: kube.Kube) -> None:

@@ -7,6 +7,7 @@ moves the group from Pending to Inqueue, which is when the operator creates the 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.gang import GangScheduler
 from tests.controlplane.kueue import Kueue
+from tests.integration.conftest import started_control_plane
 from tests.integration.kueue_harness import Queues, queued_job
 from tests.integration.operator_harness import (
     Cluster,
@@ -222,3 +224,23 @@ def _running(cluster: Cluster, name: str) -> dict[str, Any]:
         if condition.get("type") == "Running":
             return dict(condition)
     return {}
+
+
+def test_gang_operator_refuses_to_start_without_the_podgroup_crd(tmp_path: Path) -> None:
+    """Every job's Pods would wait for a PodGroup that cannot be created: the operator says
+    so and exits (its Pod restarts, the reason is the last line of its log)."""
+    # A control plane of its own: no test has added a PodGroup CRD there.
+    with contextlib.closing(started_control_plane()) as planes:
+        plane = next(planes)
+        operator = Operator(
+            plane.kubeconfig, tmp_path / "operator.log", "--gang-scheduler=volcano"
+        ).start()
+        try:
+            wait_until(lambda: not operator.running(), timeout=60, what="the operator to exit")
+            assert operator.process is not None and operator.process.returncode == 2
+            log = operator.log_tail()
+            assert "podgroups.scheduling.volcano.sh/v1beta1" in log, log
+            assert "install the gang scheduler" in log, log
+            assert log.strip().splitlines()[-1].startswith("trainjob-operator: --gang-scheduler")
+        finally:
+            operator.stop()
