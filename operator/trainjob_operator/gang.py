@@ -272,3 +272,23 @@ def waits_for_room(status: st.JobStatus) -> bool:
 
 def requeue_patch(now: str) -> dict[str, Any]:
     return {"metadata": {"annotations": {REQUEUE_ANNOTATION: now}}}
+
+
+def bypass_events(job: spec.TrainJob, settings: config.Settings) -> list[policy.Event]:
+    """A replica template that names a scheduler of its own keeps it (the user asked), but
+    its Pods are then not placed with the gang: say so when the gang is made."""
+    wanted_name = settings.effective_scheduler_name
+    events = []
+    for rtype in MIN_RESOURCES_ORDER:
+        replica = job.replica_specs.get(rtype)
+        own = (replica.template.get("spec") or {}).get("schedulerName") if replica else None
+        if isinstance(own, str) and own and own != wanted_name:
+            events.append(
+                policy.Event(
+                    "Warning",
+                    "GangBypassed",
+                    f"spec.replicaSpecs.{rtype}.template sets schedulerName {own}: its Pods are "
+                    f"not placed with the gang by {wanted_name} (remove it to place them as one)",
+                )
+            )
+    return events

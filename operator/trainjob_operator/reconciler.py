@@ -523,6 +523,9 @@ async def reconcile_job(
     requeue_gang_in: float | None = None
     if gang.wanted(rt.settings):
         decision = gang.waiting_message(decision, job, group)
+        if gang_plan.create and (decision.create_pods or gang_plan.hold):
+            bypassed = gang.bypass_events(job, rt.settings)
+            decision = dataclasses.replace(decision, events=(*decision.events, *bypassed))
         requeue_gang_in = await _requeue_waiting_gang(rt, (namespace, name), decision, group)
     owner = render.Owner(name=name, uid=uid)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 
 from tests.controlplane.cluster import REPO_ROOT, ControlPlane, ControlPlaneError, ToolsMissingError
+from tests.controlplane.gang import start_gang_scheduler
 from tests.controlplane.node import NODE_NAME, running_node
 
 
@@ -29,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--crds", action="store_true", help="apply crds/ before the controllers")
     up.add_argument("--workdir", type=Path, default=None, help="state/log dir (kept)")
     up.add_argument("--node", action="store_true", help="a real node (kubelet, containerd)")
+    up.add_argument(
+        "--gang",
+        action="store_true",
+        help="also run scheduler-plugins' Coscheduling as a second scheduler "
+        "(schedulerName scheduler-plugins-scheduler), with its PodGroup CRDs",
+    )
     args = parser.parse_args(argv)
     if args.node:
         return _up_node(args.workdir)
@@ -46,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         plane.start()
         if args.kwok:
             plane.start_kwok()
+        if args.gang:
+            start_gang_scheduler(plane)
     except (ToolsMissingError, ControlPlaneError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

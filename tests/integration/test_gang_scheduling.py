@@ -327,6 +327,8 @@ def test_gang_control_the_same_two_jobs_under_the_default_scheduler_split(
     )
     split = {name: bound(cluster, name)[0] for name in jobs}
     assert all(0 < count < 4 for count in split.values()), split
+    # The operator said that these templates leave the gang.
+    assert any(e.reason == "GangBypassed" for e in cluster.events("first"))
     time.sleep(3)  # and so it stays: neither job can ever start
     assert {name: bound(cluster, name)[0] for name in jobs} == split
 

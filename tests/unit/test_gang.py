@@ -296,3 +296,18 @@ def test_a_podgroup_is_indexed_with_its_phase_and_volcanos_words() -> None:
     )
     index.event(children.PODGROUPS, body, deleted=True)
     assert index.pod_group(("team-a", "mnist"), "mnist") is None
+
+
+def test_a_template_with_its_own_scheduler_is_told_it_leaves_the_gang() -> None:
+    job = make_job(
+        {"chief": 1, "worker": 2},
+        templates={"worker": {"spec": {"schedulerName": "default-scheduler"}}},
+    )
+    (event,) = gang.bypass_events(job, PLUGINS)
+    assert event.type == "Warning" and event.reason == "GangBypassed"
+    assert "spec.replicaSpecs.worker.template sets schedulerName default-scheduler" in event.message
+    own = make_job(
+        {"worker": 2},
+        templates={"worker": {"spec": {"schedulerName": "scheduler-plugins-scheduler"}}},
+    )
+    assert gang.bypass_events(own, PLUGINS) == []
