@@ -226,7 +226,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gang-scheduler",
         choices=GANG_SCHEDULERS,
-        help=f"create PodGroups for jobs with schedulingPolicy (env {ENV_GANG_SCHEDULER})",
+        help=f"place every job as a gang: a PodGroup per job (env {ENV_GANG_SCHEDULER})",
     )
     p.add_argument(
         "--scheduler-name", help=f"override the gang scheduler's name ({ENV_SCHEDULER_NAME})"
