@@ -364,3 +364,30 @@ def compress(samples: list[dict[str, int]]) -> list[tuple[dict[str, int], int]]:
         else:
             runs.append((sample, 1))
     return runs
+
+
+def test_gang_restart_keeps_its_podgroup_and_places_the_new_pods_as_a_gang(
+    cluster: Cluster, pool: Pool
+) -> None:
+    """A replica that fails is restarted (OnFailure, backoffLimit 1): its new Pods join the
+    same PodGroup and are placed; the job then fails for good and the group goes."""
+    pool.add(1, cpu=4)
+    body = gang_job("flaky", pool, workers=1, cpu="1", run="2s")
+    body["spec"]["replicaSpecs"]["chief"]["template"]["metadata"]["annotations"][
+        "trainjob.dev/kwok-exit-code"
+    ] = "1"
+    for replica in body["spec"]["replicaSpecs"].values():
+        replica["restartPolicy"] = "OnFailure"
+    body["spec"]["runPolicy"] = {"backoffLimit": 1}
+    cluster.create_job(body)
+    first = wait_until(lambda: pod_group(cluster, "flaky"), timeout=30, what="the PodGroup")
+    wait_until(
+        lambda: ((cluster.job("flaky") or {}).get("status") or {}).get("restartCount") == 1,
+        timeout=60,
+        what="a restart",
+    )
+    wait_until(lambda: bound(cluster, "flaky") == (2, 2), timeout=60, what="restarted, bound")
+    kept = pod_group(cluster, "flaky")
+    assert kept is not None and kept["metadata"]["uid"] == first["metadata"]["uid"]
+    cluster.wait_condition("flaky", "Failed", timeout=60)
+    wait_until(lambda: pod_group(cluster, "flaky") is None, timeout=30, what="the PodGroup gone")
