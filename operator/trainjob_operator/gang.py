@@ -34,8 +34,13 @@ from typing import Any, Final
 
 from trainjob.core import constants, naming, policy, quantity, render, spec
 from trainjob.core import status as st
-from trainjob_operator import children, config, kube
+from trainjob_operator import children, config
 
+# The PodGroup APIs of the two schedulers.
+VOLCANO_GROUP: Final = "scheduling.volcano.sh"
+VOLCANO_VERSION: Final = "v1beta1"
+PLUGINS_GROUP: Final = "scheduling.x-k8s.io"
+PLUGINS_VERSION: Final = "v1alpha1"
 # Volcano's phases before it has enqueued a group ("" until its controller first writes).
 VOLCANO_WAITING_PHASES: Final = frozenset({"", "Pending"})
 # The order of replica types of equal priority in minResources (TFJob's; the evaluator,
@@ -165,11 +170,11 @@ def render_pod_group(
             body["queue"] = policy_.queue
         if policy_ is not None and policy_.priority_class:
             body["priorityClassName"] = policy_.priority_class
-        api_version = f"{kube.VOLCANO_GROUP}/{kube.VOLCANO_VERSION}"
+        api_version = f"{VOLCANO_GROUP}/{VOLCANO_VERSION}"
     else:
         if policy_ is not None and policy_.schedule_timeout_seconds is not None:
             body["scheduleTimeoutSeconds"] = policy_.schedule_timeout_seconds
-        api_version = f"{kube.PLUGINS_GROUP}/{kube.PLUGINS_VERSION}"
+        api_version = f"{PLUGINS_GROUP}/{PLUGINS_VERSION}"
     return {"apiVersion": api_version, "kind": "PodGroup", "metadata": metadata, "spec": body}
 
 

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 from trainjob.core import constants
-from trainjob_operator import children, config, kube
+from trainjob_operator import children, config, gang, kube
 
 logger = logging.getLogger("trainjob_operator.informer")
 
@@ -46,8 +46,8 @@ KINDS: Final = (Resource(children.PODS), Resource(children.SERVICES))
 # With the Kueue integration on, the jobs' Workloads too (they carry the job-name label).
 WORKLOADS: Final = Resource(children.WORKLOADS, "kueue.x-k8s.io", "v1beta2")
 # With gang scheduling on, the jobs' PodGroups too, in the gang scheduler's API group.
-PODGROUPS_VOLCANO: Final = Resource(children.PODGROUPS, kube.VOLCANO_GROUP, kube.VOLCANO_VERSION)
-PODGROUPS_PLUGINS: Final = Resource(children.PODGROUPS, kube.PLUGINS_GROUP, kube.PLUGINS_VERSION)
+PODGROUPS_VOLCANO: Final = Resource(children.PODGROUPS, gang.VOLCANO_GROUP, gang.VOLCANO_VERSION)
+PODGROUPS_PLUGINS: Final = Resource(children.PODGROUPS, gang.PLUGINS_GROUP, gang.PLUGINS_VERSION)
 
 
 def pod_groups(gang_scheduler: str) -> Resource:

@@ -41,11 +41,6 @@ REPORTING_COMPONENT: Final = "trainjob.dev/operator"
 SOURCE_COMPONENT: Final = "trainjob-operator"
 USER_AGENT: Final = "trainjob-operator"
 
-VOLCANO_GROUP: Final = "scheduling.volcano.sh"
-VOLCANO_VERSION: Final = "v1beta1"
-PLUGINS_GROUP: Final = "scheduling.x-k8s.io"
-PLUGINS_VERSION: Final = "v1alpha1"
-PODGROUP_PLURAL: Final = "podgroups"
 
 # A request that takes longer than this is treated as failed (and retried by the caller).
 REQUEST_TIMEOUT: Final = 60.0
@@ -805,7 +800,7 @@ class Kube:
         what = f"creating PodGroup {namespace}/{name}"
         status, _ = await self._request(
             "POST",
-            _path(group, version, namespace, PODGROUP_PLURAL),
+            _path(group, version, namespace, "podgroups"),
             what,
             body=manifest,
             accept=(404, 409),
