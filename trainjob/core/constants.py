@@ -13,7 +13,6 @@ VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND: Final = "TrainJob"
 PLURAL: Final = "trainjobs"
-SHORT_NAME: Final = "tj"
 
 # Label and annotation keys carried by every child Pod and Service.
 LABEL_JOB_NAME: Final = f"{GROUP}/job-name"
@@ -27,7 +26,6 @@ LABEL_APP_PART_OF: Final = "app.kubernetes.io/part-of"
 APP_NAME: Final = "trainjob"
 MANAGED_BY: Final = "trainjob-operator"
 
-ANNOTATION_PREFIX: Final = f"{GROUP}/"
 FINALIZER: Final = f"{GROUP}/finalizer"
 
 # The container that runs TensorFlow and the port name that sets the TF_CONFIG port: the same

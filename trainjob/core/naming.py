@@ -37,8 +37,3 @@ def child_labels(job_name: str, replica_type: str, index: int) -> dict[str, str]
         constants.LABEL_APP_MANAGED_BY: constants.MANAGED_BY,
         constants.LABEL_APP_PART_OF: constants.APP_NAME,
     }
-
-
-def label_selector_string(labels: dict[str, str]) -> str:
-    """`k1=v1,k2=v2` for list calls and `kubectl -l`."""
-    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))

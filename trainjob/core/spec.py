@@ -31,7 +31,6 @@ STRATEGIES: Final = (
     "DTensor",
 )
 FRAMEWORKS: Final = ("Keras", "Estimator")
-GANG_SCHEDULERS: Final = ("volcano", "scheduler-plugins")
 
 DEFAULT_BACKOFF_LIMIT: Final = 6  # the same default as a Kubernetes batch/v1 Job
 DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 600
