@@ -163,6 +163,64 @@ def test_cli_submit_get_describe_wait_delete(
     assert json.loads(out)["metadata"]["namespace"] == ns and "status" not in json.loads(out)
 
 
+def test_cli_submit_code_ships_the_directory_and_it_goes_with_the_job(
+    cluster: Cluster, kubeconfig: Path, tmp_path: Path
+) -> None:
+    ns = cluster.namespace
+    package = tmp_path / "my_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text("def main():\n    return 1\n")
+    path = write(tmp_path / "job.yaml", trainjob("shipped", chief=1, workers=1))
+    code, out, err = run(kubeconfig, "submit", "-f", str(path), "-n", ns, "--code", str(package))
+    assert (code, out, err) == (0, "trainjob.trainjob.dev/shipped created\n", "")
+    job = cluster.job("shipped") or {}
+    config_map = cluster.core.read_namespaced_config_map("shipped-code", ns)
+    assert [(o.kind, o.uid) for o in config_map.metadata.owner_references] == [
+        ("TrainJob", job["metadata"]["uid"])
+    ]
+    assert sorted(config_map.data.values()) == ["", "def main():\n    return 1\n"]
+    pods = cluster.wait_pods("shipped", {"shipped-chief-0", "shipped-worker-0"})
+    for pod in pods.values():
+        (volume,) = [v for v in pod.spec.volumes if v.name == "trainjob-code"]
+        assert volume.config_map.name == "shipped-code"
+        assert sorted(i.path for i in volume.config_map.items) == [
+            "my_pkg/__init__.py",
+            "my_pkg/train.py",
+        ]
+        (tf,) = [c for c in pod.spec.containers if c.name == "tensorflow"]
+        mounts = {m.name: (m.mount_path, m.read_only) for m in tf.volume_mounts or []}
+        assert mounts["trainjob-code"] == ("/opt/trainjob/code", True)
+        assert {e.name: e.value for e in tf.env}["PYTHONPATH"] == "/opt/trainjob/code"
+
+    # Submitted again with a change: the ConfigMap follows, the job's spec is the same.
+    (package / "train.py").write_text("def main():\n    return 2\n")
+    code, out, _ = run(kubeconfig, "submit", "-f", str(path), "-n", ns, "--code", str(package))
+    assert (code, out) == (0, "trainjob.trainjob.dev/shipped unchanged\n")
+    config_map = cluster.core.read_namespaced_config_map("shipped-code", ns)
+    assert "def main():\n    return 2\n" in config_map.data.values()
+
+    # Too much to ship: refused in one line before anything is sent.
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "data.bin").write_bytes(b"\0" * (2 * 1024 * 1024))
+    other = write(tmp_path / "other.yaml", trainjob("toobig", chief=1, workers=0))
+    code, out, err = run(
+        kubeconfig, "submit", "-f", str(other), "-n", ns, "--code", str(tmp_path / "big")
+    )
+    assert code != 0 and len(err.splitlines()) == 1, err
+    assert "more than a ConfigMap holds (1 MiB)" in err and "FROM the trainjob image" in err
+    assert cluster.job("toobig") is None
+
+    # Deleted with its job (the garbage collector follows the ownerReference).
+    cluster.delete_job("shipped")
+
+    def code_gone() -> bool:
+        names = [c.metadata.name for c in cluster.core.list_namespaced_config_map(ns).items]
+        return "shipped-code" not in names
+
+    wait_until(code_gone, timeout=60, what="the code's ConfigMap to go with its job")
+
+
 def test_cli_wait_timeout_failed_and_describe_cause(cluster: Cluster, kubeconfig: Path) -> None:
     ns = cluster.namespace
     cluster.create_job(trainjob("bad", chief=1, workers=1))

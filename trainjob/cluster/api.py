@@ -268,6 +268,50 @@ class Cluster:
             "delete", name, lambda: self._trainjobs("delete_namespaced_custom_object", name)
         )
 
+    def apply_config_map(self, body: Obj) -> Obj:
+        """Create the ConfigMap, or replace the data of the one of that name."""
+        name = body["metadata"]["name"]
+        what = f"create ConfigMap {self.namespace}/{name}"
+        try:
+            created = self._core.create_namespaced_config_map(
+                self.namespace, body, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as error:
+            if error.status != 409:
+                raise _translate(what, error) from error
+            created = _call(
+                f"replace ConfigMap {self.namespace}/{name}",
+                lambda: self._core.replace_namespaced_config_map(
+                    name, self.namespace, body, _request_timeout=REQUEST_TIMEOUT
+                ),
+            )
+        except (HTTPError, OSError, ConfigException) as error:
+            raise _translate(what, error) from error
+        result: Obj = self.connection.api.sanitize_for_serialization(created)
+        return result
+
+    def own_config_map(self, name: str, owners: list[Obj]) -> None:
+        """Give the ConfigMap these ownerReferences (the garbage collector then removes it
+        with its owner)."""
+        _call(
+            f"set the owner of ConfigMap {self.namespace}/{name}",
+            lambda: self._core.patch_namespaced_config_map(
+                name,
+                self.namespace,
+                {"metadata": {"ownerReferences": owners}},
+                _request_timeout=REQUEST_TIMEOUT,
+            ),
+        )
+
+    def delete_config_map(self, name: str) -> None:
+        with contextlib.suppress(ClusterError):
+            _call(
+                f"delete ConfigMap {self.namespace}/{name}",
+                lambda: self._core.delete_namespaced_config_map(
+                    name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+                ),
+            )
+
     def pods(self, job: str) -> list[Obj]:
         selector = f"{constants.LABEL_JOB_NAME}={job}"
         result = _call(

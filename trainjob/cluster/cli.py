@@ -30,7 +30,7 @@ from trainjob.cliutil import (
     parse_job,
     source_name,
 )
-from trainjob.cluster import show
+from trainjob.cluster import code, show
 from trainjob.cluster.errors import INSTALL_HINT, ClusterError
 from trainjob.core import constants
 from trainjob.local import logfilter, outcome, view
@@ -108,6 +108,12 @@ def add_submit_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         "--follow", action="store_true", help="then follow the job (one job only), as attach"
     )
     parser.add_argument("-o", "--output", choices=("yaml", "json"), help="print the objects")
+    parser.add_argument(
+        "--code",
+        metavar="DIR",
+        help="ship DIR with the job (a ConfigMap on the replicas' PYTHONPATH, 1 MiB at most): "
+        "./my_pkg makes `import my_pkg` work, . ships the current directory's contents",
+    )
     _add_no_tty(parser)
     add_cluster_flags(parser)
     return parser
@@ -212,11 +218,39 @@ def _manifests(args: argparse.Namespace, streams: Streams) -> list[dict[str, Any
     return bodies
 
 
+def read_code(directory: str, cwd: str) -> dict[str, bytes]:
+    """The files `--code DIR` ships, by path under code.CODE_DIR: DIR under its own name, or
+    the contents of the current directory. Sizes are checked before anything is read."""
+    if not os.path.isdir(directory):
+        raise CliError(f"--code {directory}: not a directory")
+    root = os.path.realpath(directory)
+    prefix = "" if root == os.path.realpath(cwd) else os.path.basename(root)
+    found: dict[str, str] = {}
+    for here, dirs, names in os.walk(root):
+        def relative(name: str, here: str = here) -> str:
+            return os.path.relpath(os.path.join(here, name), root).replace(os.sep, "/")
+
+        dirs[:] = sorted(d for d in dirs if code.wanted(relative(d)))
+        for name in names:
+            full = os.path.join(here, name)
+            if code.wanted(relative(name)) and os.path.isfile(full):
+                found["/".join(p for p in (prefix, relative(name)) if p)] = full
+    total = sum(os.path.getsize(full) for full in found.values())
+    if total > code.MAX_BYTES:  # before reading: `--code .` may sit on gigabytes of data
+        raise CliError(code.too_large(directory, total, len(found)))
+    files = {}
+    for path, full in found.items():
+        with open(full, "rb") as handle:
+            files[path] = handle.read()
+    return files
+
+
 # ----- commands -----
 def cmd_submit(args: argparse.Namespace, streams: Streams) -> int:
     bodies = _manifests(args, streams)
     if args.follow and len(bodies) != 1:
         raise CliError(f"--follow follows one TrainJob; the files hold {len(bodies)}")
+    files = read_code(args.code, os.getcwd()) if args.code else None
     results = []
     with connected(args) as cluster:
         for body in bodies:
@@ -227,7 +261,10 @@ def cmd_submit(args: argparse.Namespace, streams: Streams) -> int:
                     f"--namespace says {args.namespace}"
                 )
             target = cluster.in_namespace(namespace or cluster.namespace)
-            result, verb = target.apply_job(body)
+            if files is None:
+                result, verb = target.apply_job(body)
+            else:
+                result, verb = _apply_with_code(target, body, args.code, files)
             results.append(result)
             if args.output is None:
                 streams.out.write(f"{KIND}/{show.name_of(result)} {verb}\n")
@@ -239,6 +276,28 @@ def cmd_submit(args: argparse.Namespace, streams: Streams) -> int:
             follower = cluster.in_namespace(show.namespace_of(results[0]))
             return follow(follower, show.name_of(results[0]), streams, args.no_tty)
     return EXIT_OK
+
+
+def _apply_with_code(
+    cluster: api.Cluster, body: dict[str, Any], source: str, files: dict[str, bytes]
+) -> tuple[dict[str, Any], str]:
+    """The code's ConfigMap first (the Pods mount it), then the job, then the ConfigMap owned
+    by the job (deleted with it); a job that could not be submitted takes its new ConfigMap
+    away again."""
+    name = show.name_of(body)
+    try:
+        config_map, items = code.bundle(name, cluster.namespace, source, files)
+    except code.CodeError as error:
+        raise CliError(str(error)) from error
+    cluster.apply_config_map(config_map)
+    try:
+        result, verb = cluster.apply_job(code.with_code(body, code.config_map_name(name), items))
+    except ClusterError:
+        cluster.delete_config_map(code.config_map_name(name))
+        raise
+    owned = code.owned_by(config_map, result)
+    cluster.own_config_map(code.config_map_name(name), owned["metadata"]["ownerReferences"])
+    return result, verb
 
 
 def cmd_get(args: argparse.Namespace, streams: Streams) -> int:
