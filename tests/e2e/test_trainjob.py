@@ -287,3 +287,55 @@ def test_converted_tfjob_runs_its_own_command_and_succeeds(
     assert cluster.wait_finished(namespace, "own-command", JOB_TIMEOUT) == "Succeeded"
     logs = cluster.kubectl("logs", "own-command-worker-0", "-n", namespace, "-c", "tensorflow")
     assert "own-script {'type': 'worker', 'index': 0} workers 2" in logs, logs
+
+
+SHIPPED_TRAIN = """import json, os
+
+
+def main():
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    print(f"shipped code ran: {__file__} {task['type']}-{task['index']}", flush=True)
+"""
+
+
+def test_submit_code_runs_a_local_package_on_the_cluster_unchanged(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """`trainjob submit --code ./my_pkg`: the package on this machine is imported by the
+    replica on the node, with no image build."""
+    package = tmp_path / "my_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text(SHIPPED_TRAIN)
+    template = {
+        "spec": {
+            "securityContext": {"runAsNonRoot": True},
+            "containers": [
+                {
+                    "name": "tensorflow",
+                    "image": RUNTIME_IMAGE,
+                    "command": ["python", "-c", "from my_pkg import train; train.main()"],
+                }
+            ],
+        }
+    }
+    job = {
+        "apiVersion": "trainjob.dev/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "shipped"},
+        "spec": {
+            "replicaSpecs": {
+                "worker": {"replicas": 1, "restartPolicy": "Never", "template": template}
+            }
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job), encoding="utf-8")
+    out = cluster.run(
+        sys.executable, "-m", "trainjob", "submit", "-f", path, "-n", namespace,
+        "--code", package, timeout=120,
+    )  # fmt: skip
+    assert out == "trainjob.trainjob.dev/shipped created\n", out
+    assert cluster.wait_finished(namespace, "shipped", JOB_TIMEOUT) == "Succeeded"
+    logs = cluster.kubectl("logs", "shipped-worker-0", "-n", namespace, "-c", "tensorflow")
+    assert "shipped code ran: /opt/trainjob/code/my_pkg/train.py worker-0" in logs, logs
