@@ -140,17 +140,29 @@ class TrainJobClient:
     def close(self) -> None:
         self._cluster.close()
 
-    def _do(self, call: Any, *args: Any) -> Any:
+    def _do(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return call(*args)
-        except (ClusterError, show.ShowError) as error:
+            return call(*args, **kwargs)
+        except (ClusterError, show.ShowError, cliutil.CliError) as error:
             raise TrainJobError(str(error)) from error
 
-    def create(self, job: Manifest | spec.TrainJob, *, apply: bool = False) -> str:
+    def create(
+        self,
+        job: Manifest | spec.TrainJob,
+        *,
+        apply: bool = False,
+        code: str | os.PathLike[str] | None = None,
+    ) -> str:
         """Create the job (from a YAML path, a dict or a parsed TrainJob); with `apply`, an
-        existing job gets this spec instead of an error. Returns its name."""
+        existing job gets this spec instead of an error; with `code`, that directory ships
+        with it, as `trainjob submit --code` (on the replicas' PYTHONPATH). Returns its name."""
         body = load_manifest(job)
-        if apply:
+        if code is not None:
+            files = self._do(cli.read_code, os.fspath(code), os.getcwd())
+            result, _ = self._do(
+                cli.apply_with_code, self._cluster, body, os.fspath(code), files, apply=apply
+            )
+        elif apply:
             result, _ = self._do(self._cluster.apply_job, body)
         else:
             result = self._do(self._cluster.create_job, body)

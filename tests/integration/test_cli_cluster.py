@@ -395,6 +395,19 @@ def test_cli_client_create_get_list_progress_wait_delete(
             tj.create({"apiVersion": "trainjob.dev/v1alpha1", "kind": "TrainJob",
                        "metadata": {"name": "x"}, "spec": {}})  # fmt: skip
 
+        # With code, as `submit --code`: a second create is refused and leaves the code be.
+        package = tmp_path / "nb_pkg"
+        package.mkdir()
+        (package / "model.py").write_text("UNITS = 8\n")
+        assert tj.create(trainjob("nb4", chief=1, workers=0), code=package) == "nb4"
+        with pytest.raises(client.TrainJobError, match="nb4 already exists"):
+            tj.create(trainjob("nb4", chief=1, workers=0), code=package)
+        shipped = cluster.core.read_namespaced_config_map("nb4-code", ns)
+        assert list(shipped.data.values()) == ["UNITS = 8\n"]
+        assert shipped.metadata.owner_references[0].name == "nb4"
+        with pytest.raises(client.TrainJobError, match="not a directory"):
+            tj.create(trainjob("nb5", chief=1, workers=0), code=package / "model.py")
+
 
 def test_cli_client_local_run_create_wait_logs(tmp_path: Path) -> None:
     """The same calls for a run on this machine (no cluster needed)."""

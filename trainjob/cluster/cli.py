@@ -227,6 +227,7 @@ def read_code(directory: str, cwd: str) -> dict[str, bytes]:
     prefix = "" if root == os.path.realpath(cwd) else os.path.basename(root)
     found: dict[str, str] = {}
     for here, dirs, names in os.walk(root):
+
         def relative(name: str, here: str = here) -> str:
             return os.path.relpath(os.path.join(here, name), root).replace(os.sep, "/")
 
@@ -264,7 +265,7 @@ def cmd_submit(args: argparse.Namespace, streams: Streams) -> int:
             if files is None:
                 result, verb = target.apply_job(body)
             else:
-                result, verb = _apply_with_code(target, body, args.code, files)
+                result, verb = apply_with_code(target, body, args.code, files)
             results.append(result)
             if args.output is None:
                 streams.out.write(f"{KIND}/{show.name_of(result)} {verb}\n")
@@ -278,26 +279,47 @@ def cmd_submit(args: argparse.Namespace, streams: Streams) -> int:
     return EXIT_OK
 
 
-def _apply_with_code(
-    cluster: api.Cluster, body: dict[str, Any], source: str, files: dict[str, bytes]
+def apply_with_code(
+    cluster: api.Cluster,
+    body: dict[str, Any],
+    source: str,
+    files: dict[str, bytes],
+    *,
+    apply: bool = True,
 ) -> tuple[dict[str, Any], str]:
-    """The code's ConfigMap first (the Pods mount it), then the job, then the ConfigMap owned
-    by the job (deleted with it); a job that could not be submitted takes its new ConfigMap
-    away again."""
+    """The code's ConfigMap first (the Pods mount it), then the job (created, or with `apply`
+    given this spec if it exists), then the ConfigMap owned by the job (deleted with it); a
+    job that could not be submitted takes its new ConfigMap away again."""
     name = show.name_of(body)
     try:
         config_map, items = code.bundle(name, cluster.namespace, source, files)
     except code.CodeError as error:
         raise CliError(str(error)) from error
+    if not apply and _exists(cluster, name):  # before its ConfigMap is touched
+        raise ClusterError(f"TrainJob {cluster.namespace}/{name} already exists", 409)
     cluster.apply_config_map(config_map)
+    shipped = code.with_code(body, code.config_map_name(name), items)
     try:
-        result, verb = cluster.apply_job(code.with_code(body, code.config_map_name(name), items))
+        if apply:
+            result, verb = cluster.apply_job(shipped)
+        else:
+            result, verb = cluster.create_job(shipped), "created"
     except ClusterError:
         cluster.delete_config_map(code.config_map_name(name))
         raise
     owned = code.owned_by(config_map, result)
     cluster.own_config_map(code.config_map_name(name), owned["metadata"]["ownerReferences"])
     return result, verb
+
+
+def _exists(cluster: api.Cluster, name: str) -> bool:
+    try:
+        cluster.get_job(name)
+    except ClusterError as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
 
 
 def cmd_get(args: argparse.Namespace, streams: Streams) -> int:
