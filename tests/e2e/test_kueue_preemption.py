@@ -53,7 +53,13 @@ def kueue_operator(cluster: Cluster, operator: str) -> Iterator[str]:
                 'externalFrameworks: ["TrainJob.v1alpha1.trainjob.dev"]',
                 pytrace=False,
             )
-    upgrade = ["upgrade", RELEASE, CHART, f"--namespace={OPERATOR_NAMESPACE}", "--reuse-values"]
+    upgrade: list[str | Path] = [
+        "upgrade",
+        RELEASE,
+        CHART,
+        f"--namespace={OPERATOR_NAMESPACE}",
+        "--reuse-values",
+    ]
     cluster.helm(*upgrade, "--set=kueue.enabled=true", "--wait", "--timeout=5m")
     cluster.kubectl("rollout", "status", OPERATOR_DEPLOYMENT, "-n", OPERATOR_NAMESPACE)
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -38,7 +38,9 @@ from tests.integration.kueue_harness import KUEUE_PODS_READY_TIMEOUT
 CRD_DIR = REPO_ROOT / "crds"
 
 
-def started_control_plane(apiserver_flags: Sequence[str] = ()) -> Iterator[ControlPlane]:
+def started_control_plane(
+    apiserver_flags: Sequence[str] = (),
+) -> Generator[ControlPlane, None, None]:
     """A control plane with crds/ applied and Established, stopped after use; a missing
     tool or a failed start fails the test with one line. Tests that break their control
     plane on purpose (chaos, watch loss) start their own with this."""
@@ -116,7 +118,7 @@ def gang_scheduler(control_plane: ControlPlane) -> Iterator[GangScheduler]:
 @pytest.fixture(scope="session")
 def api_client(kubeconfig: Path) -> Iterator[k8s.ApiClient]:
     """A kubernetes-client ApiClient authenticated as the admin."""
-    api = k8s_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
     try:
         yield api
     finally:

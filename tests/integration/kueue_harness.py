@@ -5,7 +5,7 @@ of tests/controlplane/kueue.py runs beside the test control plane)."""
 from __future__ import annotations
 
 import uuid
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -111,8 +111,11 @@ class Queues:
 
     def workloads(self, job: str | None = None) -> list[Obj]:
         selector = f"trainjob.dev/job-name={job}" if job else "trainjob.dev/job-name"
-        result = self.custom.list_namespaced_custom_object(
-            KUEUE, KV, self.namespace, "workloads", label_selector=selector
+        result = cast(
+            Obj,
+            self.custom.list_namespaced_custom_object(
+                KUEUE, KV, self.namespace, "workloads", label_selector=selector
+            ),
         )
         return list(result.get("items") or [])
 
@@ -121,8 +124,9 @@ class Queues:
         return items[0] if len(items) == 1 else None
 
     def cluster_queue_status(self, name: str) -> Obj:
-        result: Obj = self.custom.get_cluster_custom_object(KUEUE, KV, "clusterqueues", name)
-        return result.get("status") or {}
+        result = cast(Obj, self.custom.get_cluster_custom_object(KUEUE, KV, "clusterqueues", name))
+        status: Obj = result.get("status") or {}
+        return status
 
     def patch_workload(self, name: str, patch: Obj) -> None:
         self.custom.patch_namespaced_custom_object(
@@ -182,8 +186,8 @@ def suspended(cluster: Cluster, name: str) -> bool:
 
 
 def wait_admitted(queues: Queues, job: str, timeout: float) -> Obj:
-    return wait_until(
-        lambda: (wl := queues.workload(job)) is not None and is_true(wl, "Admitted") and wl,
-        timeout=timeout,
-        what=f"the Workload of {job} to be Admitted",
-    )
+    def admitted() -> Obj | None:
+        workload = queues.workload(job)
+        return workload if is_true(workload, "Admitted") else None
+
+    return wait_until(admitted, timeout=timeout, what=f"the Workload of {job} to be Admitted")

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar, cast
 
 import pytest
 from kubernetes import client as k8s
@@ -46,6 +46,45 @@ T = TypeVar("T")
 
 class WaitTimeoutError(AssertionError):
     pass
+
+
+class HasMetadata(Protocol):
+    """A kubernetes client model of an object: a Pod, a Service, a ConfigMap..."""
+
+    @property
+    def metadata(self) -> k8s.V1ObjectMeta | None: ...
+
+
+def meta(obj: HasMetadata) -> k8s.V1ObjectMeta:
+    """The metadata of an object the API server sent (it always has some)."""
+    assert obj.metadata is not None
+    return obj.metadata
+
+
+def name_of(obj: HasMetadata) -> str:
+    """The name of an object the API server sent (it always has one)."""
+    name = meta(obj).name
+    assert name is not None
+    return name
+
+
+def uid_of(obj: HasMetadata) -> str:
+    """The uid of an object the API server sent (it always has one)."""
+    uid = meta(obj).uid
+    assert uid is not None
+    return uid
+
+
+def pod_spec(pod: k8s.V1Pod) -> k8s.V1PodSpec:
+    """The spec of a Pod the API server sent (it always has one)."""
+    assert pod.spec is not None
+    return pod.spec
+
+
+def pod_status(pod: k8s.V1Pod) -> k8s.V1PodStatus:
+    """The status of a Pod the API server sent (it always has one, if only a phase)."""
+    assert pod.status is not None
+    return pod.status
 
 
 def wait_until(
@@ -259,15 +298,21 @@ class Cluster:
         self.namespace = namespace
 
     def create_job(self, body: Obj) -> Obj:
-        result: Obj = self.custom.create_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, body
+        # CustomObjectsApi's results are typed `object`: they are the JSON objects themselves
+        return cast(
+            Obj,
+            self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, body
+            ),
         )
-        return result
 
     def job(self, name: str) -> Obj | None:
         try:
-            result: Obj = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, name
+            result = cast(
+                Obj,
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, PLURAL, name
+                ),
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -305,12 +350,12 @@ class Cluster:
     def pods(self, job: str | None = None) -> dict[str, k8s.V1Pod]:
         selector = f"{JOB_LABEL}={job}" if job else JOB_LABEL
         items = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
-        return {p.metadata.name: p for p in items}
+        return {name_of(p): p for p in items}
 
     def services(self, job: str | None = None) -> dict[str, k8s.V1Service]:
         selector = f"{JOB_LABEL}={job}" if job else JOB_LABEL
         items = self.core.list_namespaced_service(self.namespace, label_selector=selector).items
-        return {s.metadata.name: s for s in items}
+        return {name_of(s): s for s in items}
 
     def pod(self, name: str) -> k8s.V1Pod | None:
         try:
@@ -392,9 +437,9 @@ def _now() -> str:
 
 
 def attempt(pod: k8s.V1Pod) -> int:
-    return int((pod.metadata.annotations or {}).get("trainjob.dev/attempt", "0"))
+    return int((meta(pod).annotations or {}).get("trainjob.dev/attempt", "0"))
 
 
-def env_of(pod: k8s.V1Pod) -> dict[str, str]:
-    tf = next(c for c in pod.spec.containers if c.name == "tensorflow")
+def env_of(pod: k8s.V1Pod) -> dict[str, str | None]:
+    tf = next(c for c in pod_spec(pod).containers if c.name == "tensorflow")
     return {e.name: e.value for e in tf.env or []}

@@ -53,7 +53,10 @@ from tests.integration.operator_harness import (
     Cluster,
     Operator,
     attempt,
+    meta,
+    name_of,
     trainjob,
+    uid_of,
     wait_until,
 )
 from tests.reliability import save_figures
@@ -155,9 +158,9 @@ class Kubelet(threading.Thread):
             self.stop.wait(0.3)
 
     def step(self, pod: k8s.V1Pod) -> None:
-        if pod.metadata.deletion_timestamp:
+        if meta(pod).deletion_timestamp:
             return
-        uid, name = pod.metadata.uid, pod.metadata.name
+        uid, name = uid_of(pod), name_of(pod)
         job, rtype, index = name.rsplit("-", 2)
         self.uids[(name, attempt(pod))].add(uid)
         if uid not in self.started:
@@ -175,9 +178,9 @@ class Kubelet(threading.Thread):
         """Patch this Pod's status, not a newer Pod's of the same name (a UID precondition),
         with a timeout (a request to an API server that was killed under it)."""
         self.cluster.core.patch_namespaced_pod_status(
-            pod.metadata.name,
+            name_of(pod),
             self.cluster.namespace,
-            {"metadata": {"uid": pod.metadata.uid}, "status": status},
+            {"metadata": {"uid": meta(pod).uid}, "status": status},
             _request_timeout=10,
         )
 
@@ -287,7 +290,7 @@ def test_a_storm_with_the_operator_killed_at_random_keeps_every_invariant(
     rng = random.Random(SEED)
     api = k8s_config.new_client_from_config(config_file=str(plane.kubeconfig))
     namespace = "chaos"
-    k8s.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+    k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
     plane.wait_service_account(namespace)
     cluster = Cluster(api, namespace)
     jobs = plans(rng)
@@ -404,8 +407,8 @@ def check(
             problems.append(f"duplicate Pods for {pod} attempt {attempt_no}: {sorted(uids)}")
     attempts: dict[str, int] = collections.defaultdict(int)
     for pod, attempt_no in kubelet.uids:
-        job = pod.rsplit("-", 2)[0]
-        attempts[job] = max(attempts[job], attempt_no)
+        job_name = pod.rsplit("-", 2)[0]
+        attempts[job_name] = max(attempts[job_name], attempt_no)
     live = {}
     for job in jobs:
         found = cluster.job(job.name)

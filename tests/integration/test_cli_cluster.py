@@ -31,6 +31,8 @@ from tests.integration.operator_harness import (
     GROUP,
     Cluster,
     Operator,
+    meta,
+    pod_spec,
     running_operator,
     trainjob,
     wait_until,
@@ -176,29 +178,31 @@ def test_cli_submit_code_ships_the_directory_and_it_goes_with_the_job(
     assert (code, out, err) == (0, "trainjob.trainjob.dev/shipped created\n", "")
     job = cluster.job("shipped") or {}
     config_map = cluster.core.read_namespaced_config_map("shipped-code", ns)
-    assert [(o.kind, o.uid) for o in config_map.metadata.owner_references] == [
+    assert [(o.kind, o.uid) for o in meta(config_map).owner_references or []] == [
         ("TrainJob", job["metadata"]["uid"])
     ]
-    assert sorted(config_map.data.values()) == ["", "def main():\n    return 1\n"]
+    assert sorted((config_map.data or {}).values()) == ["", "def main():\n    return 1\n"]
     pods = cluster.wait_pods("shipped", {"shipped-chief-0", "shipped-worker-0"})
     for pod in pods.values():
-        (volume,) = [v for v in pod.spec.volumes if v.name == "trainjob-code"]
+        spec = pod_spec(pod)
+        (volume,) = [v for v in spec.volumes or [] if v.name == "trainjob-code"]
+        assert volume.config_map is not None
         assert volume.config_map.name == "shipped-code"
-        assert sorted(i.path for i in volume.config_map.items) == [
+        assert sorted(i.path for i in volume.config_map.items or []) == [
             "my_pkg/__init__.py",
             "my_pkg/train.py",
         ]
-        (tf,) = [c for c in pod.spec.containers if c.name == "tensorflow"]
+        (tf,) = [c for c in spec.containers if c.name == "tensorflow"]
         mounts = {m.name: (m.mount_path, m.read_only) for m in tf.volume_mounts or []}
         assert mounts["trainjob-code"] == ("/opt/trainjob/code", True)
-        assert {e.name: e.value for e in tf.env}["PYTHONPATH"] == "/opt/trainjob/code"
+        assert {e.name: e.value for e in tf.env or []}["PYTHONPATH"] == "/opt/trainjob/code"
 
     # Submitted again with a change: the ConfigMap follows, the job's spec is the same.
     (package / "train.py").write_text("def main():\n    return 2\n")
     code, out, _ = run(kubeconfig, "submit", "-f", str(path), "-n", ns, "--code", str(package))
     assert (code, out) == (0, "trainjob.trainjob.dev/shipped unchanged\n")
     config_map = cluster.core.read_namespaced_config_map("shipped-code", ns)
-    assert "def main():\n    return 2\n" in config_map.data.values()
+    assert "def main():\n    return 2\n" in (config_map.data or {}).values()
 
     # Too much to ship: refused in one line before anything is sent.
     (tmp_path / "big").mkdir()
@@ -215,7 +219,7 @@ def test_cli_submit_code_ships_the_directory_and_it_goes_with_the_job(
     cluster.delete_job("shipped")
 
     def code_gone() -> bool:
-        names = [c.metadata.name for c in cluster.core.list_namespaced_config_map(ns).items]
+        names = [meta(c).name for c in cluster.core.list_namespaced_config_map(ns).items]
         return "shipped-code" not in names
 
     wait_until(code_gone, timeout=60, what="the code's ConfigMap to go with its job")
@@ -284,10 +288,10 @@ def test_cli_kubeconfig_context_and_namespace_as_kubectl(
     second.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": [],
                                       "users": [], "contexts": config["contexts"],
                                       "current-context": current}))  # fmt: skip
-    out = io.StringIO()
+    stdout = io.StringIO()
     monkeypatch.setenv("KUBECONFIG", f"{first}{os.pathsep}{second}")
-    assert cli.main(["get"], out=out, err=io.StringIO()) == 0
-    assert out.getvalue().splitlines()[1].split()[0] == "ctx"
+    assert cli.main(["get"], out=stdout, err=io.StringIO()) == 0
+    assert stdout.getvalue().splitlines()[1].split()[0] == "ctx"
     code, _, err = run(tmp_path / "missing.yaml", "get")
     assert code == 1 and "no kubeconfig" in err and "missing.yaml does not exist" in err
 

@@ -26,6 +26,7 @@ from tests.integration.operator_harness import (
     Cluster,
     Operator,
     attempt,
+    meta,
     module_cluster,
     module_operator,
     trainjob,
@@ -171,11 +172,11 @@ def test_nodes_a_lost_node_is_shown_then_its_replica_is_recreated_as_a_disruptio
         timeout=T,
         what="the node Events",
     )
-    assert sorted(e.reason for e in events) == ["NodeNotReady", "NodeUnreachable"], events
-    assert all(e.type == "Warning" and node in e.message for e in events), events
+    assert sorted(e.reason or "" for e in events) == ["NodeNotReady", "NodeUnreachable"], events
+    assert all(e.type == "Warning" and node in (e.message or "") for e in events), events
     # Kubernetes decides the Pod's end, not the operator: it is still there, not deleting.
     pod = cluster.pod("lost-worker-1")
-    assert pod is not None and pod.metadata.deletion_timestamp is None
+    assert pod is not None and meta(pod).deletion_timestamp is None
     assert attempt(pod) == 0
 
     # The Node is deleted: the pod GC removes its Pod; the replica comes back elsewhere.
@@ -195,6 +196,7 @@ def test_nodes_a_lost_node_is_shown_then_its_replica_is_recreated_as_a_disruptio
         what="an Evicted Event",
     )
     print(f"Evicted Event: {evicted.message}")
+    assert evicted.message is not None
     assert "worker 1 was evicted" in evicted.message, evicted.message
     assert "not counted toward backoffLimit" in evicted.message
     # Never two live Pods for one replica: one Pod per name, by construction of the names,
@@ -264,7 +266,7 @@ def test_nodes_a_peer_failing_after_its_node_was_lost_restarts_uncounted(
     restarting = cluster.condition("peer", "Restarting")
     assert restarting is not None and restarting["reason"] == "Evicted", restarting
     old = cluster.pod("peer-worker-1")
-    assert old is not None and attempt(old) == 0 and old.metadata.deletion_timestamp is None
+    assert old is not None and attempt(old) == 0 and meta(old).deletion_timestamp is None
     # What the pod GC does once the Node is deleted (without waiting a minute for it).
     cluster.core.delete_namespaced_pod("peer-worker-1", cluster.namespace, grace_period_seconds=0)
     wait_until(

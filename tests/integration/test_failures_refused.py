@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from tests.integration.operator_harness import Cluster, Operator, trainjob, wait_until
+from tests.integration.operator_harness import Cluster, Operator, pod_spec, trainjob, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def test_fail_pod_security_refusal_is_in_status_and_restricted_defaults_fix_it(
         assert "runAsNonRoot" in cond["message"], cond
         events = [e for e in cluster.events("keras") if e.reason == "FailedCreate"]
         assert len(events) == 1 and events[0].type == "Warning", events
-        assert "violates PodSecurity" in events[0].message
+        assert "violates PodSecurity" in (events[0].message or "")
         table = cluster.job("keras") or {}
         replica = table["status"]["replicaStatuses"]["worker"]["indexes"][0]
         assert replica.get("waitingReason") == "FailedCreate", replica
@@ -62,7 +62,8 @@ def test_fail_pod_security_refusal_is_in_status_and_restricted_defaults_fix_it(
     try:
         pods = cluster.wait_pods("keras", {"keras-worker-0", "keras-worker-1"}, timeout=T)
         for pod in pods.values():
-            assert pod.spec.security_context.run_as_non_root is True
+            security = pod_spec(pod).security_context
+            assert security is not None and security.run_as_non_root is True
         wait_until(
             lambda: failed_create(cluster, "keras") is None,
             timeout=T,

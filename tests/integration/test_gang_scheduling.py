@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client as k8s
@@ -28,8 +28,11 @@ from tests.integration.operator_harness import (
     Cluster,
     Operator,
     container,
+    meta,
     module_cluster,
     module_operator,
+    pod_spec,
+    pod_status,
     trainjob,
     wait_until,
 )
@@ -68,29 +71,31 @@ class Pool:
         for _ in range(count):
             node = f"{self.name}-n{len(self.nodes)}"
             self.cluster.core.create_node(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {
-                        "name": node,
-                        "annotations": {"kwok.x-k8s.io/node": "fake"},
-                        "labels": {POOL_LABEL: self.name, "kubernetes.io/hostname": node},
-                    },
-                    "spec": {
-                        "taints": [{"key": POOL_LABEL, "value": self.name, "effect": "NoSchedule"}]
-                    },
-                    "status": {
-                        "allocatable": {"cpu": str(cpu), "memory": "64Gi", "pods": "110"},
-                        "capacity": {"cpu": str(cpu), "memory": "64Gi", "pods": "110"},
-                    },
-                }
+                k8s.V1Node(
+                    api_version="v1",
+                    kind="Node",
+                    metadata=k8s.V1ObjectMeta(
+                        name=node,
+                        annotations={"kwok.x-k8s.io/node": "fake"},
+                        labels={POOL_LABEL: self.name, "kubernetes.io/hostname": node},
+                    ),
+                    spec=k8s.V1NodeSpec(
+                        taints=[k8s.V1Taint(key=POOL_LABEL, value=self.name, effect="NoSchedule")]
+                    ),
+                    status=k8s.V1NodeStatus(
+                        allocatable={"cpu": str(cpu), "memory": "64Gi", "pods": "110"},
+                        capacity={"cpu": str(cpu), "memory": "64Gi", "pods": "110"},
+                    ),
+                )
             )
             self.nodes.append(node)
         wait_until(self._all_ready, timeout=30, what=f"nodes {self.nodes} Ready")
 
     def _all_ready(self) -> bool:
         for node in self.nodes:
-            conditions = self.cluster.core.read_node(node).status.conditions or []
+            status = self.cluster.core.read_node(node).status
+            assert status is not None
+            conditions = status.conditions or []
             if not any(c.type == "Ready" and c.status == "True" for c in conditions):
                 return False
         return True
@@ -139,12 +144,12 @@ def priority_classes(operator: Operator, api_client: k8s.ApiClient) -> None:
     for name, value in ((PRIORITY_HIGH, 1000), (PRIORITY_LOW, 10)):
         try:
             scheduling.create_priority_class(
-                {
-                    "apiVersion": "scheduling.k8s.io/v1",
-                    "kind": "PriorityClass",
-                    "metadata": {"name": name},
-                    "value": value,
-                }
+                k8s.V1PriorityClass(
+                    api_version="scheduling.k8s.io/v1",
+                    kind="PriorityClass",
+                    metadata=k8s.V1ObjectMeta(name=name),
+                    value=value,
+                )
             )
         except ApiException as exc:
             if exc.status != 409:
@@ -189,15 +194,18 @@ def bound(cluster: Cluster, job: str) -> tuple[int, int]:
     pods = [
         p
         for p in cluster.pods(job).values()
-        if p.status.phase not in ("Succeeded", "Failed") and not p.metadata.deletion_timestamp
+        if pod_status(p).phase not in ("Succeeded", "Failed") and not meta(p).deletion_timestamp
     ]
-    return sum(1 for p in pods if p.spec.node_name), len(pods)
+    return sum(1 for p in pods if pod_spec(p).node_name), len(pods)
 
 
 def pod_group(cluster: Cluster, name: str) -> dict[str, Any] | None:
     try:
-        found: dict[str, Any] = cluster.custom.get_namespaced_custom_object(
-            PODGROUP_GROUP, PODGROUP_VERSION, cluster.namespace, "podgroups", name
+        found = cast(
+            dict[str, Any],
+            cluster.custom.get_namespaced_custom_object(
+                PODGROUP_GROUP, PODGROUP_VERSION, cluster.namespace, "podgroups", name
+            ),
         )
     except ApiException as exc:
         if exc.status == 404:
@@ -213,6 +221,11 @@ def running_condition(cluster: Cluster, name: str) -> dict[str, Any]:
             result: dict[str, Any] = condition
             return result
     return {}
+
+
+def waiting_for_room(cluster: Cluster, name: str) -> Callable[[], bool]:
+    """A probe: whether job `name` says the scheduler found no room for it."""
+    return lambda: running_condition(cluster, name).get("reason") == "Unschedulable"
 
 
 def test_gang_larger_than_the_cluster_binds_no_pod_says_why_then_runs_when_room_appears(
@@ -275,11 +288,7 @@ def test_gang_two_jobs_that_fit_one_at_a_time_run_one_after_the_other(
     for name in jobs:
         cluster.create_job(gang_job(name, pool, workers=3, cpu="2", run="4s", prioritised=True))
     for name in jobs:
-        wait_until(
-            lambda n=name: running_condition(cluster, n).get("reason") == "Unschedulable",
-            timeout=60,
-            what=f"{name} waiting for room",
-        )
+        wait_until(waiting_for_room(cluster, name), timeout=60, what=f"{name} waiting for room")
     pool.add(2, cpu=4)  # room for one job's four 2-CPU Pods, not for both
     samples = watch_placement(cluster, jobs, time.monotonic() + 150)
     for name in jobs:
@@ -311,11 +320,7 @@ def test_gang_control_the_same_two_jobs_under_the_default_scheduler_split(
         )
         cluster.create_job(body)
     for name in jobs:
-        wait_until(
-            lambda n=name: running_condition(cluster, n).get("reason") == "Unschedulable",
-            timeout=60,
-            what=f"{name} waiting for room",
-        )
+        wait_until(waiting_for_room(cluster, name), timeout=60, what=f"{name} waiting for room")
     # The default scheduler retries an unschedulable Pod after a backoff of up to 10 s; past
     # it, the new room is offered to the Pods by priority: both chiefs first.
     time.sleep(11)

@@ -26,6 +26,7 @@ from tests.integration.operator_harness import (
     Cluster,
     Operator,
     WaitTimeoutError,
+    meta,
     trainjob,
     wait_until,
 )
@@ -69,7 +70,7 @@ def _helm(control_plane: ControlPlane, *args: str) -> subprocess.CompletedProces
 
 
 def _deployment(manifests: str) -> Obj:
-    docs = [d for d in yaml.safe_load_all(manifests) if d]
+    docs: list[Obj] = [d for d in yaml.safe_load_all(manifests) if d]
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     return deployment
 
@@ -164,9 +165,9 @@ def test_helm_install_creates_the_chart_objects(
     assert "kubectl" in release.notes and "apply -f" in release.notes
     rbac = k8s.RbacAuthorizationV1Api(api_client)
     role = rbac.read_cluster_role(f"{release.name}-trainjob-operator")
-    assert role.metadata.labels["app.kubernetes.io/instance"] == release.name
+    assert (meta(role).labels or {})["app.kubernetes.io/instance"] == release.name
     binding = rbac.read_cluster_role_binding(f"{release.name}-trainjob-operator")
-    (subject,) = binding.subjects
+    (subject,) = binding.subjects or []
     assert (subject.kind, subject.name, subject.namespace) == (
         "ServiceAccount",
         release.service_account,
@@ -176,17 +177,20 @@ def test_helm_install_creates_the_chart_objects(
     deployment = apps.read_namespaced_deployment(
         f"{release.name}-trainjob-operator", release.namespace
     )
+    assert deployment.spec is not None and deployment.spec.template.spec is not None
     container = deployment.spec.template.spec.containers[0]
+    assert container.security_context is not None
     assert container.security_context.read_only_root_filesystem is True
     core = k8s.CoreV1Api(api_client)
     service = core.read_namespaced_service(
         f"{release.name}-trainjob-operator-metrics", release.namespace
     )
+    assert service.spec is not None and service.spec.ports is not None
     assert service.spec.ports[0].name == "metrics"
     # crds/ went in with the chart (the TrainJob CRD already existed: helm keeps it).
     ext = k8s.ApiextensionsV1Api(api_client)
     for crd in ("trainjobs.trainjob.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
-        assert ext.read_custom_resource_definition(crd).metadata.name == crd
+        assert meta(ext.read_custom_resource_definition(crd)).name == crd
     # The operator's identity is exactly what the chart granted, and no more.
     can_i = control_plane.kubectl(
         "auth",

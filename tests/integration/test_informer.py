@@ -17,7 +17,7 @@ import kopf
 import pytest
 from kubernetes import client as k8s
 
-from tests.integration.operator_harness import JOB_LABEL, NO_SCHEDULER
+from tests.integration.operator_harness import JOB_LABEL, NO_SCHEDULER, meta
 from trainjob_operator import children, informer, kube
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ def test_informer_lists_then_follows_only_labelled_children(
         namespace, labelled_service("mnist-chief-0", "mnist", "chief", 0)
     )
     stray = labelled_pod("stray", "mnist", "chief", 0)
+    assert stray.metadata is not None
     stray.metadata.labels = {"app": "not-a-trainjob"}
     core_v1.create_namespaced_pod(namespace, stray)
 
@@ -164,4 +165,4 @@ def test_requests_classify_the_servers_answers(
 
     asyncio.run(scenario())
     # The precondition failed: the Pod is still there.
-    assert core_v1.read_namespaced_pod("mnist-worker-0", namespace).metadata.name
+    assert meta(core_v1.read_namespaced_pod("mnist-worker-0", namespace)).name

@@ -22,7 +22,7 @@ from tests.integration.kueue_harness import (
     suspended,
     wait_admitted,
 )
-from tests.integration.operator_harness import Cluster, Operator, attempt, wait_until
+from tests.integration.operator_harness import Cluster, Obj, Operator, attempt, pod_spec, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -91,9 +91,10 @@ def test_kq_admitted_job_runs_with_its_flavor_and_releases_quota(
 
     pods = cluster.wait_pods("mnist", names("mnist"), timeout=T)
     worker = pods["mnist-worker-0"]
-    assert worker.spec.node_selector == {"pool": "spot"}
+    assert pod_spec(worker).node_selector == {"pool": "spot"}
     # (The API server adds its own default tolerations beside the flavor's.)
-    assert "spot" in [t.key for t in worker.spec.tolerations or []]
+    assert "spot" in [t.key for t in pod_spec(worker).tolerations or []]
+    assert worker.metadata is not None and worker.metadata.labels is not None
     assert worker.metadata.labels["kueue.x-k8s.io/podset"] == "worker"
     assert worker.metadata.labels["kueue.x-k8s.io/cluster-queue-name"] == cq
     assert not suspended(cluster, "mnist")
@@ -107,11 +108,12 @@ def test_kq_admitted_job_runs_with_its_flavor_and_releases_quota(
     )
     cluster.set_exited("mnist-chief-0", 0)
     cluster.wait_condition("mnist", "Succeeded", T)
-    finished = wait_until(
-        lambda: (wl := queues.workload("mnist")) is not None and is_true(wl, "Finished") and wl,
-        timeout=T,
-        what="the Workload Finished",
-    )
+
+    def finished_workload() -> Obj | None:
+        workload = queues.workload("mnist")
+        return workload if is_true(workload, "Finished") else None
+
+    finished = wait_until(finished_workload, timeout=T, what="the Workload Finished")
     assert (condition(finished, "Finished") or {}).get("reason") == "Succeeded"
     wait_until(
         lambda: (
@@ -187,15 +189,14 @@ def test_kq_higher_priority_job_preempts_and_the_preempted_one_resumes_uncounted
     )
     assert "Preempted" in evicted["message"], evicted
     wait_until(lambda: not cluster.pods("low"), timeout=T, what="the low job's pods gone")
-    low_workload = wait_until(
-        lambda: (
-            (wl := queues.workload("low")) is not None
-            and not (wl.get("status") or {}).get("admission")
-            and wl
-        ),
-        timeout=T,
-        what="the low job's admission cleared",
-    )
+
+    def unadmitted_low() -> Obj | None:
+        workload = queues.workload("low")
+        if workload is None or (workload.get("status") or {}).get("admission"):
+            return None
+        return workload
+
+    low_workload = wait_until(unadmitted_low, timeout=T, what="the low job's admission cleared")
     assert is_true(low_workload, "Requeued")
     wait_admitted(queues, "high", T)
     cluster.run_all("high", names("high"))
@@ -224,13 +225,12 @@ def test_kq_deactivated_workload_stops_the_job_and_says_so(
     queues.patch_workload(workload["metadata"]["name"], {"spec": {"active": False}})
     wait_until(lambda: suspended(cluster, "deact"), timeout=T, what="the job suspended")
     wait_until(lambda: not cluster.pods("deact"), timeout=T, what="its pods gone")
-    cond = wait_until(
-        lambda: (
-            (c := cluster.condition("deact", "Suspended")) and "Deactivated" in c["message"] and c
-        ),
-        timeout=T,
-        what="the job saying it is deactivated",
-    )
+
+    def deactivated() -> Obj | None:
+        held = cluster.condition("deact", "Suspended")
+        return held if held and "Deactivated" in held["message"] else None
+
+    cond = wait_until(deactivated, timeout=T, what="the job saying it is deactivated")
     assert cond["reason"] == "EvictedByKueue"
     # The same Workload stays (deleting it would break deactivation: kueue#4342).
     (still,) = queues.workloads("deact")

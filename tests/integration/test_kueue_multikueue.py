@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 from kubernetes import client as k8s
@@ -23,7 +24,7 @@ from tests.controlplane.cluster import ControlPlane, ControlPlaneError
 from tests.controlplane.kueue import KUEUE_NAMESPACE, Kueue, start_kueue
 from tests.integration.conftest import started_control_plane
 from tests.integration.kueue_harness import KUEUE, KV, Queues, is_true, queued_job
-from tests.integration.operator_harness import Cluster, Operator, wait_until
+from tests.integration.operator_harness import Cluster, Obj, Operator, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +52,7 @@ def worker_kueue(worker_plane: ControlPlane) -> Iterator[Kueue]:
 
 @pytest.fixture
 def worker_api(worker_plane: ControlPlane) -> Iterator[k8s.ApiClient]:
-    api = k8s_config.new_client_from_config(config_file=str(worker_plane.kubeconfig))  # type: ignore[no-untyped-call]
+    api = k8s_config.new_client_from_config(config_file=str(worker_plane.kubeconfig))
     try:
         yield api
     finally:
@@ -115,7 +116,9 @@ def multikueue_objects(queues: Queues, worker_kubeconfig: Path, suffix: str) -> 
     queues.cluster_scoped.append(("admissionchecks", check))
     wait_until(
         lambda: is_true(
-            custom.get_cluster_custom_object(KUEUE, KV, "multikueueclusters", cluster_name),
+            cast(
+                Obj, custom.get_cluster_custom_object(KUEUE, KV, "multikueueclusters", cluster_name)
+            ),
             "Active",
         ),
         timeout=T,

@@ -13,7 +13,7 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import pytest
 from kubernetes import client as k8s
@@ -21,7 +21,16 @@ from kubernetes import client as k8s
 from tests.controlplane.cluster import Component
 from tests.controlplane.kueue import Kueue
 from tests.integration.kueue_harness import QUEUE_LABEL, Queues
-from tests.integration.operator_harness import Cluster, Operator, trainjob, wait_until
+from tests.integration.operator_harness import (
+    Cluster,
+    Obj,
+    Operator,
+    meta,
+    pod_status,
+    trainjob,
+    uid_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -66,10 +75,10 @@ class Watcher(threading.Thread):
             self.namespace, label_selector="trainjob.dev/job-name"
         ).items
         return {
-            p.metadata.uid: p
+            uid_of(p): p
             for p in pods
-            if p.metadata.deletion_timestamp is None
-            and p.status.phase in (None, "Pending", "Running")
+            if meta(p).deletion_timestamp is None
+            and pod_status(p).phase in (None, "Pending", "Running")
         }
 
     def check(self) -> None:
@@ -81,9 +90,8 @@ class Watcher(threading.Thread):
         counted: set[str] = set()  # live Pods of jobs whose quota is held (not Finished)
         suspects: set[str] = set()  # ... of those, Pods whose Workload has no admission
         for uid, pod in pods.items():
-            status = (workloads.get(pod.metadata.labels["trainjob.dev/job-name"]) or {}).get(
-                "status"
-            ) or {}
+            job = (meta(pod).labels or {})["trainjob.dev/job-name"]
+            status = (workloads.get(job) or {}).get("status") or {}
             finished = any(
                 c.get("type") == "Finished" and c.get("status") == "True"
                 for c in status.get("conditions") or []
@@ -100,7 +108,7 @@ class Watcher(threading.Thread):
             again = set(self.live_pods())
             for uid in sorted(suspects & again):
                 self.violations.append(
-                    f"Pod {pods[uid].metadata.name} runs while its Workload has no admission"
+                    f"Pod {meta(pods[uid]).name} runs while its Workload has no admission"
                 )
             if len(counted & again) > QUOTA_CPU:
                 self.violations.append(
@@ -116,6 +124,17 @@ class Watcher(threading.Thread):
             except Exception as exc:  # an API hiccup is not a violation; note it
                 self.violations.append(f"watcher error: {exc!r}")
                 return
+
+
+def trainjobs(cluster: Cluster) -> list[Obj]:
+    listing = cast(
+        Obj,
+        cluster.custom.list_namespaced_custom_object(
+            "trainjob.dev", "v1alpha1", cluster.namespace, "trainjobs"
+        ),
+    )
+    items: list[Obj] = listing["items"]
+    return items
 
 
 def test_kueue_storm_with_operator_kills_keeps_quota_and_admission(
@@ -157,9 +176,7 @@ def test_kueue_storm_with_operator_kills_keeps_quota_and_admission(
             operator.start()
 
         def all_done() -> bool:
-            jobs = cluster.custom.list_namespaced_custom_object(
-                "trainjob.dev", "v1alpha1", namespace, "trainjobs"
-            )["items"]
+            jobs = trainjobs(cluster)
             return len(jobs) == JOBS and all(
                 (j.get("status") or {}).get("state") in ("Succeeded", "Failed") for j in jobs
             )
@@ -168,10 +185,8 @@ def test_kueue_storm_with_operator_kills_keeps_quota_and_admission(
         elapsed = time.monotonic() - started
         watcher.stopped.set()
         watcher.join(10)
-        jobs = cluster.custom.list_namespaced_custom_object(
-            "trainjob.dev", "v1alpha1", namespace, "trainjobs"
-        )["items"]
-        states = sorted({(j.get("status") or {}).get("state") for j in jobs})
+        jobs = trainjobs(cluster)
+        states = sorted({str((j.get("status") or {}).get("state")) for j in jobs})
         print(
             f"{JOBS} jobs through a {QUOTA_CPU}-CPU ClusterQueue in {elapsed:.0f}s, operator "
             f"killed {kills} times; peak CPUs of live Pods {watcher.peak_cpu}; "

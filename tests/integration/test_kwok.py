@@ -68,8 +68,8 @@ def follow_phases(
     """Watch the pods from resourceVersion ``since`` (every update, not samples) until each is
     terminal; return their phase histories."""
     history: dict[str, list[str]] = {n: [] for n in names}
-    stream = watch.Watch()  # type: ignore[no-untyped-call]
-    events = stream.stream(  # type: ignore[no-untyped-call]
+    stream = watch.Watch()
+    events = stream.stream(
         core_v1.list_namespaced_pod, namespace, resource_version=since, timeout_seconds=60
     )
     for event in events:
@@ -81,7 +81,7 @@ def follow_phases(
         if not history[name] or history[name][-1] != now:
             history[name].append(now)
         if all(h and h[-1] in TERMINAL for h in history.values()):
-            stream.stop()  # type: ignore[no-untyped-call]
+            stream.stop()
             break
     unfinished = {n: h for n, h in history.items() if not h or h[-1] not in TERMINAL}
     assert not unfinished, f"pods not terminal within 60s: {unfinished}"

@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
@@ -25,6 +26,7 @@ from tests.integration.operator_harness import (
     Operator,
     WaitTimeoutError,
     attempt,
+    meta,
     trainjob,
     wait_until,
 )
@@ -79,16 +81,14 @@ def crashed(operator: Operator) -> None:
     assert operator.process is not None and operator.process.returncode == -9, operator.log_tail()
 
 
-def running_job(cluster: Cluster, operators: Operators, body: dict[str, object]) -> str:
+def running_job(cluster: Cluster, operators: Operators, body: dict[str, Any]) -> str:
     """A job whose Pods all run, then no operator."""
-    name = str(body["metadata"]["name"])  # type: ignore[index]
+    name = str(body["metadata"]["name"])
     operator = operators.start()
     cluster.create_job(body)
-    replicas = body["spec"]["replicaSpecs"]  # type: ignore[index]
+    replicas = body["spec"]["replicaSpecs"]
     names = {
-        f"{name}-{rtype}-{i}"
-        for rtype, group in replicas.items()  # type: ignore[attr-defined]
-        for i in range(group["replicas"])
+        f"{name}-{rtype}-{i}" for rtype, group in replicas.items() for i in range(group["replicas"])
     }
     cluster.run_all(name, names)
     cluster.wait_condition(name, "Running")
@@ -136,7 +136,7 @@ def test_a_crash_right_after_creating_a_replacement_still_counts_the_restart(
     def both_on_attempt_one() -> bool:
         pods = cluster.pods(name)
         return set(pods) == {"lost-worker-0", "lost-worker-1"} and all(
-            attempt(pod) == 1 and not pod.metadata.deletion_timestamp for pod in pods.values()
+            attempt(pod) == 1 and not meta(pod).deletion_timestamp for pod in pods.values()
         )
 
     wait_until(both_on_attempt_one, timeout=T, what="both workers on attempt 1")

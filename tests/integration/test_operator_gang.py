@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client as k8s
@@ -23,6 +23,8 @@ from tests.integration.operator_harness import (
     Cluster,
     Operator,
     container,
+    meta,
+    pod_spec,
     trainjob,
     wait_until,
 )
@@ -68,13 +70,15 @@ def podgroup_crds(api_client: k8s.ApiClient, gang_scheduler: GangScheduler) -> N
     ext = k8s.ApiextensionsV1Api(api_client)
     for group, version, _ in [GANGS[VOLCANO]]:
         try:
-            ext.create_custom_resource_definition(_podgroup_crd(group, version))
+            # a manifest, as kubectl would send it: the client validates it into the model
+            ext.create_custom_resource_definition(_podgroup_crd(group, version))  # type: ignore[arg-type]
         except ApiException as exc:
             if exc.status != 409:
                 raise
 
         def established(name: str = f"podgroups.{group}") -> bool:
             crd = ext.read_custom_resource_definition(name)
+            assert crd.status is not None
             return any(
                 c.type == "Established" and c.status == "True"
                 for c in (crd.status.conditions or [])
@@ -136,11 +140,11 @@ def test_gang_podgroup_and_pod_references(
     else:
         assert podgroup["spec"]["scheduleTimeoutSeconds"] == 60
     for pod in pods.values():
-        assert pod.spec.scheduler_name == scheduler
+        assert pod_spec(pod).scheduler_name == scheduler
         if gang == "volcano":
-            assert pod.metadata.annotations["scheduling.k8s.io/group-name"] == "gang"
+            assert (meta(pod).annotations or {})["scheduling.k8s.io/group-name"] == "gang"
         else:
-            assert pod.metadata.labels["scheduling.x-k8s.io/pod-group"] == "gang"
+            assert (meta(pod).labels or {})["scheduling.x-k8s.io/pod-group"] == "gang"
 
 
 def test_gang_podgroup_of_a_kueue_job_is_made_only_after_admission(
@@ -168,7 +172,10 @@ def test_gang_podgroup_of_a_kueue_job_is_made_only_after_admission(
     ).start()
 
     def podgroups() -> list[Any]:
-        found = cluster.custom.list_namespaced_custom_object(group, version, namespace, "podgroups")
+        found = cast(
+            dict[str, Any],
+            cluster.custom.list_namespaced_custom_object(group, version, namespace, "podgroups"),
+        )
         return list(found.get("items") or [])
 
     try:

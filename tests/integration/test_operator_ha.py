@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -32,6 +32,7 @@ def _install_peering(api_client: k8s.ApiClient, namespace: str) -> None:
 
     def established() -> bool:
         crd = ext.read_custom_resource_definition("kopfpeerings.kopf.dev")
+        assert crd.status is not None
         return any(
             c.type == "Established" and c.status == "True" for c in (crd.status.conditions or [])
         )
@@ -48,8 +49,11 @@ def _install_peering(api_client: k8s.ApiClient, namespace: str) -> None:
 
 
 def _peers(api_client: k8s.ApiClient, namespace: str) -> dict[str, Any]:
-    peering = k8s.CustomObjectsApi(api_client).get_namespaced_custom_object(
-        "kopf.dev", "v1", namespace, "kopfpeerings", PEERING
+    peering = cast(
+        dict[str, Any],
+        k8s.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            "kopf.dev", "v1", namespace, "kopfpeerings", PEERING
+        ),
     )
     return {k: v for k, v in (peering.get("status") or {}).items() if v}
 

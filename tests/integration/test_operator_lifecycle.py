@@ -16,8 +16,11 @@ from tests.integration.operator_harness import (
     Operator,
     attempt,
     env_of,
+    meta,
     module_cluster,
     module_operator,
+    pod_spec,
+    pod_status,
     trainjob,
     wait_until,
 )
@@ -46,7 +49,9 @@ def test_op_create_then_running(cluster: Cluster, operator: Operator) -> None:
     cluster.wait_condition("mnist", "Created")
 
     worker = pods["mnist-worker-1"]
-    tf_config = json.loads(env_of(worker)["TF_CONFIG"])
+    tf_config_json = env_of(worker)["TF_CONFIG"]
+    assert tf_config_json is not None
+    tf_config = json.loads(tf_config_json)
     ns = cluster.namespace
     assert tf_config == {
         "cluster": {
@@ -56,14 +61,18 @@ def test_op_create_then_running(cluster: Cluster, operator: Operator) -> None:
         "task": {"type": "worker", "index": 1},
         "environment": "cloud",
     }
-    labels = worker.metadata.labels
+    labels = meta(worker).labels
+    assert labels is not None
     assert labels["trainjob.dev/job-name"] == "mnist"
     assert labels["trainjob.dev/replica-type"] == "worker"
     assert labels["trainjob.dev/replica-index"] == "1"
     assert attempt(worker) == 0
-    assert worker.spec.restart_policy == "Never"
-    for obj in [*pods.values(), *cluster.services("mnist").values()]:
-        (ref,) = obj.metadata.owner_references
+    assert pod_spec(worker).restart_policy == "Never"
+    owned: list[k8s.V1Pod | k8s.V1Service] = [*pods.values(), *cluster.services("mnist").values()]
+    for obj in owned:
+        references = meta(obj).owner_references
+        assert references is not None
+        (ref,) = references
         assert (ref.kind, ref.name, ref.uid, ref.controller) == (
             "TrainJob",
             "mnist",
@@ -71,6 +80,7 @@ def test_op_create_then_running(cluster: Cluster, operator: Operator) -> None:
             True,
         )
     service = cluster.services("mnist")["mnist-worker-1"]
+    assert service.spec is not None and service.spec.selector is not None
     assert service.spec.cluster_ip == "None"
     assert service.spec.selector["trainjob.dev/replica-index"] == "1"
 
@@ -106,17 +116,13 @@ def test_op_exit_code_137_restarts_the_group_then_exit_1_fails(cluster: Cluster)
 
     cluster.set_exited("ec-worker-0", 137, "OOMKilled")
     # All-reduce: the whole group restarts, under the same names, as attempt 1.
-    pods = wait_until(
-        lambda: (
-            (p := cluster.pods("ec"))
-            and set(p) == names
-            and all(attempt(x) == 1 for x in p.values())
-            and p
-        ),
-        timeout=T,
-        what="both pods recreated as attempt 1",
-    )
-    assert all(p.status.phase in (None, "Pending") for p in pods.values())
+
+    def recreated() -> dict[str, k8s.V1Pod] | None:
+        p = cluster.pods("ec")
+        return p if p and set(p) == names and all(attempt(x) == 1 for x in p.values()) else None
+
+    pods = wait_until(recreated, timeout=T, what="both pods recreated as attempt 1")
+    assert all(pod_status(p).phase in (None, "Pending") for p in pods.values())
     job = cluster.job("ec") or {}
     assert job["status"]["restartCount"] == 1
     worker = job["status"]["replicaStatuses"]["worker"]["indexes"][0]

@@ -11,7 +11,14 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
-from tests.integration.operator_harness import Cluster, Operator, attempt, trainjob, wait_until
+from tests.integration.operator_harness import (
+    Cluster,
+    Operator,
+    attempt,
+    meta,
+    trainjob,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +66,7 @@ def test_restart_operator_mid_creation(
         assert len(pods) == 2 * JOBS
         assert all(attempt(p) == 0 for p in pods.values())
         for pod in pods.values():
-            assert len(pod.metadata.owner_references) == 1
+            assert len(meta(pod).owner_references or []) == 1
         for pod_name in sorted(pods):
             cluster.set_running(pod_name)
         for name in names:
@@ -107,7 +114,7 @@ def test_restarted_operator_keeps_running_jobs_as_they_are(
         first.kill()
     finally:
         first.stop()
-    before = {name: pod.metadata.uid for name, pod in cluster.pods().items()}
+    before = {name: meta(pod).uid for name, pod in cluster.pods().items()}
     assert len(before) == 2 * RUNNING_JOBS
 
     second = Operator(kubeconfig, log, f"--namespace={namespace}").start()
@@ -118,7 +125,7 @@ def test_restarted_operator_keeps_running_jobs_as_they_are(
             what="the restarted operator to reconcile every job once",
         )
         assert second.running(), second.log_tail()
-        after = {name: pod.metadata.uid for name, pod in cluster.pods().items()}
+        after = {name: meta(pod).uid for name, pod in cluster.pods().items()}
         assert after == before, "the restarted operator replaced running Pods"
         for name in names:
             status = (cluster.job(name) or {})["status"]

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import pytest
 from kubernetes import client as k8s
@@ -100,8 +100,11 @@ class Group:
 
     def _jobs(self) -> dict[str, bool]:
         """This group's TrainJobs: namespace -> whether the operator wrote its status."""
-        listing: dict[str, Any] = self.custom.list_cluster_custom_object(
-            GROUP, VERSION, PLURAL, label_selector=f"{RUN_LABEL}={self.label}"
+        listing = cast(
+            dict[str, Any],
+            self.custom.list_cluster_custom_object(
+                GROUP, VERSION, PLURAL, label_selector=f"{RUN_LABEL}={self.label}"
+            ),
         )
         return {
             job["metadata"]["namespace"]: bool((job.get("status") or {}).get("conditions"))

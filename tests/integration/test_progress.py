@@ -27,7 +27,14 @@ from cryptography.hazmat.primitives.asymmetric import ec, utils
 from kubernetes import client as k8s
 
 from tests.controlplane.cluster import ControlPlane, free_port
-from tests.integration.operator_harness import Cluster, Operator, trainjob, wait_until
+from tests.integration.operator_harness import (
+    Cluster,
+    Operator,
+    meta,
+    pod_spec,
+    trainjob,
+    wait_until,
+)
 from trainjob.core import constants
 from trainjob.core import progress as core_progress
 
@@ -86,6 +93,7 @@ def cluster(
 # -- helpers ----------------------------------------------------------------------------------
 
 _CA: dict[str, ssl.SSLContext] = {}
+Reply = tuple[int, dict[str, str], dict[str, Any]]  # status, headers, JSON body
 
 
 def _post(
@@ -146,14 +154,15 @@ def _pod_token(cluster: Cluster, pod: str, audience: str) -> str:
             audiences=[audience],
             expiration_seconds=600,
             bound_object_ref=k8s.V1BoundObjectReference(
-                api_version="v1", kind="Pod", name=pod, uid=live.metadata.uid
+                api_version="v1", kind="Pod", name=pod, uid=meta(live).uid
             ),
         )
     )
-    account = live.spec.service_account_name or "default"
+    account = pod_spec(live).service_account_name or "default"
     reply = cluster.core.create_namespaced_service_account_token(
         account, cluster.namespace, request
     )
+    assert reply.status is not None
     return str(reply.status.token)
 
 
@@ -179,8 +188,8 @@ def _expired_token(plane: ControlPlane, cluster: Cluster, pod: str, audience: st
         "sub": f"system:serviceaccount:{cluster.namespace}:default",
         "kubernetes.io": {
             "namespace": cluster.namespace,
-            "pod": {"name": pod, "uid": live.metadata.uid},
-            "serviceaccount": {"name": "default", "uid": account.metadata.uid},
+            "pod": {"name": pod, "uid": meta(live).uid},
+            "serviceaccount": {"name": "default", "uid": meta(account).uid},
         },
     }
     header = {"alg": "ES256", "typ": "JWT"}
@@ -219,17 +228,20 @@ def test_progress_pods_get_a_job_token_and_the_ca(
 ) -> None:
     pods = _start_job(cluster, "tok")
     pod = pods["tok-chief-0"]
-    volume = next(v for v in pod.spec.volumes if v.name == constants.PROGRESS_VOLUME_NAME)
+    spec = pod_spec(pod)
+    volume = next(v for v in spec.volumes or [] if v.name == constants.PROGRESS_VOLUME_NAME)
+    assert volume.projected is not None and volume.projected.sources is not None
     token = volume.projected.sources[0].service_account_token
+    assert token is not None
     assert token.audience == core_progress.audience(cluster.namespace, "tok")
-    assert pod.metadata.annotations[constants.ANNOTATION_PROGRESS_CA] == (
+    assert (meta(pod).annotations or {})[constants.ANNOTATION_PROGRESS_CA] == (
         control_plane.pki.ca_cert.read_text()
     )
-    assert pod.spec.automount_service_account_token is False  # training needs no API rights
-    env = {e.name: e.value for e in pod.spec.containers[0].env}
-    assert env[constants.ENV_PROGRESS_URL].endswith(
-        core_progress.report_path(cluster.namespace, "tok")
-    )
+    assert spec.automount_service_account_token is False  # training needs no API rights
+    env = {e.name: e.value for e in spec.containers[0].env or []}
+    url = env[constants.ENV_PROGRESS_URL]
+    assert url is not None
+    assert url.endswith(core_progress.report_path(cluster.namespace, "tok"))
 
 
 def test_progress_accepted_refused_and_written_within_budget(
@@ -252,13 +264,13 @@ def test_progress_accepted_refused_and_written_within_budget(
         "examplesPerSecond": 812.5,
     }
 
+    def served() -> Reply | None:
+        reply = job_a.post(report, chief)
+        return reply if reply[0] not in (429, 503) else None
+
     # Accepted, and visible in status within one budget slot (+ slack for a loaded machine).
     sent = time.monotonic()
-    code, _, body = wait_until(
-        lambda: (r := job_a.post(report, chief))[0] not in (429, 503) and r,
-        timeout=T,
-        what="job a served by the operator (not 503)",
-    )
+    code, _, body = wait_until(served, timeout=T, what="job a served by the operator (not 503)")
     assert code == 202, body
     shown = wait_until(lambda: _progress(cluster, "a").get("summary"), timeout=T, what="status")
     visible_after = time.monotonic() - sent
@@ -345,11 +357,12 @@ def test_progress_accepted_refused_and_written_within_budget(
 
     # A deleted Pod's token is refused even while its review is cached.
     cluster.core.delete_namespaced_pod("b-chief-0", ns, grace_period_seconds=0)
-    result = wait_until(
-        lambda: (r := b_reporter.post(report, b_token))[0] in (401, 403) and r,
-        timeout=T,
-        what="the deleted Pod's token refused",
-    )
+
+    def refused_now() -> Reply | None:
+        reply = b_reporter.post(report, b_token)
+        return reply if reply[0] in (401, 403) else None
+
+    result = wait_until(refused_now, timeout=T, what="the deleted Pod's token refused")
     refused("deleted pod (review cached)", result)
     assert result[0] == 403, result
 

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import pytest
 from hypothesis import given
@@ -106,8 +106,9 @@ def test_fuzz_operator_survives_generated_jobs(
         refused_by_parser[manifest["metadata"]["name"]] = bool(spec.problems_of(manifest))
 
     def unserved() -> list[str]:
-        items: dict[str, Any] = cluster.custom.list_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL
+        items = cast(
+            dict[str, Any],
+            cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL),
         )
         jobs = {item["metadata"]["name"]: item for item in items["items"]}
         return [
@@ -133,8 +134,9 @@ def test_fuzz_operator_survives_generated_jobs(
 
 def final_states(cluster: Cluster, namespace: str) -> collections.Counter[str]:
     """How the admitted jobs ended up: state, and the reason of a failure."""
-    items: dict[str, Any] = cluster.custom.list_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL
+    items = cast(
+        dict[str, Any],
+        cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL),
     )
     counted: collections.Counter[str] = collections.Counter()
     for item in items["items"]:

@@ -61,7 +61,7 @@ def cluster(plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[Clu
     api = k8s_config.new_client_from_config(config_file=str(plane.kubeconfig))
     namespace = "wl-" + request.node.name.replace("_", "-")[5:40].strip("-")
     core = k8s.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
     plane.wait_service_account(namespace)
     try:
         yield Cluster(api, namespace)

@@ -59,7 +59,8 @@ def _attempts(run_dir: Path, replica: str) -> list[list[dict[str, Any]]]:
 
 
 def _max_step(events: list[dict[str, Any]]) -> int:
-    return max(e["step"] for e in events if e["event"] == "step")
+    steps: list[int] = [e["step"] for e in events if e["event"] == "step"]
+    return max(steps)
 
 
 def _interrupt_worker_1(

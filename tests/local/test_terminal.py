@@ -13,6 +13,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pexpect
@@ -52,6 +53,11 @@ REPLICA_ROW = re.compile(r"^  worker-\d +(Running|Starting|Pending|Stopping|Succ
 DEBRIS = re.compile(r"pid \d+|loss \d\.\d{4}|ex/s|Running +epoch")
 WIDE_WORDS = 2 * 8 * 36  # 2 replicas x 8 wide lines (~210 columns: a short last row) x 36
 DEADLINE_S = 60
+
+
+def group_gone(pgid: int) -> Callable[[], bool]:
+    """A probe for wait_until: no process of group `pgid` is alive."""
+    return lambda: not group_alive(pgid)
 
 
 def _lines(screen: pyte.HistoryScreen) -> list[str]:
@@ -245,7 +251,7 @@ def test_closing_the_terminal_stops_every_replica(tmp_path: Path) -> None:
         with contextlib.suppress(pexpect.ExceptionPexpect):
             child.close(force=False)
         for info in procs.values():
-            wait_until(lambda pid=info["pid"]: not group_alive(pid), DEADLINE_S, "replica gone")
+            wait_until(group_gone(info["pid"]), DEADLINE_S, "replica gone")
         wait_until(
             lambda: (read_json(run_dir / "status.json") or {}).get("state") == "Interrupted",
             DEADLINE_S,

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import training_harness as harness
@@ -24,7 +25,7 @@ FAST = {"epochs": 1, "steps_per_epoch": 5, "model": "mlp", "batch_size": 32}
 
 def _run(
     tmp: Path, env_extra: dict[str, str], timeout: float = 120
-) -> tuple[int, list[dict[str, object]], str]:
+) -> tuple[int, list[dict[str, Any]], str]:
     env = harness.replica_env(
         {},
         "worker",

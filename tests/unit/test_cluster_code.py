@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trainjob.cli import CliError
+from trainjob.cliutil import CliError
 from trainjob.cluster import code
 from trainjob.cluster.cli import read_code
 

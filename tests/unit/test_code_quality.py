@@ -22,6 +22,7 @@ def test_ruff_is_clean() -> None:
 
 
 def test_mypy_strict_is_clean() -> None:
+    """`mypy` as configured in pyproject.toml: strict over the product, tests/ and bench/."""
     result = run(str(BIN / "mypy"))
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -49,7 +49,7 @@ def parsed(raw: dict[str, Any]) -> spec.TrainJob:
     return spec.parse(raw)
 
 
-GPU_TEMPLATE = {
+GPU_TEMPLATE: dict[str, Any] = {
     "metadata": {"labels": {"team": "a"}},
     "spec": {
         "containers": [
@@ -179,7 +179,7 @@ def admitted_workload(flavor_of: dict[str, str]) -> dict[str, Any]:
     return workload
 
 
-FLAVORS = {
+FLAVORS: dict[str, dict[str, Any]] = {
     "spot": {
         "spec": {
             "nodeLabels": {"pool": "spot"},

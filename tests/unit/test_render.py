@@ -261,7 +261,7 @@ def test_termination_message_falls_back_to_the_logs_tail_unless_the_user_chose()
     assert pod["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
     job = byo_job("mine:1", False)
     template = job.replica_specs["worker"].template
-    template["spec"]["containers"][0]["terminationMessagePolicy"] = "File"  # type: ignore[index]
+    template["spec"]["containers"][0]["terminationMessagePolicy"] = "File"
     pod = render.render_pod(job, "worker", 0, 0, OPTIONS, None)
     assert pod["spec"]["containers"][0]["terminationMessagePolicy"] == "File"
 
@@ -271,7 +271,7 @@ def test_restricted_defaults_let_an_image_of_ones_own_run_under_restricted() -> 
     Without the operator's --restricted-pod-defaults the API server refuses such a Pod in a
     namespace enforcing "restricted" (runAsNonRoot != true); with it, every field that
     profile checks is set, and what the template sets wins."""
-    manifest = {
+    manifest: dict[str, Any] = {
         "apiVersion": "trainjob.dev/v1alpha1",
         "kind": "TrainJob",
         "metadata": {"name": "keras"},

@@ -19,7 +19,8 @@ from trainjob.runtime.exitcodes import FailureKind
 def _tf_error(name: str, message: str = "") -> Exception:
     """An exception whose class is named like tf.errors.<name> (subclass of OpError in TF)."""
     op_error = type("OpError", (Exception,), {})
-    return type(name, (op_error,), {})(message)
+    error_class: type[Exception] = type(name, (op_error,), {})
+    return error_class(message)
 
 
 PERMANENT = [
