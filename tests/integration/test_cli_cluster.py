@@ -407,8 +407,8 @@ def test_cli_client_create_get_list_progress_wait_delete(
         with pytest.raises(client.TrainJobError, match="nb4 already exists"):
             tj.create(trainjob("nb4", chief=1, workers=0), code=package)
         shipped = cluster.core.read_namespaced_config_map("nb4-code", ns)
-        assert list(shipped.data.values()) == ["UNITS = 8\n"]
-        assert shipped.metadata.owner_references[0].name == "nb4"
+        assert list((shipped.data or {}).values()) == ["UNITS = 8\n"]
+        assert (meta(shipped).owner_references or [])[0].name == "nb4"
         with pytest.raises(client.TrainJobError, match="not a directory"):
             tj.create(trainjob("nb5", chief=1, workers=0), code=package / "model.py")
 
