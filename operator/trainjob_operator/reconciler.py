@@ -36,8 +36,6 @@ import functools
 import hashlib
 import json
 import logging
-import math
-import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -47,6 +45,7 @@ from trainjob_operator import (
     children,
     config,
     gang,
+    gang_sync,
     informer,
     kube,
     kueue,
@@ -121,11 +120,8 @@ class Runtime:
     kueue_namespaces: kueue.Namespaces = dataclasses.field(default_factory=kueue.Namespaces)
     # Jobs whose orphaned Workloads are being released now.
     releasing: set[JobKey] = dataclasses.field(default_factory=set)
-    # Gangs waiting for nodes; those to requeue with their scheduler now that room may have
-    # appeared, and when each was last requeued (monotonic seconds). See gang.waits_for_room.
-    waiting_gangs: set[JobKey] = dataclasses.field(default_factory=set)
-    requeue_gangs: dict[JobKey, int] = dataclasses.field(default_factory=dict)
-    gangs_requeued_at: dict[JobKey, float] = dataclasses.field(default_factory=dict)
+    # Gangs waiting for nodes, and the touches they are owed when room appears.
+    gangs: gang_sync.Requeue = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self.creating = asyncio.Semaphore(creating_jobs(self.settings.api_workers))
@@ -143,8 +139,9 @@ class Runtime:
         )
         if self.settings.kueue:
             self.child_index.workload_listeners.append(self._release_if_orphaned)
+        self.gangs = gang_sync.Requeue(self.kube, self.settings, self.wake)
         if gang.wanted(self.settings):
-            self.child_index.pod_listeners.append(self._room_from_pod)
+            self.child_index.pod_listeners.append(self.gangs.pod_changed)
 
     def _release_if_orphaned(self, key: JobKey, body: Mapping[str, Any]) -> None:
         """A Workload being deleted whose job has no reconcile loop here (the job is gone:
@@ -170,19 +167,7 @@ class Runtime:
         for key in self.child_index.jobs_on_nodes(names):
             self.wake(key)
         if any(self.nodes.index.loss(name) is None for name in names):
-            self.room_appeared()  # a node joined or is Ready again
-
-    def _room_from_pod(self, key: JobKey, body: Mapping[str, Any]) -> None:
-        """A TrainJob Pod that ends (or goes) gives its node's room back."""
-        phase = (body.get("status") or {}).get("phase")
-        if phase in gang.DONE_PHASES or (body.get("metadata") or {}).get("deletionTimestamp"):
-            self.room_appeared()
-
-    def room_appeared(self) -> None:
-        """Room for a waiting gang may have appeared: each one asks its scheduler again."""
-        for key in self.waiting_gangs:
-            self.requeue_gangs[key] = gang.REQUEUES_PER_ROOM
-            self.wake(key)
+            self.gangs.room_appeared()  # a node joined or is Ready again
 
     def begin(self, key: JobKey) -> None:
         """The job's loop is about to reconcile it (for the first time, or again)."""
@@ -205,9 +190,7 @@ class Runtime:
     def forget(self, key: JobKey) -> None:
         self.wakers.pop(key, None)
         self.reconciled.discard(key)
-        self.waiting_gangs.discard(key)
-        self.requeue_gangs.pop(key, None)
-        self.gangs_requeued_at.pop(key, None)
+        self.gangs.forget(key)
 
 
 @dataclasses.dataclass
@@ -526,7 +509,7 @@ async def reconcile_job(
         if gang_plan.create and (decision.create_pods or gang_plan.hold):
             bypassed = gang.bypass_events(job, rt.settings)
             decision = dataclasses.replace(decision, events=(*decision.events, *bypassed))
-        requeue_gang_in = await _requeue_waiting_gang(rt, (namespace, name), decision, group)
+        requeue_gang_in = await rt.gangs.step((namespace, name), decision, group)
     owner = render.Owner(name=name, uid=uid)
 
     # Record the decision before acting on it (see the module docstring for why).
@@ -551,14 +534,11 @@ async def reconcile_job(
         )
     if gang_plan.delete and group is not None:
         # After the Pods (none is left running): a Pod whose group is gone is never placed.
-        resource = informer.pod_groups(rt.settings.gang_scheduler)
-        await rt.kube.delete_object(
-            resource.group, resource.version, namespace, resource.plural, group.name, group.uid
-        )
+        await gang_sync.delete_pod_group(rt.kube, rt.settings, namespace, group)
     refusals: dict[policy.ReplicaKey, str] = {}
     try:
         if gang_plan.create and (decision.create_pods or gang_plan.hold):
-            await _create_pod_group(rt, job, namespace, options, owner)
+            await gang_sync.create_pod_group(rt.kube, rt.settings, job, namespace, options, owner)
         if decision.create_services or decision.create_pods:
             async with rt.creating:
                 await _create_children(rt, job, decision, namespace, options, owner, refusals)
@@ -591,41 +571,6 @@ async def reconcile_job(
         later = decision.requeue_after
         return Outcome(requeue_gang_in if later is None else min(later, requeue_gang_in))
     return Outcome(decision.requeue_after)
-
-
-async def _requeue_waiting_gang(
-    rt: Runtime, key: JobKey, decision: policy.Decision, group: children.ChildPodGroup | None
-) -> float | None:
-    """Keep `rt.waiting_gangs` current and, when room may have appeared since this gang was
-    rejected, touch its PodGroup so that the scheduler tries it again (gang.waits_for_room);
-    at most once per gang.REQUEUE_INTERVAL_SECONDS. Returns when to look again, if a touch
-    is due later."""
-    if not gang.waits_for_room(decision.status) or group is None:
-        rt.waiting_gangs.discard(key)
-        rt.requeue_gangs.pop(key, None)
-        return None
-    rt.waiting_gangs.add(key)
-    owed = rt.requeue_gangs.get(key, 0)
-    if owed <= 0:
-        return None
-    clock = time.monotonic()
-    wait = rt.gangs_requeued_at.get(key, -math.inf) + gang.REQUEUE_INTERVAL_SECONDS - clock
-    if wait > 0:
-        return wait
-    rt.requeue_gangs[key] = owed - 1
-    rt.gangs_requeued_at[key] = clock
-    resource = informer.pod_groups(rt.settings.gang_scheduler)
-    now = st.format_time(datetime.datetime.now(datetime.timezone.utc))
-    await rt.kube.patch_object(
-        resource.group,
-        resource.version,
-        key[0],
-        resource.plural,
-        group.name,
-        gang.requeue_patch(now),
-    )
-    logger.info("Room may have appeared: asked the scheduler to retry gang %s/%s", *key)
-    return gang.REQUEUE_INTERVAL_SECONDS if owed > 1 else None
 
 
 async def release_workloads(
@@ -689,32 +634,6 @@ async def _create_children(
             refusals,
         )
         for rtype, index, attempt in decision.create_pods
-    )
-
-
-async def _create_pod_group(
-    rt: Runtime,
-    job: spec.TrainJob,
-    namespace: str,
-    options: render.RenderOptions,
-    owner: render.Owner,
-) -> None:
-    """The job's PodGroup, its minResources ordered by the templates' PriorityClass values
-    (read here: a class that cannot be read counts 0, as in training-operator)."""
-    priorities: dict[str, int] = {}
-    for class_name in sorted(gang.priority_class_names(job)):
-        try:
-            found = await rt.kube.get_object(
-                "scheduling.k8s.io", "v1", None, "priorityclasses", class_name
-            )
-        except (kube.TransientError, kube.RejectedError) as exc:
-            logger.warning("Could not read PriorityClass %s: %s", class_name, exc)
-            found = None
-        value = (found or {}).get("value")
-        priorities[class_name] = value if isinstance(value, int) else 0
-    resources = gang.min_resources(job, options, priorities)
-    await rt.kube.create_pod_group(
-        gang.render_pod_group(job, rt.settings, namespace, owner, resources)
     )
 
 
