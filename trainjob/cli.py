@@ -230,6 +230,10 @@ def cmd_completion(args: argparse.Namespace, streams: Streams) -> int:
 
 
 # ----- completion -----
+# The verbs whose first argument is a cluster job's name (completed from `get -o name`).
+NAMED_VERBS: Final = ("get", "describe", "wait", "attach", "delete")
+
+
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
     """A bash completion script (zsh loads it through bashcompinit) for every command's flags;
     `-f`, `--run-dir` and `--data-dir` complete file names."""
@@ -259,6 +263,24 @@ _trainjob() {{
   if [[ $COMP_CWORD -eq 1 ]]; then
     COMPREPLY=($(compgen -W "{" ".join(commands)} {" ".join(top)}" -- "$cur")); return
   fi
+  case "$cmd" in
+    {"|".join(NAMED_VERBS)})
+      if [[ "$cur" != -* ]]; then
+        # Job names from the cluster, with this command line's -n/--context/--kubeconfig.
+        local i where=()
+        for ((i = 2; i < COMP_CWORD; i++)); do
+          case "${{COMP_WORDS[i]}}" in
+            -n|--namespace|--context|--kubeconfig)
+              where+=("${{COMP_WORDS[i]}}" "${{COMP_WORDS[i+1]}}") ;;
+            -A|--all-namespaces) where+=(-A) ;;
+          esac
+        done
+        local names
+        names="$(trainjob get -o name "${{where[@]}}" 2>/dev/null | sed 's|.*/||')"
+        COMPREPLY=($(compgen -W "$names" -- "$cur"))
+        return
+      fi ;;
+  esac
   case "$cmd" in
 {cases}
     *) opts="" ;;

@@ -595,3 +595,34 @@ def test_cli_forbidden_and_refused_credentials_are_one_line(
         f"trainjob describe: get TrainJob {ns}/x: Unauthorized (the kubeconfig's credentials "
         "were refused)\n"
     )
+
+
+def test_cli_completion_offers_the_clusters_job_names(
+    cluster: Cluster, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """`trainjob describe -n NS <TAB>` in a real bash with the completion script loaded:
+    the names come from the cluster (`trainjob get -o name`), in the namespace typed."""
+    ns = cluster.namespace
+    for name in ("alpha", "beta"):
+        cluster.create_job(trainjob(name, chief=1, workers=0))
+    code, out, _ = run(kubeconfig, "get", "-n", ns, "-o", "name")
+    assert (code, out) == (0, "trainjob.trainjob.dev/alpha\ntrainjob.trainjob.dev/beta\n")
+    script = tmp_path / "completion.bash"
+    script.write_text(cli.completion_script(cli.build_parser(), "bash"))
+    probe = (
+        f"source {shlex.quote(str(script))}\n"
+        f"COMP_WORDS=(trainjob describe -n {ns} a); COMP_CWORD=4; _trainjob\n"
+        'echo "${COMPREPLY[*]}"\n'
+        f"COMP_WORDS=(trainjob delete -n {ns} ''); COMP_CWORD=4; _trainjob\n"
+        'echo "${COMPREPLY[*]}"\n'
+    )
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    result = subprocess.run(
+        ["bash", "-c", probe], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["alpha", "alpha beta"], result.stdout

@@ -121,7 +121,10 @@ def add_submit_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 def add_get_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("names", nargs="*", metavar="NAME", help="jobs (default: all)")
-    parser.add_argument("-o", "--output", choices=("wide", "yaml", "json"))
+    parser.add_argument(
+        "-o", "--output", choices=("wide", "yaml", "json", "name"),
+        help="name: one trainjob.trainjob.dev/NAME per line, as kubectl (scripts, completion)",
+    )  # fmt: skip
     add_cluster_flags(parser, all_namespaces=True)
     return parser
 
@@ -330,6 +333,9 @@ def cmd_get(args: argparse.Namespace, streams: Streams) -> int:
             jobs = [cluster.get_job(name) for name in args.names]
         else:
             jobs = cluster.list_jobs(args.all_namespaces)
+    if args.output == "name":
+        streams.out.writelines(f"{KIND}/{show.name_of(job)}\n" for job in jobs)
+        return EXIT_OK
     if args.output in ("yaml", "json"):
         if len(args.names) == 1:
             dump(jobs[0], streams.out, args.output)
