@@ -279,7 +279,10 @@ def test_namespaced_mode_writes_only_in_the_watched_namespaces() -> None:
 
 def test_gang_scheduler_and_peering_options() -> None:
     docs = template(*MODES["everything"])
-    assert grants(docs, "Role", "scheduling.volcano.sh", "podgroups", "create")
+    for verb in ("create", "delete", "list", "watch"):
+        assert grants(docs, "Role", "scheduling.volcano.sh", "podgroups", verb)
+    # Cluster-scoped: a ClusterRole even when the operator serves listed namespaces only.
+    assert grants(docs, "ClusterRole", "scheduling.k8s.io", "priorityclasses", "get")
     assert grants(docs, "Role", "kopf.dev", "kopfpeerings", "patch")
     peering = only(docs, "KopfPeering")
     assert peering["metadata"] == {**peering["metadata"], "namespace": "team-a"}
@@ -293,6 +296,7 @@ def test_gang_scheduler_and_peering_options() -> None:
 
     plugins = template(*MODES["clusterwide-ha-plugins"])
     assert grants(plugins, "ClusterRole", "scheduling.x-k8s.io", "podgroups", "create")
+    assert grants(plugins, "ClusterRole", "scheduling.k8s.io", "priorityclasses", "get")
     assert grants(plugins, "ClusterRole", "kopf.dev", "clusterkopfpeerings", "patch")
     assert only(plugins, "ClusterKopfPeering")["metadata"]["name"] == "trainjob-operator"
 
