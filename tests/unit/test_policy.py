@@ -1119,14 +1119,17 @@ def test_the_startup_deadline_waits_while_no_replica_has_a_node() -> None:
         unschedulable(world, key)
     world.reconcile(at(10))
     assert world.condition(st.RUNNING).reason == policy.REASON_UNSCHEDULABLE
-    world.reconcile(at(3600))
+    waiting = world.reconcile(at(3600))
     assert world.state() not in ("Failed", "Succeeded")
-    assert world.status.attempt_start_time == at(3600)
+    assert world.status.attempt_start_time == at(0)  # not moved: no status write per wait
+    assert waiting.requeue_after is None  # and no timer while it waits
     # Placed at last: one replica runs, the other still waits; the clock runs from here.
     world.set_phase(("chief", 0), "Running")
     world.reconcile(at(3610))
+    assert world.status.attempt_start_time == at(3610)
+    world.reconcile(at(3669))
     assert world.state() not in ("Failed", "Succeeded")
-    world.reconcile(at(3600 + 61))
+    world.reconcile(at(3671))
     assert world.state() == "Failed"
     assert world.condition(st.FAILED).reason == policy.REASON_STARTUP
 
@@ -1141,10 +1144,12 @@ def test_a_held_job_creates_no_pod_says_why_and_its_startup_clock_waits() -> Non
     assert [e.reason for e in decision.events] == ["Created", policy.REASON_GANG_PENDING]
     again = world.reconcile(at(600))
     assert world.state() == "Created"
+    assert world.status.attempt_start_time == at(0)  # not moved while held: no writes
     assert policy.REASON_GANG_PENDING not in [e.reason for e in again.events]  # told once
     world.held = None
     released = world.reconcile(at(601))
     assert len(released.create_pods) == 4
     assert world.condition(st.RUNNING).reason == policy.REASON_STARTING
+    assert world.status.attempt_start_time == at(601)
     world.reconcile(at(650))
-    assert world.state() != "Failed"  # the clock started at 600, not at 0
+    assert world.state() != "Failed"  # the clock started at 601, not at 0

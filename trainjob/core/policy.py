@@ -350,8 +350,9 @@ def reconcile(
             start_time = attempt_start = now
         if start_time is None:
             start_time = attempt_start = now
-        if held is not None and not pods:
-            attempt_start = now  # the startup clock starts once the Pods may be created
+        running = status.condition(st.RUNNING)
+        if held is None and running is not None and running.reason == REASON_GANG_PENDING:
+            attempt_start = now  # released: the startup clock starts once Pods may be created
 
     failures = _observe(work, pods)
 
@@ -611,10 +612,16 @@ def _judge(
         for key in job.replica_keys()
         if work.replicas[key].state not in (st.STATE_RUNNING, st.STATE_SUCCEEDED)
     ]
-    if not_up and _nothing_placed(work):
+    if work.held is not None:
+        return None  # no Pod may be created yet: no startup clock runs
+    if not_up and _nothing_placed([work.replicas[key] for key in job.replica_keys()]):
         # Every replica still waits for a node (no capacity, a gang that does not fit yet):
-        # nothing is held and no peer waits, so the clock starts once something is placed.
-        return _Verdict(restart_count, disruption_count, now, False)
+        # nothing is held and no peer waits, so no startup clock runs (and nothing is written).
+        return None
+    # Placed now after waiting for a node: the startup clock starts here, not at creation.
+    placed_now = _nothing_placed([work.status.record(key) for key in job.replica_keys()])
+    if placed_now:
+        attempt_start = now
     if not_up and attempt_start is not None:
         limit = job.run_policy.startup_deadline_seconds
         remaining = (attempt_start - now).total_seconds() + limit
@@ -629,13 +636,12 @@ def _judge(
             )
             return _Verdict(restart_count, disruption_count, None, True)
         work.requeue.append(remaining)
-    return None
+    return _Verdict(restart_count, disruption_count, now, False) if placed_now else None
 
 
-def _nothing_placed(work: _Work) -> bool:
-    """Whether no replica of the job has a node yet and each one waits for one (the scheduler
-    says Unschedulable), so the job holds nothing while it waits."""
-    records = [work.replicas[key] for key in work.job.replica_keys()]
+def _nothing_placed(records: list[st.ReplicaRecord]) -> bool:
+    """Whether no replica has a node yet and each one waits for one (the scheduler says
+    Unschedulable), so the job holds nothing while it waits."""
     return bool(records) and all(
         r.state == st.STATE_PENDING and r.waiting_reason == REASON_UNSCHEDULABLE for r in records
     )
