@@ -33,9 +33,11 @@ async def create_pod_group(
     namespace: str,
     options: render.RenderOptions,
     owner: render.Owner,
-) -> None:
+) -> str | None:
     """The job's PodGroup, its minResources ordered by the templates' PriorityClass values
-    (read here: a class that cannot be read counts 0, as in training-operator)."""
+    (read here: a class that cannot be read counts 0, as in training-operator). Returns the
+    API server's words when it refuses the group (403: a quota, RBAC, a webhook), for the
+    job's status; None when the group exists now."""
     priorities: dict[str, int] = {}
     for class_name in sorted(gang.priority_class_names(job)):
         try:
@@ -48,7 +50,15 @@ async def create_pod_group(
         value = (found or {}).get("value")
         priorities[class_name] = value if isinstance(value, int) else 0
     resources = gang.min_resources(job, options, priorities)
-    await api.create_pod_group(gang.render_pod_group(job, settings, namespace, owner, resources))
+    manifest = gang.render_pod_group(job, settings, namespace, owner, resources)
+    try:
+        await api.create_object(manifest, children.PODGROUPS)
+    except kube.TransientError as exc:
+        if not exc.refused():
+            raise
+        logger.warning("Could not create PodGroup %s/%s: %s", namespace, job.name, exc)
+        return exc.api_message or str(exc)
+    return None
 
 
 async def delete_pod_group(

@@ -790,24 +790,3 @@ class Kube:
             accept_type=METADATA_LIST,
         )
         return bool(json.loads(payload).get("items"))
-
-    # -- gang scheduling ------------------------------------------------------------------
-
-    async def create_pod_group(self, manifest: Obj) -> bool:
-        group, version = manifest["apiVersion"].split("/", 1)
-        namespace = manifest["metadata"]["namespace"]
-        name = manifest["metadata"]["name"]
-        what = f"creating PodGroup {namespace}/{name}"
-        status, _ = await self._request(
-            "POST",
-            _path(group, version, namespace, "podgroups"),
-            what,
-            body=manifest,
-            accept=(404, 409),
-        )
-        if status == 409:
-            return False
-        if status == 404:
-            raise TransientError(f"{what}: the {group} API is not installed")
-        logger.info("Created PodGroup %s/%s", namespace, name)
-        return True

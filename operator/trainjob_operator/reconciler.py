@@ -504,9 +504,11 @@ async def reconcile_job(
     if queued is not None:
         decision = kp.held_decision(decision, old, queued.hold, queued.workload, now)
     requeue_gang_in: float | None = None
+    # The PodGroup comes before the Pods that need it (or, under Volcano, before their hold).
+    make_group = gang_plan.create and bool(decision.create_pods or gang_plan.hold)
     if gang.wanted(rt.settings):
         decision = gang.waiting_message(decision, job, group)
-        if gang_plan.create and (decision.create_pods or gang_plan.hold):
+        if make_group:
             bypassed = gang.bypass_events(job, rt.settings)
             decision = dataclasses.replace(decision, events=(*decision.events, *bypassed))
         requeue_gang_in = await rt.gangs.step((namespace, name), decision, group)
@@ -537,8 +539,17 @@ async def reconcile_job(
         await gang_sync.delete_pod_group(rt.kube, rt.settings, namespace, group)
     refusals: dict[policy.ReplicaKey, str] = {}
     try:
-        if gang_plan.create and (decision.create_pods or gang_plan.hold):
-            await gang_sync.create_pod_group(rt.kube, rt.settings, job, namespace, options, owner)
+        if make_group:
+            words = await gang_sync.create_pod_group(
+                rt.kube, rt.settings, job, namespace, options, owner
+            )
+            if words is not None:
+                # Pods without their group are never placed: none is made, and each says why
+                # as a refused Pod would (FailedCreate), tried again with the same backoff.
+                refusals.update(
+                    {(t, i): f"PodGroup {job.name}: {words}" for t, i, _ in decision.create_pods}
+                )
+                decision = dataclasses.replace(decision, create_pods=())
         if decision.create_services or decision.create_pods:
             async with rt.creating:
                 await _create_children(rt, job, decision, namespace, options, owner, refusals)

@@ -396,3 +396,37 @@ def test_gang_restart_keeps_its_podgroup_and_places_the_new_pods_as_a_gang(
     assert kept is not None and kept["metadata"]["uid"] == first["metadata"]["uid"]
     cluster.wait_condition("flaky", "Failed", timeout=60)
     wait_until(lambda: pod_group(cluster, "flaky") is None, timeout=30, what="the PodGroup gone")
+
+
+def test_gang_a_refused_podgroup_is_told_in_status_then_created_when_allowed(
+    cluster: Cluster, pool: Pool
+) -> None:
+    """The API server refuses the PodGroup (here a ResourceQuota of zero PodGroups; RBAC or a
+    webhook alike): no Pod is made, the job says why in its status and Events in the API
+    server's words, and the group and Pods come once the quota is gone."""
+    pool.add(1, cpu=4)
+    quota = k8s.V1ResourceQuota(
+        metadata=k8s.V1ObjectMeta(name="no-podgroups"),
+        spec=k8s.V1ResourceQuotaSpec(hard={f"count/podgroups.{PODGROUP_GROUP}": "0"}),
+    )
+    cluster.core.create_namespaced_resource_quota(cluster.namespace, quota)
+
+    def quota_enforced() -> bool:
+        found = cluster.core.read_namespaced_resource_quota("no-podgroups", cluster.namespace)
+        return bool(found.status and found.status.hard)
+
+    wait_until(quota_enforced, timeout=30, what="the quota counted")
+    cluster.create_job(gang_job("quota", pool, workers=1, cpu="1", run=None))
+    refused = wait_until(
+        lambda: (c := running_condition(cluster, "quota")).get("reason") == "FailedCreate" and c,
+        timeout=60,
+        what="the job to say its PodGroup was refused",
+    )
+    assert "PodGroup quota:" in refused["message"], refused
+    assert "forbidden" in refused["message"] and "no-podgroups" in refused["message"], refused
+    assert any(e.reason == "FailedCreate" for e in cluster.events("quota"))
+    assert not cluster.pods("quota") and pod_group(cluster, "quota") is None
+
+    cluster.core.delete_namespaced_resource_quota("no-podgroups", cluster.namespace)
+    wait_until(lambda: pod_group(cluster, "quota"), timeout=90, what="the PodGroup made")
+    wait_until(lambda: bound(cluster, "quota") == (2, 2), timeout=60, what="the gang bound")
