@@ -880,9 +880,10 @@ def _update_running(work: _Work) -> None:
 
 
 def _show_waiting(work: _Work) -> None:
+    running = next((c for c in work.conditions if c.type == st.RUNNING), None)
     if work.held is not None:
         reason, message = work.held
-        if not work.status.is_true(st.RUNNING) and _condition_reason(work, st.RUNNING) != reason:
+        if not work.status.is_true(st.RUNNING) and (running is None or running.reason != reason):
             work.event("Normal", reason, message)
         work.condition(st.RUNNING, False, reason, message)
         return
@@ -890,17 +891,12 @@ def _show_waiting(work: _Work) -> None:
     if waiting:
         work.condition(st.RUNNING, False, waiting[0][0], summarize([line for _, line in waiting]))
         return
-    running = next((c for c in work.conditions if c.type == st.RUNNING), None)
     if running is not None and not running.status and running.reason in WAITING_REASONS:
         # The cause went away (the image pulled, a node freed): say what we wait for now.
         if work.is_true(st.RESTARTING):
             work.condition(st.RUNNING, False, REASON_RESTARTING, "Replicas are restarting")
         else:
             work.condition(st.RUNNING, False, REASON_STARTING, "Replicas are starting")
-
-
-def _condition_reason(work: _Work, ctype: str) -> str | None:
-    return next((c.reason for c in work.conditions if c.type == ctype), None)
 
 
 def _suspend(
