@@ -87,6 +87,33 @@ class Outcome:
     requeue_after: float | None
     # The TrainJob is gone (or going): stop its reconcile loop.
     done: bool = False
+    # Nothing left to do and nothing due (see `at_rest`): park the job until an event.
+    at_rest: bool = False
+
+
+def at_rest(decision: policy.Decision, seen: Seen) -> bool:
+    """A finished job whose clean-up is carried out, with nothing due later (no TTL, no
+    retry) and our last status write already in the watched copy: nothing can change for it
+    without an event, so its loop parks it (no timer, no copy kept)."""
+    actions = (
+        decision.create_pods,
+        decision.create_services,
+        decision.delete_pods,
+        decision.delete_services,
+        decision.events,
+    )
+    return (
+        decision.status.finished
+        and not any(actions)
+        and not decision.delete_job
+        and decision.requeue_after is None
+        and settled(seen)
+    )
+
+
+def settled(seen: Seen) -> bool:
+    """The watched copy shows everything this loop wrote, and nothing is being retried."""
+    return seen.known is None and not seen.stale and not seen.refused and not seen.refusals
 
 
 @dataclasses.dataclass
@@ -96,7 +123,9 @@ class Runtime:
     settings: config.Settings
     kube: kube.Kube
     metrics: metrics.Metrics
-    wakers: dict[JobKey, asyncio.Event] = dataclasses.field(default_factory=dict)
+    # Set by the controller (controller.py): wake a job's loop; whether a job has one.
+    on_wake: Callable[[JobKey], None] = lambda key: None
+    has_loop: Callable[[JobKey], bool] = lambda key: False
     child_index: children.ChildIndex = dataclasses.field(default_factory=children.ChildIndex)
     # Keeps child_index current and wakes the jobs whose children changed.
     informer: informer.ChildInformer = dataclasses.field(init=False)
@@ -148,7 +177,7 @@ class Runtime:
         deleted while no operator ran, or its loop ended before it could release it) still
         holds our `resource-in-use` finalizer: finish and release it, or it hangs forever."""
         meta = body.get("metadata") or {}
-        if key in self.wakers or not meta.get("deletionTimestamp"):
+        if self.has_loop(key) or not meta.get("deletionTimestamp"):
             return
         if kw.RESOURCE_IN_USE not in (meta.get("finalizers") or []) or key in self.releasing:
             return
@@ -179,16 +208,10 @@ class Runtime:
         """Why this operator is not healthy now (empty: it is)."""
         return self.watchdog.problems([*self.informer.health(), self.nodes.health])
 
-    def waker(self, key: JobKey) -> asyncio.Event:
-        return self.wakers.setdefault(key, asyncio.Event())
-
     def wake(self, key: JobKey) -> None:
-        event = self.wakers.get(key)
-        if event is not None:
-            event.set()
+        self.on_wake(key)
 
     def forget(self, key: JobKey) -> None:
-        self.wakers.pop(key, None)
         self.reconciled.discard(key)
         self.gangs.forget(key)
 
@@ -437,7 +460,7 @@ async def reconcile_job(
     except spec.SpecError as exc:
         message = "; ".join(str(problem) for problem in exc.problems)
         await _mark_invalid(rt, raw, raw_status, old, None, message, now, seen)
-        return Outcome(None)
+        return Outcome(None, at_rest=seen is not None and settled(seen))
 
     mine_pods = [p for p in pods if p.owner_uid in (uid, None)]
     mine_services = [s for s in services if s.owner_uid in (uid, None)]
@@ -557,7 +580,7 @@ async def reconcile_job(
         # The API server refused what the spec renders to (e.g. an invalid Pod template that
         # the CRD schema cannot check): the job can never run as written.
         await _mark_invalid(rt, raw, raw_status, decision.status, job, str(exc), now, seen)
-        return Outcome(None)
+        return Outcome(None, at_rest=seen is not None and settled(seen))
 
     if queued is not None:
         await kueue.sync_pods_ready(rt.kube, queued.workload, decision.status, now)
@@ -581,7 +604,7 @@ async def reconcile_job(
     if requeue_gang_in is not None:
         later = decision.requeue_after
         return Outcome(requeue_gang_in if later is None else min(later, requeue_gang_in))
-    return Outcome(decision.requeue_after)
+    return Outcome(decision.requeue_after, at_rest=seen is not None and at_rest(decision, seen))
 
 
 async def release_workloads(
