@@ -107,7 +107,7 @@ def next_look(outcome: reconciler.Outcome, resync_seconds: float) -> float | Non
 # reconciler.reconcile_job's shape (another one in the controller's unit tests).
 Reconcile = Callable[
     [
-        reconciler.Runtime,
+        reconciler.OperatorContext,
         str,
         str,
         Iterable[children.ChildPod],
@@ -132,7 +132,7 @@ class JobState:
 class Controller:
     def __init__(
         self,
-        rt: reconciler.Runtime,
+        rt: reconciler.OperatorContext,
         workers: int = WORKERS,
         pause: Pause | None = None,
         reconcile: Reconcile = reconciler.reconcile_job,

@@ -45,7 +45,7 @@ from trainjob_operator import (
     reconciler,
 )
 
-RUNTIME_KEY: Final = "trainjob_runtime"
+CONTEXT_KEY: Final = "trainjob_context"
 CONTROLLER_KEY: Final = "trainjob_controller"
 PROGRESS_KEY: Final = "trainjob_progress"
 # Why start-up refused to go on (kopf then stops; __main__ says it and exits 2).
@@ -157,7 +157,7 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
             memo[REFUSED_KEY] = refusal
             await api.close()
             raise kopf.PermanentError(refusal)
-    runtime = reconciler.Runtime(settings=cfg, kube=api, metrics=meters)
+    runtime = reconciler.OperatorContext(settings=cfg, kube=api, metrics=meters)
     if cfg.kueue:
         # Watch Workloads from the start, not only while a job's loop runs: a Workload whose
         # job was deleted while no operator ran must still be released (no loop will come).
@@ -167,7 +167,7 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     runtime.watchdog.start()
     if cfg.progress_enabled:
         memo[PROGRESS_KEY] = await progress_server.serve(runtime)
-    memo[RUNTIME_KEY] = runtime
+    memo[CONTEXT_KEY] = runtime
     jobs = controller.Controller(runtime, pause=PAUSE)
     jobs.start()
     memo[CONTROLLER_KEY] = jobs
@@ -225,8 +225,8 @@ async def trainjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
     server = memo.get(PROGRESS_KEY)
     if isinstance(server, progress_server.ProgressServer):
         await server.close()
-    runtime = memo.get(RUNTIME_KEY)
-    if isinstance(runtime, reconciler.Runtime):
+    runtime = memo.get(CONTEXT_KEY)
+    if isinstance(runtime, reconciler.OperatorContext):
         await runtime.watchdog.close()
         await runtime.informer.close()
         await runtime.nodes.close()
@@ -243,8 +243,8 @@ def trainjob_login(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> ko
 def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
     """Liveness: how many TrainJobs this operator knows; fails while a list+watch keeps
     failing or a job waits past the serve deadline for its first reconcile."""
-    runtime = memo.get(RUNTIME_KEY)
-    if not isinstance(runtime, reconciler.Runtime):
+    runtime = memo.get(CONTEXT_KEY)
+    if not isinstance(runtime, reconciler.OperatorContext):
         return 0
     problems = runtime.problems()
     if problems:

@@ -261,7 +261,7 @@ def _with_replica(report: progress.Report, pod_name: str | None, job: str) -> pr
     return dataclasses.replace(report, replica=pod_name[len(job) + 1 :])
 
 
-async def serve(runtime: reconciler.Runtime) -> ProgressServer:
+async def serve(runtime: reconciler.OperatorContext) -> ProgressServer:
     """Start serving progress reports for the operator's jobs: the HTTPS server, the status
     writer, the termination-message reader on the Pod informer, and the endpoint (URL + CA)
     rendered into new Pods."""

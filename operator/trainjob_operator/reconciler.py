@@ -117,8 +117,8 @@ def settled(seen: Seen) -> bool:
 
 
 @dataclasses.dataclass
-class Runtime:
-    """Operator-wide state shared by every handler (kept in kopf's memo)."""
+class OperatorContext:
+X
 
     settings: config.Settings
     kube: kube.Kube
@@ -262,7 +262,7 @@ def _version(obj: Mapping[str, Any]) -> str | None:
 
 
 async def current_trainjob(
-    rt: Runtime,
+    rt: OperatorContext,
     namespace: str,
     name: str,
     live: Mapping[str, Any] | None,
@@ -288,7 +288,7 @@ async def current_trainjob(
 
 
 async def _patch_status(
-    rt: Runtime,
+    rt: OperatorContext,
     raw: Mapping[str, Any],
     patch: dict[str, Any],
     seen: Seen | None,
@@ -327,7 +327,7 @@ def event_id(uid: str, fingerprint: str, position: int, event: policy.Event) -> 
 
 
 async def _post_events(
-    rt: Runtime,
+    rt: OperatorContext,
     raw: Mapping[str, Any],
     fingerprint: str,
     events: Iterable[policy.Event],
@@ -357,7 +357,7 @@ def _status_of(raw: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 async def _record(
-    rt: Runtime,
+    rt: OperatorContext,
     raw: Mapping[str, Any],
     events: Iterable[policy.Event],
     patch: dict[str, Any] | None,
@@ -433,7 +433,7 @@ def status_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[
 
 
 async def reconcile_job(
-    rt: Runtime,
+    rt: OperatorContext,
     namespace: str,
     name: str,
     pods: Iterable[children.ChildPod],
@@ -608,7 +608,7 @@ async def reconcile_job(
 
 
 async def release_workloads(
-    rt: Runtime,
+    rt: OperatorContext,
     key: JobKey,
     now: datetime.datetime,
     workloads: Sequence[Mapping[str, Any]] | None = None,
@@ -627,7 +627,7 @@ async def release_workloads(
 
 
 async def _create_children(
-    rt: Runtime,
+    rt: OperatorContext,
     job: spec.TrainJob,
     decision: policy.Decision,
     namespace: str,
@@ -672,7 +672,7 @@ async def _create_children(
 
 
 async def _create_refusable(
-    rt: Runtime,
+    rt: OperatorContext,
     kind: str,
     namespace: str,
     key: policy.ReplicaKey,
@@ -713,7 +713,7 @@ async def _all(calls: Iterable[Coroutine[Any, Any, Any]]) -> None:
 
 
 async def _mark_invalid(
-    rt: Runtime,
+    rt: OperatorContext,
     raw: Mapping[str, Any],
     raw_status: Mapping[str, Any],
     old: st.JobStatus,

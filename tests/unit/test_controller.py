@@ -114,7 +114,7 @@ class Loop:
         self.script = script
 
         async def reconcile(
-            rt: reconciler.Runtime,
+            rt: reconciler.OperatorContext,
             namespace: str,
             name: str,
             pods: Iterable[children.ChildPod],
@@ -128,7 +128,7 @@ class Loop:
             return await self.script(call)
 
         self.controller = controller.Controller(
-            cast(reconciler.Runtime, self.rt), workers=workers, reconcile=reconcile
+            cast(reconciler.OperatorContext, self.rt), workers=workers, reconcile=reconcile
         )
 
     def keys(self) -> list[JobKey]:
