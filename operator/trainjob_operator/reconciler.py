@@ -118,7 +118,8 @@ def settled(seen: Seen) -> bool:
 
 @dataclasses.dataclass
 class OperatorContext:
-X
+    """Operator-wide state shared by the job loop, the informers and the progress server
+    (kept in kopf's memo). Named apart from `trainjob.runtime`, the code in each replica."""
 
     settings: config.Settings
     kube: kube.Kube
