@@ -140,6 +140,9 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.background.instant_exit_timeout = 1.0
     # A stalled stream (open, silent) is reopened, kopf's and ours alike.
     settings.watching.inactivity_timeout = cfg.watch_idle_seconds
+    # kopf lists in one request by default: 10,000 TrainJobs parsed at once, a peak whose
+    # memory the process keeps. Pages of the size our informers use bound it.
+    settings.watching.chunk_size = kube.LIST_PAGE
     api = kube.Kube(
         functools.partial(kube.login, settings, logger),
         cfg.api_workers,
