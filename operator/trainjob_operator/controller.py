@@ -26,8 +26,6 @@ queue (controller-runtime's shape), and a finished job costs nothing.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import dataclasses
 import datetime
 import logging
@@ -49,22 +47,6 @@ REQUEUE_SLACK: Final = 0.05
 # --api-workers, bounds the requests in flight): enough workers to keep that busy, few
 # enough that a burst of new jobs does not hold a task per job.
 WORKERS: Final = 32
-# After this many reconciles, once the queue is empty, the C heap's free pages go back to the
-# system (see `trim_heap`).
-TRIM_AFTER: Final = 1000
-
-
-def trim_heap() -> None:
-    """Return the C allocator's free memory to the system (glibc's malloc_trim; elsewhere
-    nothing). A burst of work (the start-up's look at every job, a relist) parses many
-    objects at once; freed, their memory stays in glibc's heaps as the process's RSS,
-    though nothing uses it."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
 
 
 class Toggle(Protocol):
@@ -168,7 +150,6 @@ class Controller:
         # Per job: the event set once its scope's children have been listed.
         self._listed: dict[JobKey, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._since_trim = 0
         rt.on_wake = self.wake
         rt.has_loop = self.known.__contains__
 
@@ -224,10 +205,6 @@ class Controller:
                 self.queue.add_after(key, BACKOFF_MAX)
             finally:
                 self.queue.done(key)
-            self._since_trim += 1
-            if self._since_trim >= TRIM_AFTER and not len(self.queue):
-                self._since_trim = 0
-                trim_heap()
 
     async def _reconcile(self, key: JobKey) -> None:
         rt = self.rt
