@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from trainjob.core import policy
-from trainjob.runtime import exitcodes, keras_runner, reporter, settings
+from trainjob.runtime import exitcodes, losscheck, reporter, settings
 from trainjob.runtime.exitcodes import FailureKind
 
 
@@ -166,17 +166,17 @@ def test_a_bad_opt_out_value_is_rejected_with_the_rest_of_the_config() -> None:
 
 
 def test_keras_checks_each_step_except_under_parameter_server() -> None:
-    check = keras_runner.loss_check_for
-    assert check({}, parameter_server=False) is keras_runner.LossCheck.EVERY_STEP
+    check = losscheck.loss_check_for
+    assert check({}, parameter_server=False) is losscheck.LossCheck.EVERY_STEP
     # The coordinator would wait for each step: checked where logs are fetched anyway.
-    assert check({}, parameter_server=True) is keras_runner.LossCheck.FETCHED
+    assert check({}, parameter_server=True) is losscheck.LossCheck.FETCHED
     off = {"stop_on_nonfinite_loss": False}
-    assert check(off, parameter_server=False) is keras_runner.LossCheck.OFF
-    assert check(off, parameter_server=True) is keras_runner.LossCheck.OFF
+    assert check(off, parameter_server=False) is losscheck.LossCheck.OFF
+    assert check(off, parameter_server=True) is losscheck.LossCheck.OFF
 
 
 def test_the_lagged_check_names_the_nan_step_when_the_next_step_ends() -> None:
-    lagged = keras_runner.LaggedLossCheck()
+    lagged = losscheck.LaggedLossCheck()
     lagged.push(0.5, step=6, epoch=1)
     lagged.push(math.nan, step=7, epoch=1)  # step 6 checked: finite
     with pytest.raises(exitcodes.NonFiniteLossError, match=r"at step 7 \(epoch 1\)$"):
@@ -184,13 +184,13 @@ def test_the_lagged_check_names_the_nan_step_when_the_next_step_ends() -> None:
 
 
 def test_logs_without_a_loss_keep_nothing() -> None:
-    lagged = keras_runner.LaggedLossCheck()
+    lagged = losscheck.LaggedLossCheck()
     lagged.push(None, step=1, epoch=0)
     lagged.flush()  # nothing to check, nothing raised
 
 
 def test_the_lagged_check_raises_on_flush_and_then_holds_nothing() -> None:
-    lagged = keras_runner.LaggedLossCheck()
+    lagged = losscheck.LaggedLossCheck()
     lagged.push(math.inf, step=10, epoch=0)
     with pytest.raises(exitcodes.NonFiniteLossError, match="loss became inf at step 10"):
         lagged.flush()

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TextIO
 
-from trainjob.core import policy
+from trainjob.core import policy, progress_events
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
 from trainjob.local import data, events, logfilter, outcome, plan, rundir, supervisor, view
@@ -132,17 +132,13 @@ class Executor:
             self.timer = self.timer.observe(step, time.monotonic())
 
     def _note_report(self, event: Mapping[str, Any]) -> None:
-        if not isinstance(event.get("progress"), Mapping):
-            return
-        try:
-            self.report = core_progress.parse_report(event["progress"])
-        except core_progress.ReportError:
-            return  # a foreign or damaged line: the table keeps the last good report
+        report = progress_events.report_of(event)
+        if report is None:
+            return  # none, or a foreign or damaged one: the table keeps the last good report
+        self.report = report
         self.report_received = self.now()
 
     def _drain_lines(self) -> None:
-        from trainjob.runtime import progress as progress_events
-
         while True:
             try:
                 key, attempt, text = self.processes.lines.get_nowait()
