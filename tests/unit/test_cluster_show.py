@@ -187,7 +187,7 @@ def test_the_summary_of_a_failed_cluster_job_names_cause_and_log_command() -> No
     pods = [pod("mnist-worker-0", "worker", 0, containerStatuses=container(terminated))]
     summary = show.summary(FAILED, pods, NOW)
     text = view.summary_text(summary)
-    assert outcome.exit_code_of(summary) == 1
+    assert outcome.command_exit_code(summary) == 1
     assert text.startswith("TrainJob mnist Failed after 1m30s\n")
     assert "  reason:     ReplicaFailed: worker 0 exited with code 1 (permanent)\n" in text
     assert "  cause:      worker-0: ValueError: bad shape\n" in text

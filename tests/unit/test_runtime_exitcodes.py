@@ -65,7 +65,7 @@ def test_permanent_failures_exit_1_to_127(kind: FailureKind, exc: Exception, cod
     got = exitcodes.classify_exception(exc, default=FailureKind.USER_CODE_ERROR)
     assert got == kind
     assert exitcodes.exit_code(got) == code
-    assert 1 <= code <= 127 and not exitcodes.is_retryable(code)
+    assert 1 <= code <= 127 and not policy.retryable_exit_code(code)
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_transient_failures_exit_128_or_more(kind: FailureKind, exc: Exception, 
     got = exitcodes.classify_exception(exc, default=FailureKind.USER_CODE_ERROR)
     assert got == kind
     assert exitcodes.exit_code(got) == code
-    assert exitcodes.is_retryable(code)
+    assert policy.retryable_exit_code(code)
 
 
 def test_transient_error_wrapped_by_user_code_is_still_transient() -> None:
@@ -146,7 +146,7 @@ def test_the_policy_names_the_same_code_the_runtime_exits_with() -> None:
     code = exitcodes.exit_code(FailureKind.NON_FINITE_LOSS)
     assert code == policy.EXIT_CODE_NON_FINITE_LOSS
     assert FailureKind.NON_FINITE_LOSS.value == policy.REASON_NON_FINITE_LOSS
-    assert not exitcodes.is_retryable(code)
+    assert not policy.retryable_exit_code(code)
 
 
 def test_the_loss_check_is_on_by_default_and_the_config_turns_it_off() -> None:

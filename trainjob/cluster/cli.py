@@ -454,7 +454,7 @@ def follow(cluster: api.Cluster, name: str, streams: Streams, no_tty: bool) -> i
     summary = show.summary(job, cluster.pods(name), _now())
     out.write(view.summary_text(summary, color=color))
     out.flush()
-    return outcome.exit_code_of(summary)
+    return outcome.command_exit_code(summary)
 
 
 # ----- logs -----

@@ -19,9 +19,9 @@ from trainjob.core import constants, spec
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
 from trainjob.local import view
-from trainjob.local.events import ReplicaProgress, lead_replica
 from trainjob.local.outcome import Cause, Summary, failed_replicas
 from trainjob.local.plan import ReplicaKey, label
+from trainjob.local.replica_progress import ReplicaProgress, lead_replica
 
 Obj = Mapping[str, Any]
 NONE: Final = "<none>"  # an empty cell, as kubectl prints it

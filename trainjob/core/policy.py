@@ -182,10 +182,15 @@ def is_retryable(restart_policy: str, failure: Failure) -> bool:
     if restart_policy in ("OnFailure", "Always"):
         return True
     if restart_policy == "ExitCode":
-        code = failure.exit_code
-        # 1-127: the program gave up (permanent). >= 128 or no code: killed, evicted, OOM.
-        return code is None or code == 0 or code >= FIRST_SIGNAL_EXIT_CODE
+        return retryable_exit_code(failure.exit_code)
     return False
+
+
+def retryable_exit_code(code: int | None) -> bool:
+    """The ExitCode restart policy's rule: 1-127, the program gave up, are permanent; >= 128
+    or no code (killed, evicted, OOM-killed) are retried. The runtime's own exit codes are
+    chosen by it (:mod:`trainjob.runtime.exitcodes`)."""
+    return code is None or code == 0 or code >= FIRST_SIGNAL_EXIT_CODE
 
 
 def success_deciders(job: spec.TrainJob) -> list[ReplicaKey]:

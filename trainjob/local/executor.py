@@ -3,9 +3,9 @@
 Each tick it observes the replicas' processes (`supervisor`), asks the policy engine (the same
 `trainjob.core.policy.reconcile` the operator calls) what to do, and does it: a "pod" created
 is a process started, a "pod" deleted is a process stopped. Replica output becomes progress
-(`events`) and filtered log lines (`logfilter`); the terminal (`terminal`) shows them with the
-live table (`view`); the run directory (`rundir`) records status and processes; how the run
-ended is decided by `outcome`.
+(`replica_progress`) and filtered log lines (`logfilter`); the terminal (`terminal`) shows them
+with the live table (`view`); the run directory (`rundir`) records status and processes; how the
+run ended is decided by `outcome`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,16 @@ from typing import Any, Final, TextIO
 from trainjob.core import policy, progress_events
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local import data, events, logfilter, outcome, plan, rundir, supervisor, view
+from trainjob.local import (
+    data,
+    logfilter,
+    outcome,
+    plan,
+    replica_progress,
+    rundir,
+    supervisor,
+    view,
+)
 from trainjob.local.plan import ReplicaKey
 from trainjob.local.terminal import Terminal
 
@@ -62,7 +71,7 @@ class Executor:
         # What replicas reported: their latest numbers, the job's step timer (the ETA), the
         # chief's latest progress report and when it arrived (what the operator would write to
         # status.progress, written to status.json the same way), and the exported model.
-        self.progress: dict[ReplicaKey, events.ReplicaProgress] = {}
+        self.progress: dict[ReplicaKey, replica_progress.ReplicaProgress] = {}
         self.timer = core_progress.StepTimer()
         self.report: core_progress.Report | None = None
         self.report_received = self.now()
@@ -157,8 +166,8 @@ class Executor:
         if event.get("event") == "end" and event.get("status") == "succeeded":
             self._finished_attempts.add((key, attempt))
         before = self.progress.get(key)
-        self.progress[key] = events.fold(before, event)
-        if key == events.lead_replica(self.job) and (
+        self.progress[key] = replica_progress.fold(before, event)
+        if key == replica_progress.lead_replica(self.job) and (
             self.progress_at is None or before is None or before.step != self.progress[key].step
         ):
             self.progress_at = self.now()

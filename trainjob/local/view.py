@@ -23,10 +23,10 @@ from typing import Any, Final
 from trainjob.core import policy, spec
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local.events import ReplicaProgress, fold, job_step, lead_replica
 from trainjob.local.logfilter import terminal_safe
 from trainjob.local.outcome import INTERRUPTED, Cause, Summary, final_state, killed_by
 from trainjob.local.plan import ReplicaKey, label
+from trainjob.local.replica_progress import ReplicaProgress, fold, job_step, lead_replica
 
 ANSI_UP: Final = "\x1b[{n}A"
 ANSI_CLEAR_BELOW: Final = "\x1b[J"
