@@ -5,6 +5,12 @@ attach, with kubectl's conventions (--kubeconfig, --context, -n/--namespace from
 Every API call goes through `trainjob.cluster.api`; its `ClusterError` becomes a `CliError`
 here (one line naming the cause). Following a job draws the same live table and final summary
 as `trainjob run`, from the job's status (`show.snapshot`, `show.summary`); Ctrl-C detaches.
+
+Kept whole (about 550 lines, a third of them help text and parsers): it is the edge of the
+cluster verbs, each a parser beside a thin command over `api`, `show` and `describe`, and all
+share the connection, the flags and the error handling (`connected`, `add_cluster_flags`).
+It is split by verb when the verbs now being added (`tensorboard`) have landed, not under
+them.
 """
 
 from __future__ import annotations
