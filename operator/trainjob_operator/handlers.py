@@ -52,6 +52,9 @@ PROGRESS_KEY: Final = "trainjob_progress"
 REFUSED_KEY: Final = "trainjob_refused"
 SETTINGS_KEY: Final = "trainjob_settings"
 BACKOFF_FIRST: Final = 0.5
+# How long start-up waits for the children's first list (it goes on without it: jobs are
+# then reconciled once it is in, as always).
+LIST_WAIT: Final = 60.0
 
 logger = logging.getLogger("trainjob_operator")
 
@@ -161,11 +164,14 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
             await api.close()
             raise kopf.PermanentError(refusal)
     runtime = reconciler.OperatorContext(settings=cfg, kube=api, metrics=meters)
-    if cfg.kueue:
-        # Watch Workloads from the start, not only while a job's loop runs: a Workload whose
-        # job was deleted while no operator ran must still be released (no loop will come).
-        for namespace in cfg.kopf_namespaces or ("",):
-            runtime.informer.acquire(namespace)
+    # Children (and Workloads) are listed before kopf lists the TrainJobs: a finished job
+    # with no child left is then parked at first sight, without a reconcile (controller.py),
+    # and a Workload whose job was deleted while no operator ran is still released.
+    listed = [runtime.informer.acquire(namespace) for namespace in cfg.kopf_namespaces or ("",)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in listed)), LIST_WAIT)
+    except asyncio.TimeoutError:
+        logger.warning("Children not listed in %.0fs; serving jobs as they come", LIST_WAIT)
     runtime.nodes.start()
     runtime.watchdog.start()
     if cfg.progress_enabled:

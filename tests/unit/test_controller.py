@@ -48,6 +48,10 @@ class FakeMetrics:
         self.reconcile_seconds = FakeCounter()
         self.reconcile_errors = FakeCounter()
         self.forgotten: list[str] = []
+        self.states: dict[str, tuple[str, str]] = {}
+
+    def set_state(self, uid: str, namespace: str, state: str) -> None:
+        self.states[uid] = (namespace, state)
 
     def forget(self, uid: str) -> None:
         self.forgotten.append(uid)
@@ -68,6 +72,12 @@ class FakeInformer:
 
 
 class FakeIndex:
+    def __init__(self) -> None:
+        self.with_children: set[JobKey] = set()
+
+    def has_children(self, key: JobKey) -> bool:
+        return key in self.with_children
+
     def pods(self, _: JobKey) -> list[children.ChildPod]:
         return []
 
@@ -131,7 +141,7 @@ class Loop:
             cast(reconciler.OperatorContext, self.rt), workers=workers, reconcile=reconcile
         )
 
-    def keys(self) -> list[JobKey]:
+    def called(self) -> list[JobKey]:
         return [c.key for c in self.calls]
 
 
@@ -244,7 +254,7 @@ def test_events_during_a_reconcile_coalesce_into_one_more_and_one_job_is_never_r
         release.set()
         await settle(lambda: len(loop.calls) == 3)
         await asyncio.sleep(0.05)
-        assert loop.keys().count(("team-a", "a")) == 2
+        assert loop.called().count(("team-a", "a")) == 2
         assert most == {("team-a", "a"): 1, ("team-a", "b"): 1}
         await loop.controller.close()
 
@@ -401,3 +411,56 @@ def test_only_a_finished_job_with_nothing_left_to_do_and_our_writes_seen_is_at_r
     assert not reconciler.at_rest(policy.Decision(status=done), reconciler.Seen(known={}))
     assert not reconciler.at_rest(policy.Decision(status=done), reconciler.Seen(stale=True))
     assert not reconciler.at_rest(policy.Decision(status=done), reconciler.Seen(refusals=1))
+
+
+def succeeded(name: str = "mnist", ttl: int | None = None) -> dict[str, Any]:
+    raw = trainjob(name)
+    raw["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
+    if ttl is not None:
+        raw["spec"] = {"runPolicy": {"ttlSecondsAfterFinished": ttl}}
+    return raw
+
+
+def test_a_finished_job_with_no_child_left_is_parked_at_sight_without_a_reconcile() -> None:
+    async def scenario() -> None:
+        loop = Loop(finished())
+        loop.controller.start()
+        loop.controller.observe(None, succeeded())
+        await asyncio.sleep(0.05)
+        assert loop.calls == []  # nothing a reconcile could do
+        assert KEY in loop.controller.known and loop.controller.bodies == {}
+        assert loop.rt.begun == [KEY]  # counted as looked at (the watchdog, `trainjob_jobs`)
+        assert loop.rt.metrics.states == {"uid-1": ("team-a", "Succeeded")}
+        await loop.controller.close()
+
+    run(scenario)
+
+
+def test_a_finished_job_with_children_left_a_ttl_or_unlisted_children_is_reconciled() -> None:
+    async def scenario() -> None:
+        loop = Loop(finished())
+        loop.rt.child_index.with_children.add(("team-a", "kept"))
+        loop.controller.start()
+        loop.controller.observe(None, succeeded("kept"))  # clean-up may be due
+        loop.controller.observe(None, succeeded("ttl", ttl=60))  # its TTL is due later
+        await settle(lambda: len(loop.calls) == 2)
+        loop.rt.informer.listed.clear()  # children not listed yet: cannot tell
+        loop.controller.observe(None, succeeded("early"))
+        loop.rt.informer.listed.set()
+        await settle(lambda: len(loop.calls) == 3)
+        assert sorted(name for _, name in loop.called()) == ["early", "kept", "ttl"]
+        await loop.controller.close()
+
+    run(scenario)
+
+
+def test_what_one_look_at_a_trainjob_tells() -> None:
+    assert controller.finished_at_sight(succeeded()) == "Succeeded"
+    failed = trainjob()
+    failed["status"] = {"conditions": [{"type": "Failed", "status": "True", "reason": "X"}]}
+    assert controller.finished_at_sight(failed) == "Failed"
+    assert controller.finished_at_sight(trainjob()) is None  # no status yet
+    assert controller.finished_at_sight(succeeded(ttl=0)) is None
+    going = succeeded()
+    going["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert controller.finished_at_sight(going) is None
