@@ -37,7 +37,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from trainjob.core import naming, policy, render, spec
 from trainjob.core import status as st
@@ -79,6 +79,46 @@ def creating_jobs(api_workers: int) -> int:
     """How many jobs may create children at once: enough that their creates (8 per replica
     group of a typical job) keep every one of the `api_workers` request slots busy."""
     return max(1, api_workers // 2)
+
+
+class JobWrites(Protocol):
+    """The API calls one reconcile makes for its own job (kube.Kube is one; the unit tests'
+    recorder is another): its write protocol is checked against this, in order, with no
+    API server (tests/unit/test_write_protocol.py)."""
+
+    async def get_trainjob(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def patch_status(
+        self,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None = None,
+    ) -> dict[str, Any] | None: ...
+
+    async def post_event(
+        self,
+        job: dict[str, Any],
+        event_type: str,
+        reason: str,
+        message: str,
+        now: datetime.datetime,
+        event_id: str | None = None,
+    ) -> str | None: ...
+
+    async def withdraw_events(self, namespace: str, names: Iterable[str]) -> None: ...
+
+    async def create(
+        self, kind: str, namespace: str, name: str, render: Callable[[], dict[str, Any]]
+    ) -> bool: ...
+
+    async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None: ...
+
+    async def delete_service(
+        self, namespace: str, name: str, uid: str | None = None
+    ) -> None: ...
+
+    async def delete_trainjob(self, namespace: str, name: str, uid: str) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
