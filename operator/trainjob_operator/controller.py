@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from trainjob.core import status as st
-from trainjob_operator import children, kube, reconciler, workqueue
+from trainjob_operator import children, context, kube, reconciler, workqueue, writes
 
 JobKey = children.JobKey
 
@@ -124,14 +124,14 @@ def next_look(outcome: reconciler.Outcome, resync_seconds: float) -> float | Non
 # reconciler.reconcile_job's shape (another one in the controller's unit tests).
 Reconcile = Callable[
     [
-        reconciler.OperatorContext,
+        context.OperatorContext,
         str,
         str,
         Iterable[children.ChildPod],
         Iterable[children.ChildService],
         datetime.datetime,
         "Mapping[str, Any] | None",
-        "reconciler.Seen | None",
+        "writes.Seen | None",
     ],
     Awaitable[reconciler.Outcome],
 ]
@@ -141,7 +141,7 @@ Reconcile = Callable[
 class JobState:
     """An active job's loop memory between reconciles (dropped when it is parked)."""
 
-    seen: reconciler.Seen = dataclasses.field(default_factory=reconciler.Seen)
+    seen: writes.Seen = dataclasses.field(default_factory=writes.Seen)
     failures: int = 0
     conflicts: int = 0
 
@@ -149,7 +149,7 @@ class JobState:
 class Controller:
     def __init__(
         self,
-        rt: reconciler.OperatorContext,
+        rt: context.OperatorContext,
         workers: int = WORKERS,
         pause: Pause | None = None,
         reconcile: Reconcile = reconciler.reconcile_job,
@@ -330,6 +330,6 @@ class Controller:
         if rt.settings.kueue:
             # Kueue holds quota for the job's Workloads until they are finished and released.
             asyncio.get_running_loop().create_task(
-                reconciler.release_workloads(rt, key, datetime.datetime.now(datetime.timezone.utc)),
+                context.release_workloads(rt, key, datetime.datetime.now(datetime.timezone.utc)),
                 name=f"release workloads {key}",
             )

@@ -36,13 +36,13 @@ from kopf._core.reactor import observation
 from trainjob.core import constants
 from trainjob_operator import (
     config,
+    context,
     controller,
     gang,
     informer,
     kube,
     metrics,
     progress_server,
-    reconciler,
 )
 
 CONTEXT_KEY: Final = "trainjob_context"
@@ -163,7 +163,7 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
             memo[REFUSED_KEY] = refusal
             await api.close()
             raise kopf.PermanentError(refusal)
-    runtime = reconciler.OperatorContext(settings=cfg, kube=api, metrics=meters)
+    runtime = context.OperatorContext(settings=cfg, kube=api, metrics=meters)
     # Children (and Workloads) are listed before kopf lists the TrainJobs: a finished job
     # with no child left is then parked at first sight, without a reconcile (controller.py),
     # and a Workload whose job was deleted while no operator ran is still released.
@@ -235,7 +235,7 @@ async def trainjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
     if isinstance(server, progress_server.ProgressServer):
         await server.close()
     runtime = memo.get(CONTEXT_KEY)
-    if isinstance(runtime, reconciler.OperatorContext):
+    if isinstance(runtime, context.OperatorContext):
         await runtime.watchdog.close()
         await runtime.informer.close()
         await runtime.nodes.close()
@@ -253,7 +253,7 @@ def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
     """Liveness: how many TrainJobs this operator knows; fails while a list+watch keeps
     failing or a job waits past the serve deadline for its first reconcile."""
     runtime = memo.get(CONTEXT_KEY)
-    if not isinstance(runtime, reconciler.OperatorContext):
+    if not isinstance(runtime, context.OperatorContext):
         return 0
     problems = runtime.problems()
     if problems:

@@ -24,7 +24,7 @@ from tests.integration.operator_harness import (
     trainjob,
     wait_until,
 )
-from trainjob_operator import reconciler
+from trainjob_operator import writes
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +91,7 @@ def test_op_create_then_running(cluster: Cluster, operator: Operator) -> None:
     # kopf's bookkeeping uses our prefix, and nothing but our status lands in status.
     annotations = job["metadata"].get("annotations") or {}
     assert not [k for k in annotations if k.startswith("kopf.")], annotations
-    assert set(job["status"]) <= set(reconciler.STATUS_KEYS), job["status"]
+    assert set(job["status"]) <= set(writes.STATUS_KEYS), job["status"]
 
     for name in sorted(names):
         cluster.set_running(name)

@@ -13,7 +13,16 @@ from typing import Any, cast
 
 from trainjob.core import policy
 from trainjob.core import status as st
-from trainjob_operator import children, config, controller, kube, reconciler, workqueue
+from trainjob_operator import (
+    children,
+    config,
+    context,
+    controller,
+    kube,
+    reconciler,
+    workqueue,
+    writes,
+)
 
 JobKey = children.JobKey
 KEY: JobKey = ("team-a", "mnist")
@@ -109,7 +118,7 @@ class FakeRuntime:
 class Call:
     key: JobKey
     live: Mapping[str, Any] | None
-    seen: reconciler.Seen | None
+    seen: writes.Seen | None
 
 
 Script = Callable[[Call], Awaitable[reconciler.Outcome]]
@@ -124,21 +133,21 @@ class Loop:
         self.script = script
 
         async def reconcile(
-            rt: reconciler.OperatorContext,
+            rt: context.OperatorContext,
             namespace: str,
             name: str,
             pods: Iterable[children.ChildPod],
             services: Iterable[children.ChildService],
             now: datetime.datetime,
             live: Mapping[str, Any] | None,
-            seen: reconciler.Seen | None,
+            seen: writes.Seen | None,
         ) -> reconciler.Outcome:
             call = Call((namespace, name), live, seen)
             self.calls.append(call)
             return await self.script(call)
 
         self.controller = controller.Controller(
-            cast(reconciler.OperatorContext, self.rt), workers=workers, reconcile=reconcile
+            cast(context.OperatorContext, self.rt), workers=workers, reconcile=reconcile
         )
 
     def called(self) -> list[JobKey]:
@@ -400,7 +409,7 @@ def test_the_slim_copy_leaves_only_managed_fields_out() -> None:
 def test_only_a_finished_job_with_nothing_left_to_do_and_our_writes_seen_is_at_rest() -> None:
     done = st.from_dict({"conditions": [{"type": "Succeeded", "status": "True"}]})
     running = st.from_dict({"conditions": [{"type": "Running", "status": "True"}]})
-    quiet = reconciler.Seen()
+    quiet = writes.Seen()
     assert reconciler.at_rest(policy.Decision(status=done), quiet)
     assert not reconciler.at_rest(policy.Decision(status=running), quiet)
     # Clean-up still to carry out, a TTL still to wait for, the job to delete.
@@ -408,9 +417,9 @@ def test_only_a_finished_job_with_nothing_left_to_do_and_our_writes_seen_is_at_r
     assert not reconciler.at_rest(policy.Decision(status=done, requeue_after=60.0), quiet)
     assert not reconciler.at_rest(policy.Decision(status=done, delete_job=True), quiet)
     # Our last write not yet in the watched copy, or a refused create being retried.
-    assert not reconciler.at_rest(policy.Decision(status=done), reconciler.Seen(known={}))
-    assert not reconciler.at_rest(policy.Decision(status=done), reconciler.Seen(stale=True))
-    assert not reconciler.at_rest(policy.Decision(status=done), reconciler.Seen(refusals=1))
+    assert not reconciler.at_rest(policy.Decision(status=done), writes.Seen(known={}))
+    assert not reconciler.at_rest(policy.Decision(status=done), writes.Seen(stale=True))
+    assert not reconciler.at_rest(policy.Decision(status=done), writes.Seen(refusals=1))
 
 
 def succeeded(name: str = "mnist", ttl: int | None = None) -> dict[str, Any]:

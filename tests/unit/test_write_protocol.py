@@ -1,7 +1,7 @@
 """The order of one reconcile's API calls (reconciler.py's module docstring): Events, then the
 status conditional on the version decided from, and only then children; a status write that
 conflicts stops the reconcile before anything is created. The API is a recorder implementing
-reconciler.JobWrites: no API server, milliseconds per test."""
+writes.JobWrites: no API server, milliseconds per test."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from trainjob_operator import config, kube, metrics, reconciler
+from trainjob_operator import config, context, kube, metrics, reconciler, writes
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
 
@@ -99,17 +99,17 @@ class Recorder:
         self.calls.append(("delete TrainJob", name))
 
 
-def writes_as_kube_does(api: kube.Kube) -> reconciler.JobWrites:
+def writes_as_kube_does(api: kube.Kube) -> writes.JobWrites:
     return api  # mypy: the real API layer is a JobWrites
 
 
-def reconcile(api: Recorder, seen: reconciler.Seen) -> reconciler.Outcome:
+def reconcile(api: Recorder, seen: writes.Seen) -> reconciler.Outcome:
     async def once() -> reconciler.Outcome:
-        context = reconciler.OperatorContext(
+        shared = context.OperatorContext(
             settings=config.Settings(), kube=cast(kube.Kube, api), metrics=metrics.Metrics()
         )
         return await reconciler.reconcile_job(
-            context, "team-a", "mnist", [], [], NOW, trainjob(), seen
+            shared, "team-a", "mnist", [], [], NOW, trainjob(), seen
         )
 
     return asyncio.run(once())
@@ -117,7 +117,7 @@ def reconcile(api: Recorder, seen: reconciler.Seen) -> reconciler.Outcome:
 
 def test_a_new_job_is_recorded_before_any_child_is_made_services_before_pods() -> None:
     api = Recorder()
-    seen = reconciler.Seen()
+    seen = writes.Seen()
     outcome = reconcile(api, seen)
     kinds = [what for what, _ in api.calls]
     status_at = kinds.index("status")
@@ -132,7 +132,7 @@ def test_a_new_job_is_recorded_before_any_child_is_made_services_before_pods() -
 
 def test_a_conflicting_status_write_stops_the_reconcile_before_anything_is_made() -> None:
     api = Recorder(conflict=True)
-    seen = reconciler.Seen()
+    seen = writes.Seen()
     with pytest.raises(kube.ConflictError):
         reconcile(api, seen)
     assert [what for what, _ in api.calls if what not in ("event",)] == ["status"]
