@@ -131,7 +131,7 @@ Reconcile = Callable[
         Iterable[children.ChildService],
         datetime.datetime,
         "Mapping[str, Any] | None",
-        "writes.Seen | None",
+        writes.Seen,
     ],
     Awaitable[reconciler.Outcome],
 ]

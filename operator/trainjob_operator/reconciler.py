@@ -89,11 +89,11 @@ async def reconcile_job(
     pods: Iterable[children.ChildPod],
     services: Iterable[children.ChildService],
     now: datetime.datetime,
-    live: Mapping[str, Any] | None = None,
-    seen: writes.Seen | None = None,
+    live: Mapping[str, Any] | None,
+    seen: writes.Seen,
 ) -> Outcome:
-    """`live`/`seen`: kopf's live copy of the TrainJob and the loop's memory of it (see
-    `current_trainjob`); without them the TrainJob is read with a GET."""
+    """`live`: the watched copy of the TrainJob (None: read it with a GET); `seen`: the job
+    loop's memory of it (see `writes.current_trainjob`)."""
     raw = await writes.current_trainjob(rt.kube, namespace, name, live, seen)
     if raw is None:
         return Outcome(None, done=True)
@@ -110,7 +110,7 @@ async def reconcile_job(
     except spec.SpecError as exc:
         message = "; ".join(str(problem) for problem in exc.problems)
         await _mark_invalid(rt, raw, raw_status, old, None, message, now, seen)
-        return Outcome(None, at_rest=seen is not None and writes.settled(seen))
+        return Outcome(None, at_rest=writes.settled(seen))
 
     mine_pods = [p for p in pods if p.owner_uid in (uid, None)]
     mine_services = [s for s in services if s.owner_uid in (uid, None)]
@@ -132,13 +132,11 @@ async def reconcile_job(
                 now,
             )
         except kube.ConflictError:
-            if seen is not None:
-                seen.stale = True
+            seen.stale = True
             raise
         if queued.raw is not raw:
             raw = dict(queued.raw)
-            if seen is not None:
-                seen.known = raw
+            seen.known = raw
             job = spec.parse(raw)
             options = gang.render_options(job, rt.settings, namespace, rt.progress_endpoint())
     if kw.managed_elsewhere(job.managed_by):
@@ -151,10 +149,9 @@ async def reconcile_job(
     service_uids = {s.key: s.uid for s in mine_services}
 
     refused: dict[policy.ReplicaKey, str] = {}
-    if seen is not None:
-        for key in [k for k in seen.refused if k in observed]:
-            del seen.refused[key]  # created since: no longer refused
-        refused = dict(seen.refused)
+    for key in [k for k in seen.refused if k in observed]:
+        del seen.refused[key]  # created since: no longer refused
+    refused = dict(seen.refused)
     # Replicas whose node is not Ready: shown, never deleted by us (Kubernetes decides).
     lost = {
         p.key: loss
@@ -230,7 +227,7 @@ async def reconcile_job(
         # The API server refused what the spec renders to (e.g. an invalid Pod template that
         # the CRD schema cannot check): the job can never run as written.
         await _mark_invalid(rt, raw, raw_status, decision.status, job, str(exc), now, seen)
-        return Outcome(None, at_rest=seen is not None and writes.settled(seen))
+        return Outcome(None, at_rest=writes.settled(seen))
 
     if queued is not None:
         await kueue.sync_pods_ready(rt.kube, queued.workload, decision.status, now)
@@ -239,22 +236,19 @@ async def reconcile_job(
         await rt.kube.delete_trainjob(namespace, name, uid)
         rt.metrics.forget(uid)
         return Outcome(None, done=True)
-    if seen is not None:
-        if refusals:
-            # Told in status by the next decision, at once the first time; tried again
-            # with a growing delay while the refusal stays (a quota may free up).
-            seen.refusals += 1
-            seen.refused.update(refusals)
-            retry = 0.0 if seen.refusals == 1 else kube.retry_delay(seen.refusals - 1, 2.0, 60.0)
-            requeue = (
-                retry if decision.requeue_after is None else min(retry, decision.requeue_after)
-            )
-            return Outcome(requeue)
-        seen.refusals = 0
+    if refusals:
+        # Told in status by the next decision, at once the first time; tried again
+        # with a growing delay while the refusal stays (a quota may free up).
+        seen.refusals += 1
+        seen.refused.update(refusals)
+        retry = 0.0 if seen.refusals == 1 else kube.retry_delay(seen.refusals - 1, 2.0, 60.0)
+        requeue = retry if decision.requeue_after is None else min(retry, decision.requeue_after)
+        return Outcome(requeue)
+    seen.refusals = 0
     if requeue_gang_in is not None:
         later = decision.requeue_after
         return Outcome(requeue_gang_in if later is None else min(later, requeue_gang_in))
-    return Outcome(decision.requeue_after, at_rest=seen is not None and at_rest(decision, seen))
+    return Outcome(decision.requeue_after, at_rest=at_rest(decision, seen))
 
 
 async def _create_children(
@@ -351,7 +345,7 @@ async def _mark_invalid(
     job: spec.TrainJob | None,
     message: str,
     now: datetime.datetime,
-    seen: writes.Seen | None = None,
+    seen: writes.Seen,
 ) -> None:
     metadata = raw.get("metadata") or {}
     namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))

@@ -134,11 +134,11 @@ async def current_trainjob(
     namespace: str,
     name: str,
     live: Mapping[str, Any] | None,
-    seen: Seen | None,
+    seen: Seen,
 ) -> dict[str, Any] | None:
     """The TrainJob to reconcile from: kopf's live copy when it is known to be at least as
     new as anything this loop has read or written (see `Seen`), else a GET."""
-    if live is not None and seen is not None and not seen.stale:
+    if live is not None and not seen.stale:
         # A shallow copy: kopf swaps in a new event's dict instead of changing the old one,
         # so this snapshot stays as it is while the reconcile awaits.
         snapshot = dict(live)
@@ -149,9 +149,8 @@ async def current_trainjob(
             seen.known = None  # kopf's copy has caught up: trust it from now on
             return snapshot
     raw = await api.get_trainjob(namespace, name)
-    if seen is not None:
-        seen.stale = False
-        seen.known = raw
+    seen.stale = False
+    seen.known = raw
     return raw
 
 
@@ -159,7 +158,7 @@ async def write_status(
     api: JobWrites,
     raw: Mapping[str, Any],
     patch: dict[str, Any],
-    seen: Seen | None,
+    seen: Seen,
 ) -> dict[str, Any] | None:
     """Write `patch` only if the TrainJob is still the version `raw` was read at; returns the
     TrainJob as written (None: it is gone). kube.ConflictError: decide again from a fresh read."""
@@ -168,10 +167,9 @@ async def write_status(
     try:
         result = await api.patch_status(namespace, name, patch, version_of(raw))
     except kube.ConflictError:
-        if seen is not None:
-            seen.stale = True
+        seen.stale = True
         raise
-    if seen is not None and result is not None and version_of(result):
+    if result is not None and version_of(result):
         seen.known = result
     return result
 
@@ -228,7 +226,7 @@ async def record_decision(
     events: Iterable[policy.Event],
     patch: dict[str, Any] | None,
     now: datetime.datetime,
-    seen: Seen | None,
+    seen: Seen,
 ) -> dict[str, Any] | None:
     """Record a decision: its Events, then its status (if it changes); returns the TrainJob
     as written, or `raw` when the status was already so (None: the job is gone).
@@ -239,10 +237,9 @@ async def record_decision(
     from the same status posts the same names again."""
     fingerprint = status_fingerprint(status_of(raw))
     names, created = await post_events(api, raw, fingerprint, events, now)
-    pending = seen.superseded if seen is not None else None
+    pending = seen.superseded
     keep: list[str] = []
-    if seen is not None:
-        seen.superseded = None
+    seen.superseded = None
     if pending is not None and pending.fingerprint == fingerprint:
         keep = [name for name in pending.names if name in names]
         stale = [name for name in pending.names if name not in names]
@@ -253,8 +250,7 @@ async def record_decision(
     try:
         return await write_status(api, raw, patch, seen)
     except kube.ConflictError:
-        if seen is not None:
-            seen.superseded = Superseded(fingerprint, tuple(created + keep))
+        seen.superseded = Superseded(fingerprint, tuple(created + keep))
         raise
 
 
