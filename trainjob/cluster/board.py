@@ -161,7 +161,11 @@ def tensorboard_pod(job: Mapping[str, Any], suffix: str, image: str | None = Non
 def started(pod: Mapping[str, Any]) -> bool:
     """Whether TensorBoard's container is running."""
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") == CONTAINER and (status.get("state") or {}).get("running"):
+        # `running: {startedAt: ...}`; present, even empty, is what counts
+        if (
+            status.get("name") == CONTAINER
+            and (status.get("state") or {}).get("running") is not None
+        ):
             return True
     return False
 
