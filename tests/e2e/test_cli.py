@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import pyte
 import pytest
 import yaml
 
+from tests.e2e import browser
 from tests.e2e.conftest import IMAGE_TAG
 from tests.e2e.kube import REPO_ROOT, Cluster, create_job_namespace, wait_until
 
@@ -45,8 +45,6 @@ ROWS, COLUMNS = 40, 120
 # The time series dashboard (TensorBoard's default), filtered to one tag: its card is drawn
 # without scrolling, so the browser renders it (cards off screen are not rendered).
 TAG: Final = "epoch_loss"
-BROWSERS: Final = ("chromium", "chromium-browser", "google-chrome")
-BROWSER_TRIES: Final = 5  # TensorBoard loads its data after the page: a slow fetch, try again
 
 
 def artifacts(tmp_path: Path) -> Path:
@@ -284,47 +282,17 @@ def test_the_python_client_from_a_process_of_its_own(cluster: Cluster, followed:
     assert seen["missing"] == f"TrainJob no-such-job not found in namespace {followed.namespace}"
 
 
-def browser() -> str:
-    for name in BROWSERS:
-        found = shutil.which(name)
-        if found:
-            return found
-    raise AssertionError(
-        f"no headless browser ({', '.join(BROWSERS)}) on PATH: bash tests/controlplane/"
-        "install.sh --node-packages installs Debian's chromium"
-    )
+SERIES: Final = re.compile(r'<path d="(M[^"]*)" style="[^"]*stroke: (rgb\([^)]*\))')
+CARDS_JS: Final = (
+    "Array.from(document.querySelectorAll('scalar-card')).map(c => c.outerHTML).join('\\n')"
+)
 
 
-def render(url: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    """Headless Chromium on `url`; TensorBoard's requests are real network, so the virtual time
-    budget only bounds how long the page may run its timers."""
-    return subprocess.run(
-        [
-            browser(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            f"--user-data-dir={out / 'chromium-profile'}",
-            "--window-size=1400,1000",
-            "--virtual-time-budget=30000",
-            *extra,
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
-def loss_card(dom: str) -> str | None:
-    """The text of the scalar card of TAG in TensorBoard's DOM (tags, runs, axis ticks and the
-    data table of values), once the card has drawn its chart."""
-    for card in dom.split("<scalar-card ")[1:]:
-        body = card.split("</scalar-card>")[0]
-        if f'title="{TAG}"' in body and "<line-chart" in body and "<canvas" in body:
-            return " ".join(re.sub(r"<[^>]+>", " ", body).split())
+def loss_card(html: str) -> str | None:
+    """The HTML of TAG's scalar card once it has drawn a line for each of two runs."""
+    for card in html.split("<scalar-card ")[1:]:
+        if f'title="{TAG}"' in card and len({c for _, c in SERIES.findall(card)}) >= 2:
+            return card
     return None
 
 
@@ -374,20 +342,26 @@ def test_tensorboard_serves_the_finished_jobs_loss_curve_to_a_real_browser(
             tags = json.load(response)
         assert TAG in tags.get("tensorboard/train", {}), tags
         assert TAG in tags.get("tensorboard/progress", {}), tags
-        # The browser: the loss card with its chart, its runs and the last loss in its table.
-        page = f"{url}?tagFilter={TAG}#timeseries"
-        card = None
-        for _ in range(BROWSER_TRIES):
-            dumped = render(page, out, "--dump-dom")
-            card = loss_card(dumped.stdout)
-            if card is not None:
-                break
-        (out / "tensorboard-dom.html").write_text(dumped.stdout)
-        assert card is not None, f"no drawn {TAG} card in the DOM ({out / 'tensorboard-dom.html'})"
-        assert "tensorboard/train" in card and "tensorboard/progress" in card, card
-        assert f"{final['loss']:.4f}" in card, (final["loss"], card)
-        shot = out / "tensorboard-epoch-loss.png"
-        render(page, out, f"--screenshot={shot}")
+        # The browser: the loss card with a line per run, drawn from the job's numbers.
+        with browser.headless(out / "chromium-profile") as page:
+            page.open(f"{url}?tagFilter={TAG}#timeseries")
+            card = wait_until(
+                lambda: loss_card(page.evaluate(CARDS_JS) or ""),
+                timeout=90,
+                what=f"TensorBoard's {TAG} card with its lines in the browser",
+                interval=0.5,
+            )
+            shot = out / "tensorboard-epoch-loss.png"
+            page.screenshot(shot)
+        (out / "tensorboard-epoch-loss-card.html").write_text(card)
+        # Three epochs: every line (each run's raw and smoothed) has three points.
+        lines = SERIES.findall(card)
+        assert lines and all(d.count("L") == 2 for d, _ in lines), lines
+        text = " ".join(re.sub(r"<[^>]+>", " ", card).split())
+        assert "tensorboard/train" in text and "tensorboard/progress" in text, text
+        # The table shows 4 significant digits (0.4304, 1.593): either way, the run's last loss.
+        shown = {f"{final['loss']:.4g}", f"{final['loss']:.4f}"}
+        assert any(value in text for value in shown), (final["loss"], text)
         assert shot.stat().st_size > 10_000, shot  # a drawn page, not a blank one
         print(f"TensorBoard served in {served_s:.1f}s; screenshot {shot}")
     finally:
