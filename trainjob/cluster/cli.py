@@ -582,10 +582,12 @@ def cmd_cluster_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
             raise CliError(str(error), EXIT_FAILED) from error
         pods = load_api().Pods(cluster)
         name = show.name_of(body)
-        pods.create(body)
         forwarder = None
-        try:
-            with _signals_interrupt():
+        # The handlers first: a signal that comes while the Pod is being created still
+        # deletes it (a 404 then is fine).
+        with _signals_interrupt():
+            try:
+                pods.create(body)
                 _wait_started(pods, cluster, name)
                 forwarder = pods.forward(name, board.PORT, args.address, args.port)
                 url = f"http://{forwarder.address}:{forwarder.port}/"
@@ -601,14 +603,14 @@ def cmd_cluster_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
                     if problem is not None:
                         raise CliError(f"TensorBoard Pod {name} stopped: {problem}", EXIT_FAILED)
                     time.sleep(TENSORBOARD_POLL_SECONDS)
-        except KeyboardInterrupt:
-            streams.out.write(f"Stopped TensorBoard; deleted Pod {name}.\n")
-            return EXIT_OK
-        finally:
-            if forwarder is not None:
-                forwarder.close()
-            with contextlib.suppress(ClusterError):
-                pods.delete(name)
+            except KeyboardInterrupt:
+                streams.out.write(f"Stopped TensorBoard; deleted Pod {name}.\n")
+                return EXIT_OK
+            finally:
+                if forwarder is not None:
+                    forwarder.close()
+                with contextlib.suppress(ClusterError):
+                    pods.delete(name)
 
 
 @contextlib.contextmanager

@@ -380,9 +380,11 @@ def cmd_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
     handle, log_path = tempfile.mkstemp(prefix="trainjob-tensorboard-", suffix=".log")
     os.close(handle)
     command = board.argv(sys.executable, logdir, args.address, args.port)
-    server = supervisor.Server(command, log_path)
+    server = None
     try:
+        # The handlers first: a signal during the start still stops TensorBoard.
         with supervisor.stop_signals(_interrupt):
+            server = supervisor.Server(command, log_path)
             deadline = time.monotonic() + TENSORBOARD_START_SECONDS
             url = None
             while url is None:
@@ -415,7 +417,8 @@ def cmd_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
         streams.out.write("Stopped TensorBoard.\n")
         return EXIT_OK
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
         with contextlib.suppress(OSError):
             os.remove(log_path)
 
