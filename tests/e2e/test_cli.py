@@ -171,25 +171,37 @@ def test_submit_follow_draws_the_live_table_then_the_summary_on_a_terminal(
     assert any(line.startswith(f"TrainJob {JOB} Succeeded after") for line in followed.lines)
     assert not any(line.startswith(f"TrainJob {JOB}  ") for line in followed.lines[-12:]), output
     exits = next(line for line in followed.lines if line.lstrip().startswith("last exit:"))
-    assert "worker-0=0 (Succeeded" in exits and "worker-1=0 (Succeeded" in exits, exits
+    # Worker 0's success is the job's; worker 1 has either finished too or, lingering at the end
+    # of fit (1 run in 4 here), been stopped by cleanPodPolicy Running.
+    assert "worker-0=0 (Succeeded" in exits, exits
+    assert "worker-1=0 (Succeeded" in exits or "worker-1=- (Stopped" in exits, exits
     assert any("progress:   100% (3/3)" in line for line in followed.lines), output
 
 
 def test_logs_of_the_finished_job_come_from_every_replica(
     cluster: Cluster, followed: Followed
 ) -> None:
+    """Every replica whose Pod is still there (worker 1's may have been stopped and removed
+    by cleanPodPolicy Running: see the test above)."""
+    kept = {p["metadata"]["name"].removeprefix(f"{JOB}-") for p in cluster.job_pods(
+        followed.namespace, JOB)}  # fmt: skip
+    assert "worker-0" in kept, kept
     shown = trainjob(cluster, "logs", JOB, "-n", followed.namespace)
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
-    for replica in ("worker-0", "worker-1"):
+    for replica in kept:
         own = [line for line in lines if line.startswith(f"{replica} | ")]
         ends = [line for line in own if '"event": "end"' in line]
         assert ends and '"status": "succeeded"' in ends[-1], shown.stdout[-2000:]
     verbose = trainjob(cluster, "logs", JOB, "-n", followed.namespace, "--verbose")
     assert verbose.returncode == 0, verbose.stderr
     assert set(lines) <= set(verbose.stdout.splitlines())  # filtered, never rewritten
-    tail = trainjob(cluster, "logs", JOB, "worker-1", "-n", followed.namespace, "--tail", "1")
-    assert tail.returncode == 0 and len(tail.stdout.splitlines()) <= 1, tail
+    tail = trainjob(
+        cluster, "logs", JOB, "worker-0", "-n", followed.namespace, "--tail", "1", "--verbose"
+    )
+    assert tail.returncode == 0, tail
+    last = [line for line in verbose.stdout.splitlines() if line.startswith("worker-0 | ")][-1]
+    assert tail.stdout == last + "\n", (tail.stdout, last)
 
 
 FAILING: Final = {
@@ -247,7 +259,7 @@ from trainjob import client
 with client.TrainJobClient(namespace=sys.argv[1]) as jobs:
     result = jobs.wait(sys.argv[2], timeout=60)
     report = jobs.progress(sys.argv[2])
-    lines = list(jobs.logs(sys.argv[2], "worker-1"))
+    lines = list(jobs.logs(sys.argv[2], "worker-0"))
     names = [job["metadata"]["name"] for job in jobs.list()]
     try:
         jobs.get("no-such-job")
@@ -257,7 +269,7 @@ with client.TrainJobClient(namespace=sys.argv[1]) as jobs:
 print(json.dumps({
     "state": result.state, "succeeded": result.succeeded, "exit_codes": result.exit_codes,
     "percent": report.percent if report else None, "loss": report.loss if report else None,
-    "worker1_lines": len(lines), "prefixed": all(l.startswith("worker-1 | ") for l in lines),
+    "lines": len(lines), "ended": any('"event": "end"' in l for l in lines),
     "names": names, "missing": missing,
 }))
 """
@@ -275,9 +287,10 @@ def test_the_python_client_from_a_process_of_its_own(cluster: Cluster, followed:
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen["state"] == "Succeeded" and seen["succeeded"] is True, seen
-    assert seen["exit_codes"] == {"worker-0": 0, "worker-1": 0}, seen
+    assert seen["exit_codes"]["worker-0"] == 0, seen
+    assert seen["exit_codes"]["worker-1"] in (0, None), seen  # None: stopped (see above)
     assert seen["percent"] == 100 and isinstance(seen["loss"], float), seen
-    assert seen["worker1_lines"] > 0 and seen["prefixed"], seen
+    assert seen["lines"] > 0 and seen["ended"], seen
     assert JOB in seen["names"], seen
     assert seen["missing"] == f"TrainJob no-such-job not found in namespace {followed.namespace}"
 
