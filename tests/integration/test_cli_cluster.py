@@ -25,6 +25,7 @@ import pyte
 import pytest
 import yaml
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import REPO_ROOT, ControlPlane
 from tests.integration.operator_harness import (
@@ -656,6 +657,12 @@ def test_cli_tensorboard_pod_is_admitted_as_restricted_says_why_it_cannot_start_
     cluster.core.patch_namespace(
         ns, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
     )
+    bare = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="bare"),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="x")]),
+    )
+    with pytest.raises(ApiException, match="violates PodSecurity"):  # enforced here
+        cluster.core.create_namespaced_pod(ns, bare)
     body = trainjob("board", chief=0, workers=1)
     body["spec"]["checkpoint"] = {"claimName": "ckpt", "path": "/checkpoints", "subPath": "board"}
     cluster.create_job(body)
