@@ -51,6 +51,14 @@ def test_the_pod_mounts_the_jobs_volume_read_only_at_its_sub_path() -> None:
         "--port", "6006",
     ]  # fmt: skip
     assert pod["spec"]["restartPolicy"] == "Never"
+    # Next to the job's Pods while they run (a ReadWriteOnce disk attaches to one node).
+    (term,) = pod["spec"]["affinity"]["podAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"] == {
+        "labelSelector": {"matchLabels": {"trainjob.dev/job-name": "mnist-multiworker"}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
     assert pod["spec"]["activeDeadlineSeconds"] == 12 * 3600
     kubernetes_validate.validate(pod, "1.34", strict=True)
 

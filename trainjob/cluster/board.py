@@ -128,6 +128,21 @@ def tensorboard_pod(job: Mapping[str, Any], suffix: str, image: str | None = Non
         "spec": {
             "restartPolicy": "Never",
             "activeDeadlineSeconds": MAX_SECONDS,
+            # Beside the job's Pods when they run: a ReadWriteOnce volume (most cloud disks)
+            # attaches to one node at a time. Preferred, not required: after the job, anywhere.
+            "affinity": {
+                "podAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 100,
+                            "podAffinityTerm": {
+                                "labelSelector": {"matchLabels": {constants.LABEL_JOB_NAME: name}},
+                                "topologyKey": "kubernetes.io/hostname",
+                            },
+                        }
+                    ]
+                }
+            },
             "automountServiceAccountToken": False,
             "securityContext": {
                 "runAsNonRoot": True,
