@@ -145,6 +145,7 @@ def followed(
     )
     out = artifacts(tmp_path_factory.mktemp("follow"))
     (out / "submit-follow-screen.txt").write_text("\n".join(result.lines) + "\n")
+    (out / "submit-follow-table.txt").write_text("\n".join(result.table).rstrip() + "\n")
     (out / "submit-follow-times.json").write_text(
         json.dumps({"submit_to_first_progress_s": first_progress, "total_s": result.total_s}) + "\n"
     )
