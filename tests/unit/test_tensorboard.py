@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import io
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +269,24 @@ def test_pod_manifest_is_a_fresh_copy_each_time() -> None:
     first["spec"]["containers"][0]["command"].append("--oops")
     second = board.tensorboard_pod(copy.deepcopy(example_job()), "b")
     assert "--oops" not in second["spec"]["containers"][0]["command"]
+
+
+def test_tensorboard_missing_here_is_said_with_the_way_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "trainjob-runs" / "mnist"
+    (run / "logs").mkdir(parents=True)
+    (run / "status.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    real = importlib.util.find_spec
+
+    def without_tensorboard(name: str, *args: Any) -> Any:
+        return None if name == "tensorboard" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_tensorboard)
+    err = io.StringIO()
+    assert cli.main(["tensorboard", "mnist"], err=err) == 2
+    assert err.getvalue() == (
+        f"trainjob tensorboard: TensorBoard is not installed in this Python ({sys.executable}): "
+        "pip install tensorboard (or pip install 'trainjob[tf]')\n"
+    )
