@@ -13,11 +13,13 @@ loop and of ``fit`` read alike:
   ``progress_every_steps`` steps.
 
 Only the chief writes (other replicas hold the same numbers, and one writer per file is what
-TensorBoard expects). The events are written with ``tf.summary.write`` and the scalars plugin's
-metadata rather than ``tf.summary.scalar``: TensorFlow >= 2.21 no longer depends on the
-tensorboard package, and ``tf.summary.scalar`` exists only where it is installed, while the
-logs must be written wherever training runs (TensorBoard itself may run elsewhere, e.g. in
-`trainjob tensorboard`'s Pod).
+TensorBoard expects). The events are written as TensorBoard's event files are (a TFRecord file
+of `Event` protos, each scalar a `simple_value`) with `tf.io.TFRecordWriter`, not with
+`tf.summary` ops: the emitter is called from inside Keras callbacks, a custom loop, a DTensor
+mesh or an Estimator's session hooks, and the last run in a finalized graph where no op can
+be created (measured on TF 2.15); `tf.summary.scalar` also needs the tensorboard package,
+which TensorFlow >= 2.21 no longer installs, while the logs must be written wherever training
+runs (TensorBoard itself may run elsewhere, e.g. in `trainjob tensorboard`'s Pod).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -33,7 +37,6 @@ from trainjob.runtime import layout
 log = logging.getLogger(__name__)
 
 RUN: Final = "progress"  # the run's name under tensorboard/ (Keras' are train, validation)
-SCALARS_PLUGIN: Final = "scalars"
 
 Scalar = tuple[str, int, float]  # tag, step, value
 
@@ -113,13 +116,22 @@ class SummaryWriter:
     def _write(self, scalars: list[Scalar]) -> None:
         import tensorflow as tf
         from tensorflow.core.framework import summary_pb2
+        from tensorflow.core.util import event_pb2
 
+        now = time.time()
         if self._writer is None:
-            self._writer = tf.summary.create_file_writer(self.directory)
-        metadata = summary_pb2.SummaryMetadata()
-        metadata.plugin_data.plugin_name = SCALARS_PLUGIN
-        with self._writer.as_default():
-            for tag, step, value in scalars:
-                tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=metadata)
+            os.makedirs(self.directory, exist_ok=True)
+            # TensorBoard reads every file with "tfevents" in its name; a restarted chief
+            # starts a file of its own (time, host and pid differ).
+            name = f"events.out.tfevents.{now:.0f}.{socket.gethostname()}.{os.getpid()}.trainjob"
+            self._writer = tf.io.TFRecordWriter(os.path.join(self.directory, name))
+            header = event_pb2.Event(wall_time=now, file_version="brain.Event:2")
+            self._writer.write(header.SerializeToString())
+        for tag, step, value in scalars:
+            summary = summary_pb2.Summary(
+                value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)]
+            )
+            event = event_pb2.Event(wall_time=now, step=step, summary=summary)
+            self._writer.write(event.SerializeToString())
         # TensorBoard reads what is on disk: a running job's charts move with each event.
         self._writer.flush()
