@@ -90,6 +90,15 @@ AS_IN_THE_IMAGE: Final = (
     "runpy.run_module('trainjob_operator', run_name='__main__', alter_sys=True)"
 )
 
+# Diagnosis (BENCH_TRACEMALLOC=<file> in the environment): our operator traces its
+# allocations and, on SIGUSR1, writes the largest allocation sites to that file.
+TRACEMALLOC_PREFIX: Final = (
+    "import os, signal, tracemalloc; tracemalloc.start(8); "
+    "signal.signal(signal.SIGUSR1, lambda *_: open(os.environ['BENCH_TRACEMALLOC'], 'w').write("
+    "'\\n\\n'.join(str(s) + '\\n' + '\\n'.join(s.traceback.format()) for s in "
+    "tracemalloc.take_snapshot().statistics('traceback')[:40]))); "
+)
+
 OURS: Final = "trainjob"
 KUBEFLOW: Final = "kubeflow"
 OPERATORS: Final = (OURS, KUBEFLOW)
@@ -211,12 +220,18 @@ class Api:
             self._local.conn = conn
         return conn
 
-    def request(self, method: str, path: str, body: Obj | None = None) -> tuple[int, bytes]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Obj | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, bytes]:
         """One request on this thread's keep-alive connection (reconnects once if dropped)."""
         payload = json.dumps(body).encode() if body is not None else None
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
         if payload is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         for attempt in (1, 2):
             conn = self._conn()
             try:
@@ -472,6 +487,8 @@ class OperatorProcess:
 
     def __init__(self, argv: Sequence[str], env: dict[str, str], log: Path) -> None:
         self.log = log
+        # Its Prometheus endpoint (set by whoever chose the port).
+        self.metrics_url = ""
         with log.open("ab") as out:
             self.process = subprocess.Popen(
                 list(argv),
@@ -740,9 +757,13 @@ class Bench:
             target.chmod(0o600)
         return True
 
-    def start_operator(self, operator: str, namespace: str, kubeconfig: Path) -> OperatorProcess:
-        log = self.workdir / f"{operator}-{namespace}.log"
+    def start_operator(
+        self, operator: str, namespace: str | None, kubeconfig: Path
+    ) -> OperatorProcess:
+        """`namespace` None: the operator serves every namespace."""
+        log = self.workdir / f"{operator}-{namespace or 'cluster'}.log"
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        metrics_port = free_port()
         if operator == OURS:
             liveness = free_port()
             env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "operator")])
@@ -750,11 +771,11 @@ class Bench:
             argv = [
                 sys.executable,
                 "-c",
-                AS_IN_THE_IMAGE,
+                (TRACEMALLOC_PREFIX if os.environ.get("BENCH_TRACEMALLOC") else "")
+                + AS_IN_THE_IMAGE,
                 "--standalone",
-                "-n",
-                namespace,
-                f"--metrics-port={free_port()}",
+                *(["-n", namespace] if namespace else []),
+                f"--metrics-port={metrics_port}",
                 f"--liveness=http://127.0.0.1:{liveness}/healthz",
             ]
             ready_url = f"http://127.0.0.1:{liveness}/healthz"
@@ -765,14 +786,15 @@ class Bench:
                 str(kubeflow_binary()),
                 f"--kubeconfig={kubeconfig}",
                 "--enable-scheme=tfjob",
-                f"--namespace={namespace}",
-                f"--metrics-bind-address=127.0.0.1:{free_port()}",
+                *([f"--namespace={namespace}"] if namespace else []),
+                f"--metrics-bind-address=127.0.0.1:{metrics_port}",
                 f"--health-probe-bind-address=127.0.0.1:{probe}",
                 f"--webhook-server-port={free_port()}",
             ]
             ready_url = f"http://127.0.0.1:{probe}/readyz"
         argv += self.operator_args.get(operator, [])
         proc = OperatorProcess(argv, env, log)
+        proc.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         mounted: list[bool] = []
 
         def ready() -> bool:

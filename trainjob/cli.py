@@ -3,7 +3,9 @@ prints; every decision is made by the pure core. Training and local execution ar
 lazily, so `validate` and `render` never pay for TensorFlow.
 
 Every user mistake ends in one line on stderr naming the file or field, never a traceback, with
-the exit codes of `EXIT_CODES_HELP`.
+the exit codes of `EXIT_CODES_HELP`. About 500 lines, whole: the parser with its help and the
+offline commands (validate, render, convert, completion); the local and cluster commands live
+in `trainjob.local.cli` and `trainjob.cluster.cli`.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 import yaml
 
 from trainjob import cliutil
-from trainjob.cluster import cli, show
+from trainjob.cluster import cli, describe, objects, show
 from trainjob.cluster.errors import ClusterError
 from trainjob.core import progress as core_progress
 from trainjob.core import spec
@@ -89,7 +89,7 @@ def load_manifest(job: Manifest | spec.TrainJob) -> dict[str, Any]:
     """A TrainJob manifest from a YAML file path, a dict or a parsed TrainJob, checked by the
     core's rules."""
     if isinstance(job, spec.TrainJob):
-        return show.manifest_of(job)
+        return objects.manifest_of(job)
     if isinstance(job, Mapping):
         document: Any = dict(job)
         name = "the manifest"
@@ -108,7 +108,7 @@ def load_manifest(job: Manifest | spec.TrainJob) -> dict[str, Any]:
         raise TrainJobError(error.message) from error
     if not isinstance(document, dict):
         raise TrainJobError(f"{name}: expected a TrainJob object")
-    return show.submittable(document)
+    return objects.submittable(document)
 
 
 class TrainJobClient:
@@ -143,7 +143,7 @@ class TrainJobClient:
     def _do(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return call(*args, **kwargs)
-        except (ClusterError, show.ShowError, cliutil.CliError) as error:
+        except (ClusterError, objects.ShowError, cliutil.CliError) as error:
             raise TrainJobError(str(error)) from error
 
     def create(
@@ -166,7 +166,7 @@ class TrainJobClient:
             result, _ = self._do(self._cluster.apply_job, body)
         else:
             result = self._do(self._cluster.create_job, body)
-        return show.name_of(result)
+        return objects.name_of(result)
 
     def get(self, name: str) -> dict[str, Any]:
         """The TrainJob object as the API server has it (status included)."""
@@ -179,7 +179,7 @@ class TrainJobClient:
 
     def progress(self, name: str) -> core_progress.Report | None:
         """The chief's latest progress report (epoch, step, loss, ETA...), None before one."""
-        return show.report_of(self.get(name).get("status"))
+        return objects.report_of(self.get(name).get("status"))
 
     def wait(self, name: str, timeout: float | None = None, *, until: str = "succeeded") -> Result:
         """Wait until the job succeeded or failed (`until="running"`: until it runs), at most
@@ -201,23 +201,27 @@ class TrainJobClient:
     ) -> Iterator[str]:
         """Every replica's log lines, prefixed `worker-0 | `, TensorFlow's routine messages left
         out unless `verbose`; `follow` goes on across restarts until the job ends."""
-        request = show.LogRequest(name, replica)
+        request = describe.LogRequest(name, replica)
         self.get(name)
         if follow:
             yield from self._follow(request, verbose, tail)
             return
-        pods = [p for p in show.order_pods(self._do(self._cluster.pods, name)) if request.wants(p)]
+        pods = [
+            p for p in describe.order_pods(self._do(self._cluster.pods, name)) if request.wants(p)
+        ]
         if not pods:
             raise TrainJobError(f"TrainJob {name} has no Pod for {replica or 'any replica'} now")
-        width = max(len(show.pod_label(p)) for p in pods)
+        width = max(len(objects.pod_label(p)) for p in pods)
         missing = []
         for pod in pods:
-            replica = show.pod_label(pod)
-            unavailable = None if previous else show.log_unavailable(pod)
+            replica = objects.pod_label(pod)
+            unavailable = None if previous else describe.log_unavailable(pod)
             if unavailable is not None:
                 missing.append(f"no log for {replica}: {unavailable}")
                 continue
-            text = self._do(self._cluster.pod_log, show.name_of(pod), previous=previous, tail=tail)
+            text = self._do(
+                self._cluster.pod_log, objects.name_of(pod), previous=previous, tail=tail
+            )
             for line in cli.filtered(text.splitlines(), verbose):
                 yield view.log_line(replica, line, width)
         if len(missing) == len(pods):
@@ -225,23 +229,25 @@ class TrainJobClient:
         for note in missing:  # some replicas have logs: say which have none, after them
             yield f"(trainjob: {note})"
 
-    def _follow(self, request: show.LogRequest, verbose: bool, tail: int | None) -> Iterator[str]:
+    def _follow(
+        self, request: describe.LogRequest, verbose: bool, tail: int | None
+    ) -> Iterator[str]:
         labels: dict[str, str] = {}
         try:
             for pod_name, line in self._cluster.follow_logs(request.job, tail):
                 if pod_name not in labels:
-                    pods = {show.name_of(p): p for p in self._cluster.pods(request.job)}
-                    labels[pod_name] = show.pod_label(pods.get(pod_name, {"metadata": {}}))
+                    pods = {objects.name_of(p): p for p in self._cluster.pods(request.job)}
+                    labels[pod_name] = objects.pod_label(pods.get(pod_name, {"metadata": {}}))
                 replica = labels[pod_name] or pod_name
                 if request.replica is not None and replica != request.replica:
                     continue
                 shown: str | None = next(cli.filtered([line], verbose), None)
-                if line.startswith(show.NOTE_PREFIX):
-                    shown = f"(trainjob: {line[len(show.NOTE_PREFIX) :]})"
+                if line.startswith(describe.NOTE_PREFIX):
+                    shown = f"(trainjob: {line[len(describe.NOTE_PREFIX) :]})"
                 if shown is None:
                     continue
                 yield view.log_line(replica, shown, len("worker-0"))
-        except (ClusterError, show.ShowError) as error:
+        except (ClusterError, objects.ShowError) as error:
             raise TrainJobError(str(error)) from error
 
     def delete(self, name: str) -> None:
@@ -319,7 +325,7 @@ def run_local(
     background; its checkpoints, logs and status go to `run_dir` (default
     ./trainjob-runs/<name>)."""
     body = load_manifest(job)
-    name = show.name_of(body)
+    name = objects.name_of(body)
     directory = os.path.abspath(run_dir or plan.default_run_dir(os.getcwd(), name))
     os.makedirs(directory, exist_ok=True)
     manifest = os.path.join(directory, "trainjob.yaml")

@@ -275,6 +275,10 @@ class ChildIndex:
         for kind in self._kinds.values():
             kind.replace(namespace, ())
 
+    def has_children(self, job: JobKey) -> bool:
+        """Whether the index holds anything of `job` (Pod, Service, Workload, PodGroup)."""
+        return any(job in kind.by_job and kind.by_job[job] for kind in self._kinds.values())
+
     def pods(self, job: JobKey) -> list[ChildPod]:
         children: dict[str, ChildPod] = self._kinds[PODS].by_job.get(job, {})
         return list(children.values())

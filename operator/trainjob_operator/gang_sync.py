@@ -3,7 +3,7 @@ delete it, and touch the PodGroups of waiting gangs when room may have appeared.
 
 `Requeue` keeps which gangs wait for nodes, which of them owe their scheduler a touch, and
 when each was last touched (see gang.waits_for_room for why the touch exists); the reconciler
-tells it every decision, and the Runtime tells it every sign of room (a Node Ready, a
+tells it every decision, and the OperatorContext tells it every sign of room (a Node Ready, a
 TrainJob Pod ended).
 """
 

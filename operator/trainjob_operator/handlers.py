@@ -1,26 +1,21 @@
-"""kopf handlers: thin wiring from Kubernetes events to the per-job reconcile loop.
+"""kopf handlers: thin wiring from kopf (TrainJob watch, start-up, probes, peering) to the job
+loop in controller.py.
 
-- Each TrainJob gets one kopf daemon (`trainjob_daemon`) running its reconcile loop, so
-  reconciles of one job are serialized by construction while jobs proceed in parallel.
-- The loop sleeps on an asyncio.Event, woken by TrainJob events and by events of the job's
-  Pods and Services (found by the label trainjob.dev/job-name); it also wakes after
-  `requeue_after` seconds when the engine asks for it (activeDeadlineSeconds, startup
-  deadline, TTL), so deadlines fire with no further event. No polling; a long resync period
-  (default 10 min) is only a safety net.
+- kopf watches the TrainJobs and hands every event to `controller.observe`; the controller
+  owns the loop (a keyed work queue served by a bounded pool of workers, timers, retries,
+  parking finished jobs). There is no kopf daemon and no finalizer: kopf keeps no copy of
+  each object and makes no request per job. (Jobs that still carry the finalizer an
+  earlier release put there lose it at their first event: kopf removes a finalizer that no
+  handler needs, one PATCH per such job, once.)
 - Pods and Services are read from an in-memory index that informer.py keeps with a list
   and a watch of the labelled objects (no list call per reconcile, no kopf per-object state
-  for them); their events wake the job. A job's loop first waits for its scope's initial
-  list, so a restarted operator sees every existing child before deciding anything and
-  adopts instead of duplicating.
-- Finalizer: kopf puts one on each TrainJob because daemons need it (to stop the daemon
-  before the object disappears); it is ours, `trainjob.dev/finalizer`, and is removed as
-  soon as the daemon stops. Children need no finalizer: they carry a controller
-  ownerReference and the garbage collector deletes them.
+  for them); their events wake the job. A job is first reconciled once its scope's initial
+  list is in, so a restarted operator sees every existing child before deciding anything
+  and adopts instead of duplicating.
+- Children need no finalizer: they carry a controller ownerReference and the garbage
+  collector deletes them.
 - Nothing is ever returned from a handler, so nothing lands in status; kopf's own progress
-  and diff-base annotations (none are written by event handlers and daemons) use our prefix.
-- TransientError API trouble: the loop logs, counts it in metrics and retries with exponential
-  backoff (0.5 s doubling to 60 s), never taking the operator or other jobs down. An invalid
-  spec is terminal for that job only: Failed / InvalidSpec, with the problems in the message.
+  and diff-base annotations (none are written by event handlers) use our prefix.
 
 Run with `python -m trainjob_operator` or `kopf run -m trainjob_operator.handlers` (then
 settings come from TRAINJOB_* environment variables; see config.py).
@@ -29,28 +24,37 @@ settings come from TRAINJOB_* environment variables; see config.py).
 from __future__ import annotations
 
 import asyncio
-import datetime
 import functools
 import logging
 import os
-import time
 from typing import Any, Final
 
 import kopf
+from kopf._core.engines import peering
 from kopf._core.reactor import observation
 
 from trainjob.core import constants
-from trainjob_operator import config, gang, informer, kube, metrics, progress_server, reconciler
+from trainjob_operator import (
+    config,
+    context,
+    controller,
+    gang,
+    informer,
+    kube,
+    metrics,
+    progress_server,
+)
 
-RUNTIME_KEY: Final = "trainjob_runtime"
+CONTEXT_KEY: Final = "trainjob_context"
+CONTROLLER_KEY: Final = "trainjob_controller"
 PROGRESS_KEY: Final = "trainjob_progress"
 # Why start-up refused to go on (kopf then stops; __main__ says it and exits 2).
 REFUSED_KEY: Final = "trainjob_refused"
 SETTINGS_KEY: Final = "trainjob_settings"
 BACKOFF_FIRST: Final = 0.5
-BACKOFF_MAX: Final = 60.0
-# Wake slightly after a deadline so that the engine sees it as passed.
-REQUEUE_SLACK: Final = 0.05
+# How long start-up waits for the children's first list (it goes on without it: jobs are
+# then reconciled once it is in, as always).
+LIST_WAIT: Final = 60.0
 
 logger = logging.getLogger("trainjob_operator")
 
@@ -83,6 +87,25 @@ if not callable(getattr(observation, "process_discovered_namespace_event", None)
     raise ImportError("kopf's namespace observation moved; see handlers._observe_namespace_event")
 observation.process_discovered_namespace_event = _observe_namespace_event
 
+# Whether kopf peering has paused this replica. kopf tells only its own daemons (it stops
+# them); our loop is not a daemon, so it reads the same switches: kopf hands each peering
+# watch its pause toggle with every peering event, and this wrapper notes it before kopf's
+# own handling flips it.
+PAUSE: Final = controller.Pause()
+_process_peering_event = peering.process_peering_event
+
+
+async def _track_pause(*, conflicts_found: Any = None, **kwargs: Any) -> None:
+    if conflicts_found is not None:
+        PAUSE.track(conflicts_found)
+    await _process_peering_event(conflicts_found=conflicts_found, **kwargs)
+
+
+# kopf resolves it by name when it starts a peering watch (orchestration.py).
+if not callable(getattr(peering, "process_peering_event", None)):
+    raise ImportError("kopf's peering moved; see handlers._track_pause")
+peering.process_peering_event = _track_pause
+
 
 class NoEssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     """kopf builds every watched object's "essence" (a deep copy of the whole body, then
@@ -95,11 +118,11 @@ class NoEssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return kopf.BodyEssence()
 
 
-def _runtime(memo: kopf.Memo) -> reconciler.Runtime:
-    runtime = memo.get(RUNTIME_KEY)
-    if not isinstance(runtime, reconciler.Runtime):
+def _controller(memo: kopf.Memo) -> controller.Controller:
+    loop = memo.get(CONTROLLER_KEY)
+    if not isinstance(loop, controller.Controller):
         raise kopf.TemporaryError("operator is not started yet", delay=1)
-    return runtime
+    return loop
 
 
 @kopf.on.startup()
@@ -120,6 +143,9 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.background.instant_exit_timeout = 1.0
     # A stalled stream (open, silent) is reopened, kopf's and ours alike.
     settings.watching.inactivity_timeout = cfg.watch_idle_seconds
+    # kopf lists in one request by default: 10,000 TrainJobs parsed at once, a peak whose
+    # memory the process keeps. Pages of the size our informers use bound it.
+    settings.watching.chunk_size = kube.LIST_PAGE
     api = kube.Kube(
         functools.partial(kube.login, settings, logger),
         cfg.api_workers,
@@ -137,17 +163,23 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
             memo[REFUSED_KEY] = refusal
             await api.close()
             raise kopf.PermanentError(refusal)
-    runtime = reconciler.Runtime(settings=cfg, kube=api, metrics=meters)
-    if cfg.kueue:
-        # Watch Workloads from the start, not only while a job's loop runs: a Workload whose
-        # job was deleted while no operator ran must still be released (no loop will come).
-        for namespace in cfg.kopf_namespaces or ("",):
-            runtime.informer.acquire(namespace)
+    runtime = context.OperatorContext(settings=cfg, kube=api, metrics=meters)
+    # Children (and Workloads) are listed before kopf lists the TrainJobs: a finished job
+    # with no child left is then parked at first sight, without a reconcile (controller.py),
+    # and a Workload whose job was deleted while no operator ran is still released.
+    listed = [runtime.informer.acquire(namespace) for namespace in cfg.kopf_namespaces or ("",)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in listed)), LIST_WAIT)
+    except asyncio.TimeoutError:
+        logger.warning("Children not listed in %.0fs; serving jobs as they come", LIST_WAIT)
     runtime.nodes.start()
     runtime.watchdog.start()
     if cfg.progress_enabled:
         memo[PROGRESS_KEY] = await progress_server.serve(runtime)
-    memo[RUNTIME_KEY] = runtime
+    memo[CONTEXT_KEY] = runtime
+    jobs = controller.Controller(runtime, pause=PAUSE)
+    jobs.start()
+    memo[CONTROLLER_KEY] = jobs
 
 
 async def _pod_groups_problem(api: kube.Kube, cfg: config.Settings) -> str | None:
@@ -196,11 +228,14 @@ async def _wait_for_crd(api: kube.Kube) -> None:
 
 @kopf.on.cleanup()
 async def trainjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    jobs = memo.get(CONTROLLER_KEY)
+    if isinstance(jobs, controller.Controller):
+        await jobs.close()
     server = memo.get(PROGRESS_KEY)
     if isinstance(server, progress_server.ProgressServer):
         await server.close()
-    runtime = memo.get(RUNTIME_KEY)
-    if isinstance(runtime, reconciler.Runtime):
+    runtime = memo.get(CONTEXT_KEY)
+    if isinstance(runtime, context.OperatorContext):
         await runtime.watchdog.close()
         await runtime.informer.close()
         await runtime.nodes.close()
@@ -215,17 +250,18 @@ def trainjob_login(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> ko
 
 @kopf.on.probe(id="jobs")
 def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
-    """Liveness: how many TrainJobs have a running reconcile loop; fails while a list+watch
-    keeps failing or a job waits past the serve deadline for its first reconcile."""
-    runtime = memo.get(RUNTIME_KEY)
-    if not isinstance(runtime, reconciler.Runtime):
+    """Liveness: how many TrainJobs this operator knows; fails while a list+watch keeps
+    failing or a job waits past the serve deadline for its first reconcile."""
+    runtime = memo.get(CONTEXT_KEY)
+    if not isinstance(runtime, context.OperatorContext):
         return 0
     problems = runtime.problems()
     if problems:
         # Permanent: kopf would retry a plain exception with a delay, holding the probe's
         # HTTP request open until the kubelet gives up; this one answers 500 at once.
         raise kopf.PermanentError("; ".join(problems))
-    return len(runtime.wakers)
+    jobs = memo.get(CONTROLLER_KEY)
+    return len(jobs.known) if isinstance(jobs, controller.Controller) else 0
 
 
 # -- wake-ups -------------------------------------------------------------------------------
@@ -235,127 +271,6 @@ def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
 
 
 @kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL)
-async def trainjob_event(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """Created, updated (spec, suspend/resume), resumed at operator start: look again."""
-    _runtime(memo).wake((namespace or "", name))
-
-
-# -- the per-job reconcile loop -------------------------------------------------------------
-
-
-async def _sleep(
-    stopped: kopf.DaemonStopped, waker: asyncio.Event | None, timeout: float | None
-) -> None:
-    """Until the waker fires, the daemon is stopped, or `timeout` seconds pass."""
-
-    async def until_stopped() -> None:
-        await stopped.wait()
-
-    waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(until_stopped())]
-    if waker is not None:
-        waits.append(asyncio.ensure_future(waker.wait()))
-    try:
-        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in waits:
-            task.cancel()
-
-
-@kopf.daemon(
-    constants.GROUP,
-    constants.VERSION,
-    constants.PLURAL,
-    id="reconcile",
-    cancellation_timeout=10.0,
-)
-async def trainjob_daemon(
-    namespace: str | None,
-    name: str,
-    uid: str,
-    stopped: kopf.DaemonStopped,
-    memo: kopf.Memo,
-    body: kopf.Body,
-    **_: Any,
-) -> None:
-    runtime = _runtime(memo)
-    namespace = namespace or ""
-    key = (namespace, name)
-    waker = runtime.waker(key)
-    # `body` is kopf's live view of the TrainJob, updated by every watch event before the
-    # event wakes this loop; the reconciler reads from it instead of a GET per reconcile.
-    seen = reconciler.Seen()
-    failures = conflicts = 0
-    listed = runtime.informer.acquire(namespace)
-    try:
-        # Decide nothing before the children that exist are known (after a restart, or
-        # when another replica worked on this job before).
-        await _sleep(stopped, listed, None)
-        while not stopped:
-            waker.clear()
-            runtime.begin(key)
-            started = time.monotonic()
-            try:
-                outcome = await reconciler.reconcile_job(
-                    runtime,
-                    namespace,
-                    name,
-                    runtime.child_index.pods(key),
-                    runtime.child_index.services(key),
-                    datetime.datetime.now(datetime.timezone.utc),
-                    body,
-                    seen,
-                )
-            except kube.ConflictError:
-                # Decided from a copy older than the job (our status write was conditional on
-                # it): decide again from a fresh read, soon; not an error.
-                conflicts += 1
-                logger.info(
-                    "TrainJob %s/%s changed since it was read; deciding again", namespace, name
-                )
-                await _sleep(stopped, None, kube.retry_delay(conflicts, 0.05, 5.0))
-                continue
-            except (kube.TransientError, kube.RejectedError) as exc:
-                failures += 1
-                delay = kube.retry_delay(failures, BACKOFF_FIRST, BACKOFF_MAX)
-                runtime.metrics.reconcile_errors.labels(namespace).inc()
-                logger.warning(
-                    "Reconcile of TrainJob %s/%s failed (%s); retrying in %.1fs",
-                    namespace,
-                    name,
-                    exc,
-                    delay,
-                )
-                await _sleep(stopped, None, delay)
-                continue
-            except Exception:  # a bug must not stop this job's loop, nor any other job
-                failures += 1
-                delay = kube.retry_delay(failures, BACKOFF_FIRST, BACKOFF_MAX)
-                runtime.metrics.reconcile_errors.labels(namespace).inc()
-                logger.exception(
-                    "Reconcile of TrainJob %s/%s crashed; retrying in %.1fs", namespace, name, delay
-                )
-                await _sleep(stopped, None, delay)
-                continue
-            finally:
-                runtime.metrics.reconcile_seconds.observe(time.monotonic() - started)
-            failures = conflicts = 0
-            if outcome.done:
-                return
-            timeout = runtime.settings.resync_seconds
-            if outcome.requeue_after is not None:
-                timeout = min(timeout, max(outcome.requeue_after, 0.0) + REQUEUE_SLACK)
-            await _sleep(stopped, waker, timeout)
-    finally:
-        reason = stopped.reason
-        if (
-            runtime.settings.kueue
-            and reason
-            and reason & kopf.DaemonStoppingReason.RESOURCE_DELETED
-        ):
-            # Kueue holds quota for the job's Workload until it is finished and released.
-            await reconciler.release_workloads(
-                runtime, key, datetime.datetime.now(datetime.timezone.utc)
-            )
-        runtime.informer.release(namespace)
-        runtime.forget(key)
-        runtime.metrics.forget(uid)
+async def trainjob_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """Created, changed, listed at operator start or after a pause, deleted: to the loop."""
+    _controller(memo).observe(event.get("type"), event["object"])

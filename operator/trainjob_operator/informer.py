@@ -93,9 +93,7 @@ async def reflect(
     while True:
         try:
             if version is None:
-                listing = await list_objects()
-                on_list(listing.items)
-                version = listing.resource_version
+                version = await _list(list_objects, on_list)
                 health.failing_since = None
             async for event in watch_objects(version):
                 health.failing_since = None
@@ -125,6 +123,19 @@ async def reflect(
                 health.failing_since = time.monotonic()
             logger.exception("Watching %s crashed; again in %.1fs", what, delay)
             await asyncio.sleep(delay)
+
+
+async def _list(
+    list_objects: Callable[[], Awaitable[kube.Listing]],
+    on_list: Callable[[list[dict[str, Any]]], None],
+) -> str:
+    """List, hand the items over, and return the list's version. Its own function so that
+    the listing is freed when it returns: held in `reflect`'s frame it stayed alive for as
+    long as the watch after it (measured: 33 MiB for 3,000 TrainJobs, 20 MiB for 1,200
+    Pods and Services, kept for good)."""
+    listing = await list_objects()
+    on_list(listing.items)
+    return listing.resource_version
 
 
 @dataclasses.dataclass

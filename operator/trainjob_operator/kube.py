@@ -14,6 +14,11 @@ Error contract, so that callers never inspect HTTP codes:
 - 410 Gone on a list/watch -> `GoneError` (the resourceVersion is too old: list again);
 - everything else (5xx, 429, 401 while credentials rotate, 403 while a namespace terminates,
   connection trouble) -> `TransientError`, retried by the caller with backoff.
+
+Why one file of ~800 lines: it is the operator's whole contract with the API server (every
+request, its path, its error mapping, the login, the request budget, the crash hook for the
+chaos tests), and import-linter holds every other module to it; split, a reader would have
+to gather that contract from several files. Each method is one kind of request.
 """
 
 from __future__ import annotations

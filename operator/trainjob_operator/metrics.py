@@ -61,6 +61,10 @@ class Metrics:
             registry=self.registry,
         )
         self._states: dict[str, tuple[str, str]] = {}  # uid -> (namespace, state)
+        # How many jobs each (namespace, state) has: kept as states move, so that a change
+        # touches two gauge samples, not all of them (10,000 jobs looked at on start-up
+        # counted every job each time: quadratic).
+        self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
 
     def serve(self, port: int) -> None:
         prometheus_client.start_http_server(port, registry=self.registry)
@@ -77,15 +81,24 @@ class Metrics:
             self.restarted.labels(namespace).inc(new.restart_count - old.restart_count)
 
     def set_state(self, uid: str, namespace: str, state: str) -> None:
-        self._states[uid] = (namespace, state)
-        self._refresh()
+        new = (namespace, state)
+        old = self._states.get(uid)
+        if old == new:
+            return
+        self._states[uid] = new
+        self._count(new, +1)
+        if old is not None:
+            self._count(old, -1)
 
     def forget(self, uid: str) -> None:
-        if self._states.pop(uid, None) is not None:
-            self._refresh()
+        old = self._states.pop(uid, None)
+        if old is not None:
+            self._count(old, -1)
 
-    def _refresh(self) -> None:
-        counts = collections.Counter(self._states.values())
-        self.jobs.clear()
-        for (namespace, state), count in counts.items():
-            self.jobs.labels(namespace, state).set(count)
+    def _count(self, labels: tuple[str, str], change: int) -> None:
+        self._counts[labels] += change
+        if self._counts[labels] > 0:
+            self.jobs.labels(*labels).set(self._counts[labels])
+        else:
+            del self._counts[labels]
+            self.jobs.remove(*labels)

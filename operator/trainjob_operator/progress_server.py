@@ -40,7 +40,7 @@ import prometheus_client
 from aiohttp import web
 
 from trainjob.core import progress, render
-from trainjob_operator import children, config, kube, progress_auth, progress_status, reconciler
+from trainjob_operator import children, config, context, kube, progress_auth, progress_status
 
 logger = logging.getLogger("trainjob_operator.progress")
 
@@ -261,7 +261,7 @@ def _with_replica(report: progress.Report, pod_name: str | None, job: str) -> pr
     return dataclasses.replace(report, replica=pod_name[len(job) + 1 :])
 
 
-async def serve(runtime: reconciler.Runtime) -> ProgressServer:
+async def serve(runtime: context.OperatorContext) -> ProgressServer:
     """Start serving progress reports for the operator's jobs: the HTTPS server, the status
     writer, the termination-message reader on the Pod informer, and the endpoint (URL + CA)
     rendered into new Pods."""

@@ -23,6 +23,9 @@ killed between any two calls and the next reconcile converges):
   the status is written; the Events of a decision whose status write conflicted (superseded:
   the job was suspended or changed meanwhile) are withdrawn once a fresh read shows that
   nobody recorded a transition from the same status.
+The pieces of that protocol (which copy to decide from, Events, the conditional status
+write) are in writes.py; the operator's shared state in context.py; the loop that calls
+`reconcile_job` in controller.py.
 Creation is idempotent (deterministic names, 409 is success); the status records which
 attempt each replica is on, and a Pod of a newer attempt than recorded is adopted.
 """
@@ -33,52 +36,20 @@ import asyncio
 import dataclasses
 import datetime
 import functools
-import hashlib
-import json
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any
 
 from trainjob.core import naming, policy, render, spec
 from trainjob.core import status as st
-from trainjob_operator import (
-    children,
-    config,
-    gang,
-    gang_sync,
-    informer,
-    kube,
-    kueue,
-    metrics,
-    nodes,
-    watchdog,
-)
+from trainjob_operator import children, gang, gang_sync, kube, kueue, writes
 from trainjob_operator import kueue_patches as kp
 from trainjob_operator import kueue_workload as kw
+from trainjob_operator.context import OperatorContext
 
 JobKey = children.JobKey
 
 logger = logging.getLogger("trainjob_operator.reconciler")
-
-# The keys of `status` this operator writes (`progress` belongs to progress reporting).
-STATUS_KEYS: Final = (
-    "state",
-    "ready",
-    "restartCount",
-    "disruptionCount",
-    "conditions",
-    "replicaStatuses",
-    "startTime",
-    "attemptStartTime",
-    "completionTime",
-    "observedGeneration",
-)
-
-
-def creating_jobs(api_workers: int) -> int:
-    """How many jobs may create children at once: enough that their creates (8 per replica
-    group of a typical job) keep every one of the `api_workers` request slots busy."""
-    return max(1, api_workers // 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,341 +58,43 @@ class Outcome:
     requeue_after: float | None
     # The TrainJob is gone (or going): stop its reconcile loop.
     done: bool = False
+    # Nothing left to do and nothing due (see `at_rest`): park the job until an event.
+    at_rest: bool = False
 
 
-@dataclasses.dataclass
-class Runtime:
-    """Operator-wide state shared by every handler (kept in kopf's memo)."""
-
-    settings: config.Settings
-    kube: kube.Kube
-    metrics: metrics.Metrics
-    wakers: dict[JobKey, asyncio.Event] = dataclasses.field(default_factory=dict)
-    child_index: children.ChildIndex = dataclasses.field(default_factory=children.ChildIndex)
-    # Keeps child_index current and wakes the jobs whose children changed.
-    informer: informer.ChildInformer = dataclasses.field(init=False)
-    # Which nodes are not Ready; wakes the jobs with Pods on a node whose readiness moved.
-    nodes: nodes.NodeInformer = dataclasses.field(init=False)
-    # Jobs creating children at the same time, served first come, first served (asyncio's
-    # semaphore). Why a limit: otherwise a burst of N new jobs holds a task per create for
-    # all N jobs at once (16,000 at 1,000 x 8), the largest share of the operator's peak
-    # memory (bench: 161 -> 123 MiB at 1,000 x 8). The cost, measured there: later jobs'
-    # creates now share the request turns with earlier jobs' status writes and clean-up, so
-    # the last child of such a burst came later (176 -> ~300 s); the median barely moved.
-    creating: asyncio.Semaphore = dataclasses.field(init=False)
-    # Jobs whose loop has begun reconciling; the watchdog reports the jobs that never do.
-    reconciled: set[JobKey] = dataclasses.field(default_factory=set)
-    watchdog: watchdog.Watchdog = dataclasses.field(init=False)
-    # Where new Pods report progress (progress_server.serve sets it); None: no reporting.
-    progress_endpoint: Callable[[], render.ProgressEndpoint | None] = lambda: None
-    # When a job's step last advanced (progress_server.serve sets it; hang detection).
-    progress_at: Callable[[JobKey], datetime.datetime | None] = lambda key: None
-    # Which namespaces Kueue manages every job of (--kueue-manage-jobs-without-queue-name).
-    kueue_namespaces: kueue.Namespaces = dataclasses.field(default_factory=kueue.Namespaces)
-    # Jobs whose orphaned Workloads are being released now.
-    releasing: set[JobKey] = dataclasses.field(default_factory=set)
-    # Gangs waiting for nodes, and the touches they are owed when room appears.
-    gangs: gang_sync.Requeue = dataclasses.field(init=False)
-
-    def __post_init__(self) -> None:
-        self.creating = asyncio.Semaphore(creating_jobs(self.settings.api_workers))
-        # One list+watch per kind for the cluster when kopf watches TrainJobs cluster-wide
-        # (no namespace given, or namespace patterns), else one per watched namespace.
-        kinds = informer.KINDS + ((informer.WORKLOADS,) if self.settings.kueue else ())
-        if gang.wanted(self.settings):
-            kinds += (informer.pod_groups(self.settings.gang_scheduler),)
-        self.informer = informer.ChildInformer(
-            self.kube, self.child_index, self.wake, not self.settings.kopf_namespaces, kinds
-        )
-        self.nodes = nodes.NodeInformer(self.kube, self._wake_on_nodes)
-        self.watchdog = watchdog.Watchdog(
-            self.kube, self.settings, self.metrics, self.reconciled.__contains__
-        )
-        if self.settings.kueue:
-            self.child_index.workload_listeners.append(self._release_if_orphaned)
-        self.gangs = gang_sync.Requeue(self.kube, self.settings, self.wake)
-        if gang.wanted(self.settings):
-            self.child_index.pod_listeners.append(self.gangs.pod_changed)
-
-    def _release_if_orphaned(self, key: JobKey, body: Mapping[str, Any]) -> None:
-        """A Workload being deleted whose job has no reconcile loop here (the job is gone:
-        deleted while no operator ran, or its loop ended before it could release it) still
-        holds our `resource-in-use` finalizer: finish and release it, or it hangs forever."""
-        meta = body.get("metadata") or {}
-        if key in self.wakers or not meta.get("deletionTimestamp"):
-            return
-        if kw.RESOURCE_IN_USE not in (meta.get("finalizers") or []) or key in self.releasing:
-            return
-        self.releasing.add(key)
-
-        async def release() -> None:
-            try:
-                now = datetime.datetime.now(datetime.timezone.utc)
-                await release_workloads(self, key, now, [body])
-            finally:
-                self.releasing.discard(key)
-
-        asyncio.get_running_loop().create_task(release(), name=f"release workloads {key}")
-
-    def _wake_on_nodes(self, names: set[str]) -> None:
-        for key in self.child_index.jobs_on_nodes(names):
-            self.wake(key)
-        if any(self.nodes.index.loss(name) is None for name in names):
-            self.gangs.room_appeared()  # a node joined or is Ready again
-
-    def begin(self, key: JobKey) -> None:
-        """The job's loop is about to reconcile it (for the first time, or again)."""
-        if key not in self.reconciled:
-            self.reconciled.add(key)
-            self.watchdog.served(key)
-
-    def problems(self) -> list[str]:
-        """Why this operator is not healthy now (empty: it is)."""
-        return self.watchdog.problems([*self.informer.health(), self.nodes.health])
-
-    def waker(self, key: JobKey) -> asyncio.Event:
-        return self.wakers.setdefault(key, asyncio.Event())
-
-    def wake(self, key: JobKey) -> None:
-        event = self.wakers.get(key)
-        if event is not None:
-            event.set()
-
-    def forget(self, key: JobKey) -> None:
-        self.wakers.pop(key, None)
-        self.reconciled.discard(key)
-        self.gangs.forget(key)
-
-
-@dataclasses.dataclass
-class Seen:
-    """What one job's reconcile loop knows about its TrainJob between reconciles, so that it
-    can work from kopf's copy of the object (kept current by kopf's watch) instead of a GET
-    per reconcile, without ever deciding from a copy older than what it already knows.
-
-    kopf's copy lags behind our own status writes until their watch events arrive, and it can
-    lag for long (a TrainJob watch that is down while the Pod informer is live): deciding from
-    it then decides again from an old status. So after every GET and every write of ours, the
-    result is the newest known version (`known`), and kopf's copy is trusted again only once
-    it shows exactly that version (watch events come in order, so from then on it is at
-    least as new). Until then each reconcile reads with a GET. resourceVersions are opaque:
-    they are only compared for equality, never ordered."""
-
-    # The newest TrainJob this loop has read or written, until kopf's copy shows it.
-    known: dict[str, Any] | None = None
-    # A conditional write of ours conflicted: the next reconcile reads afresh.
-    stale: bool = False
-    # The Events this loop posted for a decision whose status write conflicted.
-    superseded: Superseded | None = None
-    # Replicas whose Pod the API server refused at the last try, with its message: the next
-    # decision says so (a waiting cause) until the Pod exists.
-    refused: dict[policy.ReplicaKey, str] = dataclasses.field(default_factory=dict)
-    # Consecutive reconciles that met a refusal: the retry backs off (2 s doubling to 60 s).
-    refusals: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Superseded:
-    """Events posted for a decision that was never recorded, and the status it was made
-    from. Whether they told of something that did not happen is known only after a fresh
-    read: if the status is still the same, nobody recorded a transition from it, and the
-    Events the new decision does not post again are withdrawn; if the status moved on,
-    another writer (a second operator) recorded a transition from it, most likely the same
-    one, whose Events these are: they stay."""
-
-    fingerprint: str
-    names: tuple[str, ...]
-
-
-def _version(obj: Mapping[str, Any]) -> str | None:
-    version = (obj.get("metadata") or {}).get("resourceVersion")
-    return str(version) if version else None
-
-
-async def current_trainjob(
-    rt: Runtime,
-    namespace: str,
-    name: str,
-    live: Mapping[str, Any] | None,
-    seen: Seen | None,
-) -> dict[str, Any] | None:
-    """The TrainJob to reconcile from: kopf's live copy when it is known to be at least as
-    new as anything this loop has read or written (see `Seen`), else a GET."""
-    if live is not None and seen is not None and not seen.stale:
-        # A shallow copy: kopf swaps in a new event's dict instead of changing the old one,
-        # so this snapshot stays as it is while the reconcile awaits.
-        snapshot = dict(live)
-        version = _version(snapshot)
-        if seen.known is None and version is not None:
-            return snapshot
-        if seen.known is not None and version is not None and version == _version(seen.known):
-            seen.known = None  # kopf's copy has caught up: trust it from now on
-            return snapshot
-    raw = await rt.kube.get_trainjob(namespace, name)
-    if seen is not None:
-        seen.stale = False
-        seen.known = raw
-    return raw
-
-
-async def _patch_status(
-    rt: Runtime,
-    raw: Mapping[str, Any],
-    patch: dict[str, Any],
-    seen: Seen | None,
-) -> dict[str, Any] | None:
-    """Write `patch` only if the TrainJob is still the version `raw` was read at; returns the
-    TrainJob as written (None: it is gone). kube.ConflictError: decide again from a fresh read."""
-    metadata = raw.get("metadata") or {}
-    namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
-    try:
-        result = await rt.kube.patch_status(namespace, name, patch, _version(raw))
-    except kube.ConflictError:
-        if seen is not None:
-            seen.stale = True
-        raise
-    if seen is not None and result is not None and _version(result):
-        seen.known = result
-    return result
-
-
-def status_fingerprint(status: Mapping[str, Any]) -> str:
-    """The status a decision was made from, as far as decisions go: our own keys only (a
-    progress report changes the resourceVersion and `status.progress`, not the transition)."""
-    owned = {key: status[key] for key in STATUS_KEYS if key in status}
-    return json.dumps(owned, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def event_id(uid: str, fingerprint: str, position: int, event: policy.Event) -> str:
-    """The name suffix of the `position`-th Event of a decision made from TrainJob `uid` whose
-    status was `fingerprint`. The same transition decided again from the same recorded status
-    gets the same name, whatever else changed in between (the resourceVersion moves with
-    kopf's finalizer, labels, progress): a decision whose status write never landed (a
-    crash, a conflict) posts its Events once. A later transition starts from another status
-    (conditions carry their transition times), so it gets other names."""
-    key = f"{uid}/{fingerprint}/{position}/{event.type}/{event.reason}/{event.message}"
-    return hashlib.sha256(key.encode()).hexdigest()[:20]
-
-
-async def _post_events(
-    rt: Runtime,
-    raw: Mapping[str, Any],
-    fingerprint: str,
-    events: Iterable[policy.Event],
-    now: datetime.datetime,
-) -> tuple[list[str], list[str]]:
-    """Post the Events of a decision made from the status `fingerprint`; returns the names
-    of all of them and of those this call created (the others were there already, or were
-    refused)."""
-    metadata = raw.get("metadata") or {}
-    uid, job_name = str(metadata.get("uid") or ""), str(metadata.get("name"))
-    names: list[str] = []
-    created: list[str] = []
-    for position, event in enumerate(events):
-        suffix = event_id(uid, fingerprint, position, event)
-        name = await rt.kube.post_event(
-            dict(raw), event.type, event.reason, event.message, now, suffix
-        )
-        names.append(kube.event_name(job_name, suffix))
-        if name is not None:
-            created.append(name)
-    return names, created
-
-
-def _status_of(raw: Mapping[str, Any]) -> Mapping[str, Any]:
-    status = raw.get("status")
-    return status if isinstance(status, Mapping) else {}
-
-
-async def _record(
-    rt: Runtime,
-    raw: Mapping[str, Any],
-    events: Iterable[policy.Event],
-    patch: dict[str, Any] | None,
-    now: datetime.datetime,
-    seen: Seen | None,
-) -> dict[str, Any] | None:
-    """Record a decision: its Events, then its status (if it changes); returns the TrainJob
-    as written, or `raw` when the status was already so (None: the job is gone).
-
-    A conflicting status write means the decision was superseded (the job changed under it:
-    a suspend, a delete, another writer); the caller decides again from a fresh read, and
-    this loop remembers the Events it posted (see `Superseded`). A transition decided again
-    from the same status posts the same names again."""
-    fingerprint = status_fingerprint(_status_of(raw))
-    names, created = await _post_events(rt, raw, fingerprint, events, now)
-    pending = seen.superseded if seen is not None else None
-    keep: list[str] = []
-    if seen is not None:
-        seen.superseded = None
-    if pending is not None and pending.fingerprint == fingerprint:
-        keep = [name for name in pending.names if name in names]
-        stale = [name for name in pending.names if name not in names]
-        namespace = str((raw.get("metadata") or {}).get("namespace"))
-        await rt.kube.withdraw_events(namespace, stale)
-    if patch is None:
-        return dict(raw)
-    try:
-        return await _patch_status(rt, raw, patch, seen)
-    except kube.ConflictError:
-        if seen is not None:
-            seen.superseded = Superseded(fingerprint, tuple(created + keep))
-        raise
-
-
-def _conditions(status: st.JobStatus) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": c.type,
-            "status": "True" if c.status else "False",
-            "reason": c.reason,
-            "message": c.message,
-            "lastTransitionTime": st.format_time(c.last_transition_time),
-        }
-        for c in status.conditions
-    ]
-
-
-def _invalid_status_dict(status: st.JobStatus) -> dict[str, Any]:
-    """Status of a TrainJob whose spec cannot be parsed (no TrainJob to render replicas)."""
-    result: dict[str, Any] = {
-        "state": st.state_of(status),
-        "restartCount": status.restart_count,
-        "conditions": _conditions(status),
-    }
-    if status.completion_time is not None:
-        result["completionTime"] = st.format_time(status.completion_time)
-    if status.observed_generation is not None:
-        result["observedGeneration"] = status.observed_generation
-    return result
-
-
-def status_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The merge patch turning `current` into `wanted` for our keys; None when nothing changes.
-    Keys we own but no longer write are nulled; keys we do not own are left alone."""
-    patch: dict[str, Any] = {}
-    for key in STATUS_KEYS:
-        if key in wanted:
-            if current.get(key) != wanted[key]:
-                patch[key] = wanted[key]
-        elif key in current:
-            patch[key] = None
-    return patch or None
+def at_rest(decision: policy.Decision, seen: writes.Seen) -> bool:
+    """A finished job whose clean-up is carried out, with nothing due later (no TTL, no
+    retry) and our last status write already in the watched copy: nothing can change for it
+    without an event, so its loop parks it (no timer, no copy kept)."""
+    actions = (
+        decision.create_pods,
+        decision.create_services,
+        decision.delete_pods,
+        decision.delete_services,
+        decision.events,
+    )
+    return (
+        decision.status.finished
+        and not any(actions)
+        and not decision.delete_job
+        and decision.requeue_after is None
+        and writes.settled(seen)
+    )
 
 
 async def reconcile_job(
-    rt: Runtime,
+    rt: OperatorContext,
     namespace: str,
     name: str,
     pods: Iterable[children.ChildPod],
     services: Iterable[children.ChildService],
     now: datetime.datetime,
     live: Mapping[str, Any] | None = None,
-    seen: Seen | None = None,
+    seen: writes.Seen | None = None,
 ) -> Outcome:
     """`live`/`seen`: kopf's live copy of the TrainJob and the loop's memory of it (see
     `current_trainjob`); without them the TrainJob is read with a GET."""
-    raw = await current_trainjob(rt, namespace, name, live, seen)
+    raw = await writes.current_trainjob(rt.kube, namespace, name, live, seen)
     if raw is None:
         return Outcome(None, done=True)
     metadata = raw.get("metadata") or {}
@@ -437,7 +110,7 @@ async def reconcile_job(
     except spec.SpecError as exc:
         message = "; ".join(str(problem) for problem in exc.problems)
         await _mark_invalid(rt, raw, raw_status, old, None, message, now, seen)
-        return Outcome(None)
+        return Outcome(None, at_rest=seen is not None and writes.settled(seen))
 
     mine_pods = [p for p in pods if p.owner_uid in (uid, None)]
     mine_services = [s for s in services if s.owner_uid in (uid, None)]
@@ -516,8 +189,8 @@ async def reconcile_job(
 
     # Record the decision before acting on it (see the module docstring for why).
     # kube.ConflictError (the job changed since it was read): the caller decides again.
-    patch = status_patch(raw_status, st.to_dict(job, decision.status))
-    written = await _record(rt, raw, decision.events, patch, now, seen)
+    patch = writes.status_diff(raw_status, st.to_dict(job, decision.status))
+    written = await writes.record_decision(rt.kube, raw, decision.events, patch, now, seen)
     if written is None:
         return Outcome(None, done=True)
     raw = written
@@ -557,7 +230,7 @@ async def reconcile_job(
         # The API server refused what the spec renders to (e.g. an invalid Pod template that
         # the CRD schema cannot check): the job can never run as written.
         await _mark_invalid(rt, raw, raw_status, decision.status, job, str(exc), now, seen)
-        return Outcome(None)
+        return Outcome(None, at_rest=seen is not None and writes.settled(seen))
 
     if queued is not None:
         await kueue.sync_pods_ready(rt.kube, queued.workload, decision.status, now)
@@ -581,30 +254,11 @@ async def reconcile_job(
     if requeue_gang_in is not None:
         later = decision.requeue_after
         return Outcome(requeue_gang_in if later is None else min(later, requeue_gang_in))
-    return Outcome(decision.requeue_after)
-
-
-async def release_workloads(
-    rt: Runtime,
-    key: JobKey,
-    now: datetime.datetime,
-    workloads: Sequence[Mapping[str, Any]] | None = None,
-) -> None:
-    """A deleted job's Workloads (default: those the index holds for it) are finished and
-    released. A failure is logged: the Workload is then deleted by the garbage collector,
-    and its next watch event (deletionTimestamp set) releases it (`_release_if_orphaned`)."""
-    if workloads is None:
-        workloads = [w.body for w in rt.child_index.workloads(key)]
-    if not workloads:
-        return
-    try:
-        await kueue.finalize(rt.kube, workloads, now)
-    except (kube.TransientError, kube.RejectedError) as exc:
-        logger.warning("Could not release the Workloads of TrainJob %s/%s: %s", *key, exc)
+    return Outcome(decision.requeue_after, at_rest=seen is not None and at_rest(decision, seen))
 
 
 async def _create_children(
-    rt: Runtime,
+    rt: OperatorContext,
     job: spec.TrainJob,
     decision: policy.Decision,
     namespace: str,
@@ -649,7 +303,7 @@ async def _create_children(
 
 
 async def _create_refusable(
-    rt: Runtime,
+    rt: OperatorContext,
     kind: str,
     namespace: str,
     key: policy.ReplicaKey,
@@ -690,14 +344,14 @@ async def _all(calls: Iterable[Coroutine[Any, Any, Any]]) -> None:
 
 
 async def _mark_invalid(
-    rt: Runtime,
+    rt: OperatorContext,
     raw: Mapping[str, Any],
     raw_status: Mapping[str, Any],
     old: st.JobStatus,
     job: spec.TrainJob | None,
     message: str,
     now: datetime.datetime,
-    seen: Seen | None = None,
+    seen: writes.Seen | None = None,
 ) -> None:
     metadata = raw.get("metadata") or {}
     namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
@@ -708,12 +362,12 @@ async def _mark_invalid(
     new = policy.invalid_spec(
         old, message, now, generation if isinstance(generation, int) else None
     )
-    wanted = st.to_dict(job, new) if job is not None else _invalid_status_dict(new)
-    patch = status_patch(raw_status, wanted)
+    wanted = st.to_dict(job, new) if job is not None else writes.invalid_status_dict(new)
+    patch = writes.status_diff(raw_status, wanted)
     if patch is None:
         return  # already marked
-    await _record(
-        rt, raw, [policy.Event("Warning", policy.REASON_INVALID, message)], patch, now, seen
+    await writes.record_decision(
+        rt.kube, raw, [policy.Event("Warning", policy.REASON_INVALID, message)], patch, now, seen
     )
     logger.warning("Marked TrainJob %s/%s Failed (InvalidSpec): %s", namespace, name, message)
     rt.metrics.transition(namespace, old, new)

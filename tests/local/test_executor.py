@@ -51,10 +51,10 @@ def _run(tmp_path: Path, manifest: dict[str, object]) -> tuple[int, str]:
 
 
 def test_exit_code_mapping() -> None:
-    assert supervisor.exit_code_of(0) == 0
-    assert supervisor.exit_code_of(3) == 3
-    assert supervisor.exit_code_of(-9) == 137
-    assert supervisor.exit_code_of(-15) == 143
+    assert supervisor.container_exit_code(0) == 0
+    assert supervisor.container_exit_code(3) == 3
+    assert supervisor.container_exit_code(-9) == 137
+    assert supervisor.container_exit_code(-15) == 143
 
 
 def test_success_with_prefixed_logs_saved_to_files(tmp_path: Path) -> None:

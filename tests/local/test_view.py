@@ -1,6 +1,6 @@
-"""Local mode's pure modules: progress folding (events), the live table at every width and the
-summary (view), noise filtering and failure causes (logfilter), exit codes and the status after
-a stop (outcome), and `trainjob status` rendering (runs)."""
+"""Local mode's pure modules: progress folding (replica_progress), the live table at every width
+and the summary (view), noise filtering and failure causes (logfilter), exit codes and the status
+after a stop (outcome), and `trainjob status` rendering (runs)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 from trainjob.core import policy, spec
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local import events, logfilter, outcome, runs, view
+from trainjob.local import logfilter, outcome, runs, view
+from trainjob.local.replica_progress import ReplicaProgress, fold
 
 from .conftest import job_manifest
 
@@ -42,8 +43,8 @@ ROWS = [
     view.ReplicaRow(("ps", 0), "", 0, None, None),
 ]
 PROGRESS = {
-    ("chief", 0): events.ReplicaProgress(epoch=1, step=80, loss=0.42104, examples_per_sec=1234.5),
-    ("worker", 0): events.ReplicaProgress(epoch=1, step=80, loss=0.421, examples_per_sec=1200),
+    ("chief", 0): ReplicaProgress(epoch=1, step=80, loss=0.42104, examples_per_sec=1234.5),
+    ("worker", 0): ReplicaProgress(epoch=1, step=80, loss=0.421, examples_per_sec=1200),
 }
 TIMER = core_progress.StepTimer().observe(40, 0.0).observe(80, 10.0)
 
@@ -61,11 +62,9 @@ def _lines(snapshot: view.Snapshot, width: int, height: int) -> list[str]:
 
 
 def test_fold_keeps_the_latest_known_numbers() -> None:
-    p = events.fold(None, {"event": "start", "epoch": 1, "step": 40, "initial_step": 40})
-    p = events.fold(
-        p, {"event": "epoch", "epoch": 1, "step": 80, "loss": 0.5, "examples_per_sec": 1234.5}
-    )
-    p = events.fold(p, {"event": "checkpoint", "epoch": 1, "step": 80, "loss": None})
+    p = fold(None, {"event": "start", "epoch": 1, "step": 40, "initial_step": 40})
+    p = fold(p, {"event": "epoch", "epoch": 1, "step": 80, "loss": 0.5, "examples_per_sec": 1234.5})
+    p = fold(p, {"event": "checkpoint", "epoch": 1, "step": 80, "loss": None})
     assert (p.epoch, p.step, p.loss, p.examples_per_sec, p.initial_step) == (1, 80, 0.5, 1234.5, 40)
     assert view.progress_text(p, JOB) == "epoch 2/3 step 80/120 loss 0.5000 1,234 ex/s"
 
@@ -157,7 +156,7 @@ def test_a_thousand_replicas_render_fast_and_fit() -> None:
         view.ReplicaRow(key, "Running", 0, None, 1000 + i)
         for i, key in enumerate(job.replica_keys())
     ]
-    progress = {key: events.ReplicaProgress(step=5, loss=0.1) for key in job.replica_keys()}
+    progress = {key: ReplicaProgress(step=5, loss=0.1) for key in job.replica_keys()}
     started = time.perf_counter()
     for _ in range(10):
         lines = _lines(view.Snapshot(job, st.JobStatus(), rows, progress, 3.0), 80, 24)
@@ -343,17 +342,19 @@ def test_summary_of_a_failed_job_quotes_the_cause_and_the_log() -> None:
     assert "  cause:      worker-0: ValueError: bad shape\n" in text
     assert "full log: /r/logs/worker-0.log" in text
     assert "worker-0=1 (Failed, attempt 0)" in text
-    assert outcome.exit_code_of(summary) == 1
+    assert outcome.command_exit_code(summary) == 1
 
 
 def test_exit_codes_and_the_word_about_resuming() -> None:
     succeeded = st.JobStatus(conditions=(st.Condition(st.SUCCEEDED, True, "r", "m", NOW),))
-    assert outcome.exit_code_of(_summary(succeeded)) == 0
-    assert outcome.exit_code_of(_summary(st.JobStatus(), "SIGINT")) == 130
-    assert outcome.exit_code_of(_summary(st.JobStatus(), "SIGTERM")) == 143
-    assert outcome.exit_code_of(_summary(st.JobStatus(), "SIGHUP")) == 129
-    assert outcome.exit_code_of(_summary(st.JobStatus(), "SIGPIPE")) == 141
-    assert outcome.exit_code_of(dataclasses.replace(_summary(st.JobStatus()), problem="x")) == 2
+    assert outcome.command_exit_code(_summary(succeeded)) == 0
+    assert outcome.command_exit_code(_summary(st.JobStatus(), "SIGINT")) == 130
+    assert outcome.command_exit_code(_summary(st.JobStatus(), "SIGTERM")) == 143
+    assert outcome.command_exit_code(_summary(st.JobStatus(), "SIGHUP")) == 129
+    assert outcome.command_exit_code(_summary(st.JobStatus(), "SIGPIPE")) == 141
+    assert (
+        outcome.command_exit_code(dataclasses.replace(_summary(st.JobStatus()), problem="x")) == 2
+    )
     with_checkpoint = view.summary_text(_summary(st.JobStatus(), "SIGINT", has_checkpoint=True))
     assert "Run the same command again to resume from the checkpoint" in with_checkpoint
     without = view.summary_text(_summary(st.JobStatus(), "SIGINT"))

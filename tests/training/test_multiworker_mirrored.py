@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import training_harness as harness
 
-from trainjob.runtime import exitcodes
+from trainjob.core import policy
 
 pytestmark = [pytest.mark.training, pytest.mark.timeout(300)]
 
@@ -74,7 +74,7 @@ def test_kill_worker_mid_epoch_then_resume_from_backup(
     print("run1:", harness.report(first))
     assert codes["run1-worker-1"] == -signal.SIGKILL
     # The survivor sees its peer gone and exits with a retryable code, not a user error.
-    assert exitcodes.is_retryable(codes["run1-worker-0"]), harness.dump_logs(first)
+    assert policy.retryable_exit_code(codes["run1-worker-0"]), harness.dump_logs(first)
     events1 = harness.read_events(progress1)
     backed_up = [e["epoch"] for e in harness.events_of(events1, "worker-0", "checkpoint")]
     assert backed_up, "no backup was written before the kill"

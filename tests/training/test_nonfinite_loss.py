@@ -12,7 +12,8 @@ import pytest
 import training_harness as harness
 
 from trainjob.core import constants, observe
-from trainjob.runtime import exitcodes, progress
+from trainjob.core import progress_events as progress
+from trainjob.runtime import exitcodes
 from trainjob.runtime.exitcodes import FailureKind
 
 pytestmark = [pytest.mark.training, pytest.mark.timeout(180)]

@@ -15,7 +15,8 @@ import training_harness as harness
 
 from trainjob.core import constants, observe
 from trainjob.core import progress as core_progress
-from trainjob.runtime import exitcodes, progress, settings
+from trainjob.core import progress_events as progress
+from trainjob.runtime import exitcodes, settings
 from trainjob.runtime.exitcodes import FailureKind
 
 pytestmark = [pytest.mark.training, pytest.mark.timeout(180)]

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from trainjob.core import constants
-from trainjob.runtime import contract, progress, settings
+from trainjob.core import progress_events as progress
+from trainjob.runtime import contract, settings
 from trainjob.runtime.exitcodes import ConfigError
 
 pytestmark = pytest.mark.training

@@ -16,7 +16,7 @@ import pytest
 
 from trainjob import cli
 from trainjob.cluster import cli as cluster_cli
-from trainjob.cluster import show
+from trainjob.cluster import describe, objects, show
 from trainjob.core import progress as core_progress
 from trainjob.core import spec
 from trainjob.core import status as st
@@ -128,20 +128,20 @@ def test_human_duration_is_kubectls_age() -> None:
         30 * 3600: "30h",
     }
     cases |= {3 * 86400 + 4 * 3600: "3d4h", 40 * 86400: "40d", 800 * 86400: "2y70d"}
-    assert {s: show.human_duration(s) for s in cases} == cases
+    assert {s: objects.human_duration(s) for s in cases} == cases
 
 
 @pytest.mark.parametrize(
     ("text", "seconds"), [("90", 90), ("90s", 90), ("5m", 300), ("1h30m", 5400)]
 )
 def test_durations_as_kubectl_timeout(text: str, seconds: float) -> None:
-    assert show.parse_duration(text) == seconds
+    assert objects.parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "soon", "5x", "-1s"])
 def test_a_bad_duration_is_named(text: str) -> None:
     with pytest.raises(ValueError, match="is not a duration such as 30s, 5m or 1h30m"):
-        show.parse_duration(text)
+        objects.parse_duration(text)
 
 
 def test_get_has_the_printer_columns_of_kubectl_get_tj() -> None:
@@ -187,7 +187,7 @@ def test_the_summary_of_a_failed_cluster_job_names_cause_and_log_command() -> No
     pods = [pod("mnist-worker-0", "worker", 0, containerStatuses=container(terminated))]
     summary = show.summary(FAILED, pods, NOW)
     text = view.summary_text(summary)
-    assert outcome.exit_code_of(summary) == 1
+    assert outcome.command_exit_code(summary) == 1
     assert text.startswith("TrainJob mnist Failed after 1m30s\n")
     assert "  reason:     ReplicaFailed: worker 0 exited with code 1 (permanent)\n" in text
     assert "  cause:      worker-0: ValueError: bad shape\n" in text
@@ -206,16 +206,16 @@ def test_a_final_progress_report_is_not_quoted_as_a_cause() -> None:
 
 
 def test_a_report_with_unknown_or_bad_fields_is_no_progress() -> None:
-    assert show.report_of({"progress": {"step": -1}}) is None
-    assert show.report_of({"progress": "50%"}) is None
-    assert show.report_of(None) is None
-    report = show.report_of({"progress": {"summary": "x", "eta": "1m", "step": 5, "extra": 1}})
+    assert objects.report_of({"progress": {"step": -1}}) is None
+    assert objects.report_of({"progress": "50%"}) is None
+    assert objects.report_of(None) is None
+    report = objects.report_of({"progress": {"summary": "x", "eta": "1m", "step": 5, "extra": 1}})
     assert report is not None and report.step == 5
 
 
 def test_an_unreadable_spec_is_named() -> None:
     broken = {**RUNNING, "spec": {"replicaSpecs": {"ps": {"replicas": 1}}}}
-    with pytest.raises(show.ShowError, match="TrainJob mnist cannot be read: "):
+    with pytest.raises(objects.ShowError, match="TrainJob mnist cannot be read: "):
         show.snapshot(broken, NOW)
 
 
@@ -227,7 +227,7 @@ def test_describe_lays_out_state_cause_progress_replicas_and_events() -> None:
          "lastTimestamp": "2026-11-24T11:59:50Z", "source": {"component": "trainjob-operator"},
          "involvedObject": {"kind": "TrainJob", "name": "mnist"}},
     ]  # fmt: skip
-    text = show.describe_text(FAILED, pods, events, NOW)
+    text = describe.describe_text(FAILED, pods, events, NOW)
     assert "Name:         mnist\nNamespace:    team-a\n" in text
     assert "State:        Failed\n" in text
     assert "Cause:        ReplicaFailed: worker 0 exited with code 1 (permanent)\n" in text
@@ -238,7 +238,7 @@ def test_describe_lays_out_state_cause_progress_replicas_and_events() -> None:
     assert replicas[1].split() == ["chief-0", "Stopped", "0", "143", "<none>"]
     event = text.split("Events:\n")[1].splitlines()[1].split()
     assert event[:5] == ["Warning", "ReplicaFailed", "10s", "trainjob-operator", "TrainJob/mnist"]
-    running = show.describe_text(RUNNING, [], [], NOW)
+    running = describe.describe_text(RUNNING, [], [], NOW)
     assert "Progress:     66% (2/3)  step 80/120  loss 0.421\nETA:          20s\n" in running
     assert "Events:\n  <none>\n" in running
 
@@ -279,17 +279,18 @@ def test_log_instances_follow_restarts_and_recreated_pods() -> None:
         "p", "worker", 0, containerStatuses=container({"waiting": {"reason": "ImagePullBackOff"}})
     )
     running = pod("p", "worker", 0, containerStatuses=container({"running": {}}, restarts=2))
-    assert show.log_instance(waiting) is None
-    assert show.log_instance(running) == "uid-p/2"
+    assert describe.log_instance(waiting) is None
+    assert describe.log_instance(running) == "uid-p/2"
     assert (
-        show.log_instance({**running, "metadata": {**running["metadata"], "uid": "new"}}) == "new/2"
+        describe.log_instance({**running, "metadata": {**running["metadata"], "uid": "new"}})
+        == "new/2"
     )
-    assert show.log_unavailable(running) is None
-    assert show.log_unavailable(waiting) == (
+    assert describe.log_unavailable(running) is None
+    assert describe.log_unavailable(waiting) == (
         "Pod p: its container has not started (ImagePullBackOff), so it has no log"
     )
     unscheduled = pod("q", "chief", 0, node=None, phase="Pending")
-    assert show.log_unavailable(unscheduled) == (
+    assert describe.log_unavailable(unscheduled) == (
         "Pod q is on no node yet (Pending, not scheduled), so it has no log"
     )
 
@@ -297,8 +298,8 @@ def test_log_instances_follow_restarts_and_recreated_pods() -> None:
 def test_pods_in_replica_order_and_labelled() -> None:
     pods = [pod("x-worker-10", "worker", 10), pod("other", "", 0), pod("x-worker-2", "worker", 2),
             pod("x-chief-0", "chief", 0)]  # fmt: skip
-    ordered = show.order_pods(pods)
-    assert [show.pod_label(p) for p in ordered] == ["chief-0", "worker-2", "worker-10", "other"]
+    ordered = describe.order_pods(pods)
+    assert [objects.pod_label(p) for p in ordered] == ["chief-0", "worker-2", "worker-10", "other"]
 
 
 def test_cluster_logs_drop_tensorflow_noise_unless_verbose() -> None:
@@ -337,7 +338,7 @@ def test_apply_keeps_status_and_identity_and_takes_spec_and_labels() -> None:
     current = {**RUNNING, "metadata": {**RUNNING["metadata"], "uid": "u1", "resourceVersion": "7",
                                         "labels": {"keep": "1", "team": "a"}}}  # fmt: skip
     wanted = {**manifest(workers=3), "metadata": {"name": "mnist", "labels": {"team": "b"}}}
-    result = show.applied(current, wanted)
+    result = objects.applied(current, wanted)
     assert result["status"] == RUNNING["status"]
     assert result["metadata"]["resourceVersion"] == "7" and result["metadata"]["uid"] == "u1"
     assert result["metadata"]["labels"] == {"keep": "1", "team": "b"}
@@ -384,7 +385,7 @@ def test_a_parsed_trainjob_turns_back_into_the_same_manifest(path: Path) -> None
         if not isinstance(document, dict) or document.get("kind") != "TrainJob":
             continue
         job = spec.parse(document, require_images=False)
-        assert spec.parse(show.manifest_of(job), require_images=False) == job
+        assert spec.parse(objects.manifest_of(job), require_images=False) == job
 
 
 def test_every_field_of_the_model_survives_the_manifest() -> None:
@@ -407,7 +408,7 @@ def test_every_field_of_the_model_survives_the_manifest() -> None:
         "template": rich["spec"]["replicaSpecs"]["chief"]["template"],
     }
     job = spec.parse(rich)
-    assert spec.parse(show.manifest_of(job)) == job
+    assert spec.parse(objects.manifest_of(job)) == job
 
 
 def test_get_headers_are_the_crds_printer_columns() -> None:
@@ -421,7 +422,7 @@ def test_get_headers_are_the_crds_printer_columns() -> None:
 def test_a_saved_object_is_submitted_without_what_the_server_set() -> None:
     server_set = {"uid": "u", "resourceVersion": "9", "generation": 2, "managedFields": []}
     saved = {**RUNNING, "metadata": {**RUNNING["metadata"], **server_set, "labels": {"a": "b"}}}
-    body = show.submittable(saved)
+    body = objects.submittable(saved)
     assert "status" not in body and body["spec"] == RUNNING["spec"]
     assert body["metadata"] == {"name": "mnist", "namespace": "team-a", "labels": {"a": "b"}}
     assert "status" in saved and saved["metadata"]["uid"] == "u"  # the input is left alone

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from trainjob.core import constants, policy, render, spec
+from trainjob.core import constants, policy, progress_events, render, spec
 from trainjob.core import progress as p
 from trainjob.runtime import progress as events
 from trainjob.runtime import reporter
@@ -208,12 +208,12 @@ def test_emitter_events_carry_the_report_for_local_mode() -> None:
         emitter.tick(step)
     emitter.emit("epoch", epoch=0, step=10, logs={"loss": 0.4, "acc": 0.8})
     emitter.emit("end", status="succeeded", exit_code=0)
-    lines = [events.parse_line(line) for line in out.getvalue().splitlines()]
+    lines = [progress_events.parse_line(line) for line in out.getvalue().splitlines()]
     assert lines[1] is not None and lines[1]["progress"]["epoch"] == 1
     assert lines[1]["progress"]["totalSteps"] == 20 and lines[1]["progress"]["loss"] == 0.4
     assert lines[2] is not None and lines[2]["progress"]["state"] == "Succeeded"
-    assert events.report_state({"event": "end", "status": "preempted"}) == "Running"
-    assert events.report_state({"event": "end", "status": "user_code_error"}) == "Failed"
+    assert progress_events.report_state({"event": "end", "status": "preempted"}) == "Running"
+    assert progress_events.report_state({"event": "end", "status": "user_code_error"}) == "Failed"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -1,4 +1,4 @@
-"""Which copy of a TrainJob a reconcile decides from (reconciler.current_trainjob), and the
+"""Which copy of a TrainJob a reconcile decides from (writes.current_trainjob), and the
 names of the Events of a decision. The API is a stand-in that counts GETs: the rule under test
 is which copy is trusted, decided before any request is made."""
 
@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from trainjob.core import policy
-from trainjob_operator import reconciler
+from trainjob_operator import writes
 
 
 def job(version: str, state: str = "Running") -> dict[str, Any]:
@@ -33,13 +33,13 @@ class FakeRuntime:
         self.kube = FakeKube(current)
 
 
-def read(rt: FakeRuntime, live: dict[str, Any], seen: reconciler.Seen) -> dict[str, Any] | None:
-    return asyncio.run(reconciler.current_trainjob(rt, "n", "j", live, seen))  # type: ignore[arg-type]
+def read(rt: FakeRuntime, live: dict[str, Any], seen: writes.Seen) -> dict[str, Any] | None:
+    return asyncio.run(writes.current_trainjob(rt.kube, "n", "j", live, seen))  # type: ignore[arg-type]
 
 
 def test_live_copy_is_used_when_nothing_newer_is_known() -> None:
     rt = FakeRuntime(job("9"))
-    assert read(rt, job("5"), reconciler.Seen()) == job("5")
+    assert read(rt, job("5"), writes.Seen()) == job("5")
     assert rt.kube.gets == 0
 
 
@@ -48,7 +48,7 @@ def test_a_live_copy_older_than_our_last_write_is_never_decided_from() -> None:
     at 5 (its watch is down). Every reconcile reads afresh until kopf's copy shows 7."""
     written = job("7", "Succeeded")
     rt = FakeRuntime(written)
-    seen = reconciler.Seen(known=written)
+    seen = writes.Seen(known=written)
     stale = job("5", "Running")
     for _ in range(3):  # the old code trusted the stale copy again from the second read
         assert read(rt, stale, seen) == written
@@ -61,25 +61,25 @@ def test_a_live_copy_older_than_our_last_write_is_never_decided_from() -> None:
 
 def test_after_a_conflict_the_next_decision_reads_afresh() -> None:
     rt = FakeRuntime(job("12"))
-    seen = reconciler.Seen(stale=True)
+    seen = writes.Seen(stale=True)
     assert read(rt, job("10"), seen) == job("12")
     assert rt.kube.gets == 1 and not seen.stale
 
 
 def test_event_names_repeat_for_the_same_transition_only() -> None:
     created = policy.Event("Normal", "Created", "Created TrainJob a")
-    fresh = reconciler.status_fingerprint({})
-    first = reconciler.event_id("uid-1", fresh, 0, created)
-    assert first == reconciler.event_id("uid-1", fresh, 0, created)  # decided again
-    running = reconciler.status_fingerprint({"state": "Running", "restartCount": 0})
-    assert first != reconciler.event_id("uid-1", running, 0, created)  # from another status
-    assert first != reconciler.event_id("uid-1", fresh, 1, created)  # the decision's 2nd Event
-    assert first != reconciler.event_id("uid-2", fresh, 0, created)  # another job, same name
+    fresh = writes.status_fingerprint({})
+    first = writes.event_id("uid-1", fresh, 0, created)
+    assert first == writes.event_id("uid-1", fresh, 0, created)  # decided again
+    running = writes.status_fingerprint({"state": "Running", "restartCount": 0})
+    assert first != writes.event_id("uid-1", running, 0, created)  # from another status
+    assert first != writes.event_id("uid-1", fresh, 1, created)  # the decision's 2nd Event
+    assert first != writes.event_id("uid-2", fresh, 0, created)  # another job, same name
     other = policy.Event("Normal", "Suspended", "Suspended TrainJob a")
-    assert first != reconciler.event_id("uid-1", fresh, 0, other)  # another transition
+    assert first != writes.event_id("uid-1", fresh, 0, other)  # another transition
 
 
 def test_a_progress_report_does_not_change_the_decided_from_status() -> None:
     status = {"state": "Running", "restartCount": 1}
     with_progress = {**status, "progress": {"step": 40}}
-    assert reconciler.status_fingerprint(status) == reconciler.status_fingerprint(with_progress)
+    assert writes.status_fingerprint(status) == writes.status_fingerprint(with_progress)

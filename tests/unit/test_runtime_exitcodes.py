@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from trainjob.core import policy
-from trainjob.runtime import exitcodes, keras_runner, reporter, settings
+from trainjob.runtime import exitcodes, losscheck, reporter, settings
 from trainjob.runtime.exitcodes import FailureKind
 
 
@@ -65,7 +65,7 @@ def test_permanent_failures_exit_1_to_127(kind: FailureKind, exc: Exception, cod
     got = exitcodes.classify_exception(exc, default=FailureKind.USER_CODE_ERROR)
     assert got == kind
     assert exitcodes.exit_code(got) == code
-    assert 1 <= code <= 127 and not exitcodes.is_retryable(code)
+    assert 1 <= code <= 127 and not policy.retryable_exit_code(code)
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_transient_failures_exit_128_or_more(kind: FailureKind, exc: Exception, 
     got = exitcodes.classify_exception(exc, default=FailureKind.USER_CODE_ERROR)
     assert got == kind
     assert exitcodes.exit_code(got) == code
-    assert exitcodes.is_retryable(code)
+    assert policy.retryable_exit_code(code)
 
 
 def test_transient_error_wrapped_by_user_code_is_still_transient() -> None:
@@ -146,7 +146,7 @@ def test_the_policy_names_the_same_code_the_runtime_exits_with() -> None:
     code = exitcodes.exit_code(FailureKind.NON_FINITE_LOSS)
     assert code == policy.EXIT_CODE_NON_FINITE_LOSS
     assert FailureKind.NON_FINITE_LOSS.value == policy.REASON_NON_FINITE_LOSS
-    assert not exitcodes.is_retryable(code)
+    assert not policy.retryable_exit_code(code)
 
 
 def test_the_loss_check_is_on_by_default_and_the_config_turns_it_off() -> None:
@@ -166,17 +166,17 @@ def test_a_bad_opt_out_value_is_rejected_with_the_rest_of_the_config() -> None:
 
 
 def test_keras_checks_each_step_except_under_parameter_server() -> None:
-    check = keras_runner.loss_check_for
-    assert check({}, parameter_server=False) is keras_runner.LossCheck.EVERY_STEP
+    check = losscheck.loss_check_for
+    assert check({}, parameter_server=False) is losscheck.LossCheck.EVERY_STEP
     # The coordinator would wait for each step: checked where logs are fetched anyway.
-    assert check({}, parameter_server=True) is keras_runner.LossCheck.FETCHED
+    assert check({}, parameter_server=True) is losscheck.LossCheck.FETCHED
     off = {"stop_on_nonfinite_loss": False}
-    assert check(off, parameter_server=False) is keras_runner.LossCheck.OFF
-    assert check(off, parameter_server=True) is keras_runner.LossCheck.OFF
+    assert check(off, parameter_server=False) is losscheck.LossCheck.OFF
+    assert check(off, parameter_server=True) is losscheck.LossCheck.OFF
 
 
 def test_the_lagged_check_names_the_nan_step_when_the_next_step_ends() -> None:
-    lagged = keras_runner.LaggedLossCheck()
+    lagged = losscheck.LaggedLossCheck()
     lagged.push(0.5, step=6, epoch=1)
     lagged.push(math.nan, step=7, epoch=1)  # step 6 checked: finite
     with pytest.raises(exitcodes.NonFiniteLossError, match=r"at step 7 \(epoch 1\)$"):
@@ -184,13 +184,13 @@ def test_the_lagged_check_names_the_nan_step_when_the_next_step_ends() -> None:
 
 
 def test_logs_without_a_loss_keep_nothing() -> None:
-    lagged = keras_runner.LaggedLossCheck()
+    lagged = losscheck.LaggedLossCheck()
     lagged.push(None, step=1, epoch=0)
     lagged.flush()  # nothing to check, nothing raised
 
 
 def test_the_lagged_check_raises_on_flush_and_then_holds_nothing() -> None:
-    lagged = keras_runner.LaggedLossCheck()
+    lagged = losscheck.LaggedLossCheck()
     lagged.push(math.inf, step=10, epoch=0)
     with pytest.raises(exitcodes.NonFiniteLossError, match="loss became inf at step 10"):
         lagged.flush()

@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 
+from trainjob.core import progress_events
 from trainjob.runtime import progress, summaries
 
 pytestmark = pytest.mark.unit
 
 
 def test_an_epoch_event_gives_keras_named_epoch_scalars_at_the_epoch() -> None:
-    record = progress.make_event(
+    record = progress_events.make_event(
         "epoch",
         replica="worker-0",
         chief=True,
@@ -33,7 +34,7 @@ def test_an_epoch_event_gives_keras_named_epoch_scalars_at_the_epoch() -> None:
 
 
 def test_a_step_event_gives_batch_scalars_at_the_global_step() -> None:
-    record = progress.make_event(
+    record = progress_events.make_event(
         "step", replica="chief-0", chief=True, now=1.0, epoch=0, step=40, logs={"loss": 1.5}
     )
     assert summaries.scalars_of(record) == [("batch_loss", 40, 1.5)]
@@ -54,7 +55,7 @@ def test_events_without_a_position_or_numbers_give_nothing(record: Mapping[str, 
 
 
 def test_a_diverged_loss_and_non_numbers_are_left_out() -> None:
-    record = progress.make_event(
+    record = progress_events.make_event(
         "step",
         replica="worker-0",
         chief=True,

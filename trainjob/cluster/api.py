@@ -1,9 +1,10 @@
 """The one module of the cluster side that talks to the API server (the `kubernetes` package).
 
 Everything it returns is plain data (dicts as `kubectl get -o json` prints them, strings), so
-formatting and decisions stay pure in `trainjob.cluster.show`. Every failure, whatever raised
-it (an ApiException, an unreachable server, a broken kubeconfig), becomes one `ClusterError`
-whose message names the cause in the API server's own words: callers never see a traceback.
+formatting and decisions stay pure (`trainjob.cluster.objects`, `show`, `describe`). Every
+failure, whatever raised it (an ApiException, an unreachable server, a broken kubeconfig),
+becomes one `ClusterError` whose message names the cause in the API server's own words:
+callers never see a traceback.
 
 kubeconfig and context are resolved as kubectl does: `--kubeconfig`, else $KUBECONFIG (a
 list of files, merged), else ~/.kube/config; `--context`, else the current context; the
@@ -32,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
-from trainjob.cluster import show
+from trainjob.cluster import describe, objects
 from trainjob.cluster.errors import ClusterError
 from trainjob.core import constants
 
@@ -236,7 +237,7 @@ class Cluster:
         return items
 
     def create_job(self, body: Obj) -> Obj:
-        name = show.name_of(body)
+        name = objects.name_of(body)
         result: Obj = self._job_call(
             "create", name, lambda: self._trainjobs("create_namespaced_custom_object", body)
         )
@@ -251,10 +252,10 @@ class Cluster:
         except ClusterError as error:
             if error.status != 409:
                 raise
-        name = show.name_of(body)
+        name = objects.name_of(body)
         for _ in range(3):  # a concurrent writer (the operator's finalizer) moved the version
             current = self.get_job(name)
-            replacement = show.applied(current, body)
+            replacement = objects.applied(current, body)
             try:
                 result: Obj = self._trainjobs("replace_namespaced_custom_object", name, replacement)
             except ApiException as error:
@@ -395,32 +396,32 @@ class Cluster:
                 out.put((instance, pod, pending.decode("utf-8", "replace")))
         except (ApiException, HTTPError, OSError) as error:
             note = _translate(f"log of Pod {pod}", error).message
-            out.put((instance, pod, f"{show.NOTE_PREFIX}{note}"))
+            out.put((instance, pod, f"{describe.NOTE_PREFIX}{note}"))
         finally:
             out.put((instance, pod, None))
 
     def follow_logs(self, job: str, tail: int | None = None) -> Iterator[tuple[str, str]]:
         """(Pod name, line) of every replica of `job` as they come, across container restarts
         and Pods recreated under the same name, until the job has finished and every stream
-        has ended. A line starting with `show.NOTE_PREFIX` is a note about a stream."""
+        has ended. A line starting with `describe.NOTE_PREFIX` is a note about a stream."""
         lines: queue.Queue[_Line] = queue.Queue()
-        streamed: set[str] = set()  # show.log_instance keys already followed
+        streamed: set[str] = set()  # describe.log_instance keys already followed
         noted: set[str] = set()  # instances whose Pod can have no log (said once)
         open_streams: set[str] = set()
         responses: list[Any] = []
         try:
             while True:
-                finished = show.finished(self.get_job(job))
+                finished = objects.finished(self.get_job(job))
                 for pod in self.pods(job):
-                    instance = show.log_instance(pod)
+                    instance = describe.log_instance(pod)
                     if instance is None or instance in streamed:
                         continue
                     name = pod["metadata"]["name"]
-                    unavailable = show.log_unavailable(pod)
+                    unavailable = describe.log_unavailable(pod)
                     if unavailable is not None:  # followed once it has a node
                         if instance not in noted:
                             noted.add(instance)
-                            yield name, f"{show.NOTE_PREFIX}{unavailable}"
+                            yield name, f"{describe.NOTE_PREFIX}{unavailable}"
                         continue
                     streamed.add(instance)
                     open_streams.add(instance)

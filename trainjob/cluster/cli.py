@@ -5,6 +5,12 @@ attach, with kubectl's conventions (--kubeconfig, --context, -n/--namespace from
 Every API call goes through `trainjob.cluster.api`; its `ClusterError` becomes a `CliError`
 here (one line naming the cause). Following a job draws the same live table and final summary
 as `trainjob run`, from the job's status (`show.snapshot`, `show.summary`); Ctrl-C detaches.
+
+Kept whole (about 550 lines, a third of them help text and parsers): it is the edge of the
+cluster verbs, each a parser beside a thin command over `api`, `show` and `describe`, and all
+share the connection, the flags and the error handling (`connected`, `add_cluster_flags`).
+It is split by verb when the verbs now being added (`tensorboard`) have landed, not under
+them.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from trainjob.cliutil import (
     parse_job,
     source_name,
 )
-from trainjob.cluster import board, code, show
+from trainjob.cluster import board, code, describe, objects, show
 from trainjob.cluster.errors import INSTALL_HINT, ClusterError
 from trainjob.core import constants
 from trainjob.local import logfilter, outcome, view
@@ -172,7 +178,7 @@ def add_cluster_log_flags(parser: argparse.ArgumentParser) -> None:
 
 def _duration(text: str) -> float:
     try:
-        return show.parse_duration(text)
+        return objects.parse_duration(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -204,7 +210,7 @@ def connected(args: argparse.Namespace) -> Iterator[api.Cluster]:
             cluster_api.connect(args.kubeconfig, args.context, args.namespace)
         )
         yield cluster
-    except (ClusterError, show.ShowError) as error:
+    except (ClusterError, objects.ShowError) as error:
         raise CliError(str(error), EXIT_FAILED) from error
     finally:
         if cluster is not None:
@@ -217,7 +223,7 @@ def _manifests(args: argparse.Namespace, streams: Streams) -> list[dict[str, Any
         name = source_name(path)
         for document in load_documents(path, streams.stdin):
             parse_job(document, name, require_images=False)  # every problem, before any call
-            bodies.append(show.submittable(document))
+            bodies.append(objects.submittable(document))
     return bodies
 
 
@@ -261,7 +267,7 @@ def cmd_submit(args: argparse.Namespace, streams: Streams) -> int:
             namespace = (body.get("metadata") or {}).get("namespace")
             if namespace and args.namespace and namespace != args.namespace:
                 raise CliError(
-                    f"TrainJob {show.name_of(body)}: metadata.namespace is {namespace}, but "
+                    f"TrainJob {objects.name_of(body)}: metadata.namespace is {namespace}, but "
                     f"--namespace says {args.namespace}"
                 )
             target = cluster.in_namespace(namespace or cluster.namespace)
@@ -271,14 +277,14 @@ def cmd_submit(args: argparse.Namespace, streams: Streams) -> int:
                 result, verb = apply_with_code(target, body, args.code, files)
             results.append(result)
             if args.output is None:
-                streams.out.write(f"{KIND}/{show.name_of(result)} {verb}\n")
+                streams.out.write(f"{KIND}/{objects.name_of(result)} {verb}\n")
         if args.output is not None and len(results) == 1:
             dump(results[0], streams.out, args.output)
         elif args.output is not None:
             dump_all(results, streams.out, args.output)
         if args.follow:
-            follower = cluster.in_namespace(show.namespace_of(results[0]))
-            return follow(follower, show.name_of(results[0]), streams, args.no_tty)
+            follower = cluster.in_namespace(objects.namespace_of(results[0]))
+            return follow(follower, objects.name_of(results[0]), streams, args.no_tty)
     return EXIT_OK
 
 
@@ -293,7 +299,7 @@ def apply_with_code(
     """The code's ConfigMap first (the Pods mount it), then the job (created, or with `apply`
     given this spec if it exists), then the ConfigMap owned by the job (deleted with it); a
     job that could not be submitted takes its new ConfigMap away again."""
-    name = show.name_of(body)
+    name = objects.name_of(body)
     try:
         config_map, items = code.bundle(name, cluster.namespace, source, files)
     except code.CodeError as error:
@@ -334,7 +340,7 @@ def cmd_get(args: argparse.Namespace, streams: Streams) -> int:
         else:
             jobs = cluster.list_jobs(args.all_namespaces)
     if args.output == "name":
-        streams.out.writelines(f"{KIND}/{show.name_of(job)}\n" for job in jobs)
+        streams.out.writelines(f"{KIND}/{objects.name_of(job)}\n" for job in jobs)
         return EXIT_OK
     if args.output in ("yaml", "json"):
         if len(args.names) == 1:
@@ -356,9 +362,11 @@ def cmd_get(args: argparse.Namespace, streams: Streams) -> int:
 def cmd_describe(args: argparse.Namespace, streams: Streams) -> int:
     with connected(args) as cluster:
         job = cluster.get_job(args.name)
-        pods = show.order_pods(cluster.pods(args.name))
-        events = show.sort_events(cluster.events([args.name, *(show.name_of(p) for p in pods)]))
-        streams.out.write(show.describe_text(job, pods, events, _now()))
+        pods = describe.order_pods(cluster.pods(args.name))
+        events = describe.sort_events(
+            cluster.events([args.name, *(objects.name_of(p) for p in pods)])
+        )
+        streams.out.write(describe.describe_text(job, pods, events, _now()))
     return EXIT_OK
 
 
@@ -394,7 +402,7 @@ def wait_for(
 def cmd_wait(args: argparse.Namespace, streams: Streams) -> int:
     with connected(args) as cluster:
         code, job = wait_for(lambda: cluster.get_job(args.name), args.wait_for, args.timeout)
-    status = show.status_of(job)
+    status = objects.status_of(job)
     state = (job.get("status") or {}).get("state") or "Pending"
     message = show.state_message(status)
     detail = f" ({message})" if message else ""
@@ -431,17 +439,17 @@ def follow(cluster: api.Cluster, name: str, streams: Streams, no_tty: bool) -> i
     try:
         while True:
             now = _now()
-            for event in show.sort_events(cluster.events([name])):
+            for event in describe.sort_events(cluster.events([name])):
                 if show.event_key(event) not in seen:
                     seen.add(show.event_key(event))
                     terminal.emit(show.event_lines([event])[0])
-            report = show.report_of(job.get("status"))
+            report = objects.report_of(job.get("status"))
             text = None if report is None else view.progress_line(report)
             if text != last_progress and text is not None and not tty:
                 terminal.emit(f"progress: {text}")
             last_progress = text
             terminal.draw(_showing(show.snapshot(job, now)), force=True)
-            if show.finished(job):
+            if objects.finished(job):
                 break
             time.sleep(POLL_SECONDS)
             job = cluster.get_job(name)
@@ -454,7 +462,7 @@ def follow(cluster: api.Cluster, name: str, streams: Streams, no_tty: bool) -> i
     summary = show.summary(job, cluster.pods(name), _now())
     out.write(view.summary_text(summary, color=color))
     out.flush()
-    return outcome.exit_code_of(summary)
+    return outcome.command_exit_code(summary)
 
 
 # ----- logs -----
@@ -477,12 +485,12 @@ def wants_cluster(args: argparse.Namespace, cwd: str, runs_dir: str) -> bool:
 def cmd_cluster_logs(args: argparse.Namespace, streams: Streams) -> int:
     if not args.targets or len(args.targets) > 2:
         raise CliError("give the job, and optionally a replica: trainjob logs JOB [worker-0]")
-    request = show.LogRequest(*args.targets)
+    request = describe.LogRequest(*args.targets)
     with connected(args) as cluster:
         cluster.get_job(request.job)  # a missing job is named as such, not as "no Pods"
         if args.follow:
             return _follow_logs(cluster, request, args, streams)
-        pods = [p for p in show.order_pods(cluster.pods(request.job)) if request.wants(p)]
+        pods = [p for p in describe.order_pods(cluster.pods(request.job)) if request.wants(p)]
         if not pods:
             which = f"replica {request.replica}" if request.replica else "any replica"
             raise CliError(
@@ -490,16 +498,16 @@ def cmd_cluster_logs(args: argparse.Namespace, streams: Streams) -> int:
                 "the job is cleaned up, per runPolicy.cleanPodPolicy)",
                 EXIT_FAILED,
             )
-        width = max(len(show.pod_label(p)) for p in pods)
+        width = max(len(objects.pod_label(p)) for p in pods)
         missing = []
         for pod in pods:
-            replica = show.pod_label(pod)
-            unavailable = show.log_unavailable(pod)
+            replica = objects.pod_label(pod)
+            unavailable = describe.log_unavailable(pod)
             if unavailable is not None and not args.previous:
                 missing.append(f"no log for {replica}: {unavailable}")
                 continue
             try:
-                text = cluster.pod_log(show.name_of(pod), previous=args.previous, tail=args.tail)
+                text = cluster.pod_log(objects.name_of(pod), previous=args.previous, tail=args.tail)
             except ClusterError as error:
                 missing.append(f"no log for {replica}: {error.message}")
                 continue
@@ -523,7 +531,7 @@ def filtered(lines: list[str], verbose: bool) -> Iterator[str]:
 
 
 def _follow_logs(
-    cluster: api.Cluster, request: show.LogRequest, args: argparse.Namespace, streams: Streams
+    cluster: api.Cluster, request: describe.LogRequest, args: argparse.Namespace, streams: Streams
 ) -> int:
     states: dict[str, logfilter.FilterState] = {}
     labels: dict[str, str] = {}
@@ -531,14 +539,18 @@ def _follow_logs(
     try:
         for pod_name, line in cluster.follow_logs(request.job, args.tail):
             if pod_name not in labels:
-                pods = {show.name_of(p): p for p in cluster.pods(request.job)}
-                labels[pod_name] = show.pod_label(pods[pod_name]) if pod_name in pods else pod_name
+                pods = {objects.name_of(p): p for p in cluster.pods(request.job)}
+                labels[pod_name] = (
+                    objects.pod_label(pods[pod_name]) if pod_name in pods else pod_name
+                )
                 width = max(width, len(labels[pod_name]))
             replica = labels[pod_name]
             if request.replica is not None and replica != request.replica:
                 continue
-            if line.startswith(show.NOTE_PREFIX):
-                streams.err.write(f"trainjob logs: {replica}: {line[len(show.NOTE_PREFIX) :]}\n")
+            if line.startswith(describe.NOTE_PREFIX):
+                streams.err.write(
+                    f"trainjob logs: {replica}: {line[len(describe.NOTE_PREFIX) :]}\n"
+                )
                 continue
             shown, states[pod_name] = logfilter.filter_line(
                 line, states.get(pod_name, logfilter.FilterState()),
@@ -581,7 +593,7 @@ def cmd_cluster_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
         except board.BoardError as error:
             raise CliError(str(error), EXIT_FAILED) from error
         pods = load_api().Pods(cluster)
-        name = show.name_of(body)
+        name = objects.name_of(body)
         forwarder = None
         # The handlers first: a signal that comes while the Pod is being created still
         # deletes it (a 404 then is fine).
@@ -648,7 +660,7 @@ def _wait_started(pods: Any, cluster: api.Cluster, name: str) -> None:
         if board.started(pod):
             return
         if time.monotonic() > deadline:
-            why = board.waiting_reason(pod, show.sort_events(cluster.events([name])))
+            why = board.waiting_reason(pod, describe.sort_events(cluster.events([name])))
             raise CliError(
                 f"TensorBoard Pod {name} did not start in {TENSORBOARD_START_SECONDS:.0f}s: {why}",
                 EXIT_FAILED,

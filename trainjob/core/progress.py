@@ -26,6 +26,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final
 
+from trainjob.core import status as st
+
 STATE_RUNNING: Final = "Running"
 STATE_SUCCEEDED: Final = "Succeeded"
 STATE_FAILED: Final = "Failed"
@@ -244,9 +246,26 @@ def planned_totals(config: Mapping[str, Any]) -> tuple[int | None, int | None]:
         return value if ok else None
 
     epochs, per_epoch = number("epochs"), number("steps_per_epoch")
-    if epochs is not None and per_epoch is not None:
-        return epochs, epochs * per_epoch
-    return epochs, number("steps") or number("max_steps")
+    return epochs, steps_in(epochs, per_epoch) or number("steps") or number("max_steps")
+
+
+def steps_in(epochs: int | None, steps_per_epoch: int | None) -> int | None:
+    """The total steps of `epochs` epochs of `steps_per_epoch` steps, when both are known."""
+    return epochs * steps_per_epoch if epochs and steps_per_epoch else None
+
+
+def epoch_at(
+    step: int, steps_per_epoch: int, *, reported: int | None, total_epochs: int | None
+) -> int:
+    """The epoch (counting from 1) global `step` lies in, never behind the `reported` one and
+    never past `total_epochs`."""
+    epoch = max(reported or 0, 1 + max(step - 1, 0) // steps_per_epoch)
+    return min(epoch, total_epochs) if total_epochs else epoch
+
+
+def step_percent(step: int, total_steps: int) -> float:
+    """How far `step` is into `total_steps` (> 0), in percent, at most 100."""
+    return min(100.0, 100.0 * step / total_steps)
 
 
 def percent_of(report: Report) -> float | None:
@@ -257,7 +276,7 @@ def percent_of(report: Report) -> float | None:
     if report.percent is not None:
         return report.percent
     if report.step is not None and report.total_steps:
-        return min(100.0, 100.0 * report.step / report.total_steps)
+        return step_percent(report.step, report.total_steps)
     if report.epoch is not None and report.total_epochs:
         return min(100.0, 100.0 * max(report.epoch - 1, 0) / report.total_epochs)
     return None
@@ -333,10 +352,6 @@ def significant(value: float | None, digits: int = 4) -> float | None:
     return round(value, digits - 1 - math.floor(math.log10(abs(value))))
 
 
-def format_time(value: datetime.datetime) -> str:
-    return value.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 # The keys of `status.progress` (besides `metrics`), each set or nulled by every write.
 STATUS_FIELDS: Final = (
     "summary",
@@ -362,7 +377,7 @@ def status_progress(report: Report, received: datetime.datetime) -> dict[str, An
     result: dict[str, Any] = {
         "summary": summary(report),
         "state": report.state,
-        "lastUpdateTime": format_time(received),
+        "lastUpdateTime": st.format_time(received),
     }
     percent = percent_of(report)
     eta = 0.0 if report.state == STATE_SUCCEEDED else report.eta_seconds

@@ -3,7 +3,8 @@
 Pure (no I/O; import-linter keeps them away from processes):
 
 - :mod:`trainjob.local.plan`: ports, commands, environment and paths of every replica.
-- :mod:`trainjob.local.events`: replicas' progress events folded into their latest numbers.
+- :mod:`trainjob.local.replica_progress`: replicas' progress events folded into their latest
+  numbers.
 - :mod:`trainjob.local.logfilter`: replica output made terminal-safe, TensorFlow's noise hidden.
 - :mod:`trainjob.local.view`: log prefixes, progress lines, the live table and the summary,
   drawn from snapshots of job/replica/progress states whatever their source.

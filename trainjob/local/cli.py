@@ -251,7 +251,7 @@ def cmd_run(args: argparse.Namespace, streams: Streams) -> int:
             out.flush()
     finally:
         lock.release()
-    return outcome.exit_code_of(summary)
+    return outcome.command_exit_code(summary)
 
 
 # ----- status and logs -----

@@ -3,9 +3,9 @@
 Each tick it observes the replicas' processes (`supervisor`), asks the policy engine (the same
 `trainjob.core.policy.reconcile` the operator calls) what to do, and does it: a "pod" created
 is a process started, a "pod" deleted is a process stopped. Replica output becomes progress
-(`events`) and filtered log lines (`logfilter`); the terminal (`terminal`) shows them with the
-live table (`view`); the run directory (`rundir`) records status and processes; how the run
-ended is decided by `outcome`.
+(`replica_progress`) and filtered log lines (`logfilter`); the terminal (`terminal`) shows them
+with the live table (`view`); the run directory (`rundir`) records status and processes; how the
+run ended is decided by `outcome`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,19 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TextIO
 
-from trainjob.core import policy
+from trainjob.core import policy, progress_events
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local import data, events, logfilter, outcome, plan, rundir, supervisor, view
+from trainjob.local import (
+    data,
+    logfilter,
+    outcome,
+    plan,
+    replica_progress,
+    rundir,
+    supervisor,
+    view,
+)
 from trainjob.local.plan import ReplicaKey
 from trainjob.local.terminal import Terminal
 
@@ -62,7 +71,7 @@ class Executor:
         # What replicas reported: their latest numbers, the job's step timer (the ETA), the
         # chief's latest progress report and when it arrived (what the operator would write to
         # status.progress, written to status.json the same way), and the exported model.
-        self.progress: dict[ReplicaKey, events.ReplicaProgress] = {}
+        self.progress: dict[ReplicaKey, replica_progress.ReplicaProgress] = {}
         self.timer = core_progress.StepTimer()
         self.report: core_progress.Report | None = None
         self.report_received = self.now()
@@ -132,17 +141,13 @@ class Executor:
             self.timer = self.timer.observe(step, time.monotonic())
 
     def _note_report(self, event: Mapping[str, Any]) -> None:
-        if not isinstance(event.get("progress"), Mapping):
-            return
-        try:
-            self.report = core_progress.parse_report(event["progress"])
-        except core_progress.ReportError:
-            return  # a foreign or damaged line: the table keeps the last good report
+        report = progress_events.report_of(event)
+        if report is None:
+            return  # none, or a foreign or damaged one: the table keeps the last good report
+        self.report = report
         self.report_received = self.now()
 
     def _drain_lines(self) -> None:
-        from trainjob.runtime import progress as progress_events
-
         while True:
             try:
                 key, attempt, text = self.processes.lines.get_nowait()
@@ -161,8 +166,8 @@ class Executor:
         if event.get("event") == "end" and event.get("status") == "succeeded":
             self._finished_attempts.add((key, attempt))
         before = self.progress.get(key)
-        self.progress[key] = events.fold(before, event)
-        if key == events.lead_replica(self.job) and (
+        self.progress[key] = replica_progress.fold(before, event)
+        if key == replica_progress.lead_replica(self.job) and (
             self.progress_at is None or before is None or before.step != self.progress[key].step
         ):
             self.progress_at = self.now()

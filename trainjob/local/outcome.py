@@ -16,11 +16,13 @@ from trainjob import cliutil
 from trainjob.core import progress as core_progress
 from trainjob.core import spec
 from trainjob.core import status as st
-from trainjob.local.events import ReplicaProgress
 from trainjob.local.plan import ReplicaKey
+from trainjob.local.replica_progress import ReplicaProgress
 
 INTERRUPTED: Final = "Interrupted"
-STOPPED_BY_US: Final = (137, 143)  # SIGKILL / SIGTERM that trainjob sent
+# The exit codes of the SIGKILL / SIGTERM that trainjob sends (137, 143), as the supervisor
+# reports a process a signal ended (128 + N).
+STOPPED_BY_US: Final = (128 + signal.SIGKILL, 128 + signal.SIGTERM)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +69,9 @@ def final_state(summary: Summary) -> str:
     return st.state_of(summary.status)
 
 
-def exit_code_of(summary: Summary) -> int:
-    """0 only when the job succeeded; 130/143/129 when interrupted by SIGINT/SIGTERM/SIGHUP;
+def command_exit_code(summary: Summary) -> int:
+    """The exit code of `trainjob run` (and of `trainjob attach`) for how the job ended:
+    0 only when the job succeeded; 130/143/129 when interrupted by SIGINT/SIGTERM/SIGHUP;
     2 when it could not start here (e.g. its data dir is not writable); else 1."""
     if summary.problem is not None and not summary.status.finished:
         return cliutil.EXIT_USAGE

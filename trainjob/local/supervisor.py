@@ -35,7 +35,7 @@ STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 Line = tuple[ReplicaKey, int, str]  # replica, attempt, the line without its end
 
 
-def exit_code_of(returncode: int) -> int:
+def container_exit_code(returncode: int) -> int:
     """Popen's -N (killed by signal N) is 128 + N, as container runtimes report it."""
     return 128 - returncode if returncode < 0 else returncode
 
@@ -101,7 +101,7 @@ class Server:
 
     def exit_code(self) -> int | None:
         returncode = self._popen.poll()
-        return None if returncode is None else exit_code_of(returncode)
+        return None if returncode is None else container_exit_code(returncode)
 
     def stop(self, grace_seconds: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after the grace period; returns once it has exited."""
@@ -310,7 +310,7 @@ class Supervisor:
             if child.alive and child.popen is not None:
                 code = child.popen.poll()
                 if code is not None:
-                    child.exit_code = exit_code_of(code)
+                    child.exit_code = container_exit_code(code)
                     child.finished_at = self._now()
                     self._record(key, child)
                     # Whatever the leader left behind in its group goes with it.
@@ -371,7 +371,7 @@ class Supervisor:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.popen.wait(timeout=10)
                 if child.popen.returncode is not None and child.exit_code is None:
-                    child.exit_code = exit_code_of(child.popen.returncode)
+                    child.exit_code = container_exit_code(child.popen.returncode)
                     self._record(key, child)
             if child.reader is not None:
                 child.reader.join(timeout=5)

@@ -23,10 +23,10 @@ from typing import Any, Final
 from trainjob.core import policy, spec
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local.events import ReplicaProgress, fold, job_step, lead_replica
 from trainjob.local.logfilter import terminal_safe
 from trainjob.local.outcome import INTERRUPTED, Cause, Summary, final_state, killed_by
 from trainjob.local.plan import ReplicaKey, label
+from trainjob.local.replica_progress import ReplicaProgress, fold, job_step, lead_replica
 
 ANSI_UP: Final = "\x1b[{n}A"
 ANSI_CLEAR_BELOW: Final = "\x1b[J"
@@ -55,11 +55,17 @@ _STATE_STYLES: Final[Mapping[str, str]] = {
 PREFIX_STYLES: Final = ("36", "33", "35", "32", "34", "96", "93", "95")
 
 
+def _config_totals(job: spec.TrainJob) -> tuple[int | None, int | None]:
+    """(epochs, total steps) as the job's runtime config states them (the core's
+    `planned_totals`, as the runtime reads it)."""
+    return core_progress.planned_totals(job.runtime.config if job.runtime else {})
+
+
 def _progress_fields(progress: ReplicaProgress | None, job: spec.TrainJob) -> dict[str, str]:
     """The progress numbers of one replica as display fields (unknown ones left out)."""
     if progress is None:
         return {}
-    epochs, total = planned_totals(job)
+    epochs, total = _config_totals(job)
     fields: dict[str, str] = {}
     if progress.epoch is not None:
         fields["epoch"] = f"epoch {progress.epoch + 1}" + (f"/{epochs}" if epochs else "")
@@ -248,7 +254,7 @@ def _job_line(snapshot: Snapshot, width: int) -> list[Segment]:
     wins for the totals and the ETA; until one arrives the ETA comes from the step timer."""
     job, status, report = snapshot.job, snapshot.status, snapshot.report
     state = snapshot.state or st.state_of(status)
-    _, total = planned_totals(job)
+    _, total = _config_totals(job)
     if report is not None and report.total_steps:
         total = report.total_steps
     step = job_step(snapshot.progress)
@@ -258,7 +264,7 @@ def _job_line(snapshot: Snapshot, width: int) -> list[Segment]:
         ("time", (duration(snapshot.elapsed_seconds), None)),
     ]
     if step is not None:
-        percent = f" ({min(100, 100 * step // total)}%)" if total else ""
+        percent = f" ({math.floor(core_progress.step_percent(step, total))}%)" if total else ""
         parts.append(("step", (f"step {step}" + (f"/{total}" if total else "") + percent, None)))
     timer = snapshot.timer
     eta = None if timer is None else timer.eta(timer.last_step, total)
@@ -298,14 +304,6 @@ class Snapshot:
     timer: core_progress.StepTimer | None = None
     state: str | None = None
     report: core_progress.Report | None = None
-
-
-def planned_totals(job: spec.TrainJob) -> tuple[int | None, int | None]:
-    """(epochs, total steps) the job's runtime config states (the core's rule, as the runtime
-    and the operator read it)."""
-    if job.runtime is None:
-        return None, None
-    return core_progress.planned_totals(job.runtime.config)
 
 
 def table_segments(snapshot: Snapshot, *, width: int = 80, height: int = 24) -> list[list[Segment]]:

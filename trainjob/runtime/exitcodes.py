@@ -1,9 +1,10 @@
 """Exit codes of a trainjob replica, and the pure classification of failures into them.
 
-The ExitCode restart policy reads a replica's exit code: 1-127 means "permanent, do not retry"
-(a bug or a bad spec will fail the same way again), >= 128 means "transient, recreate the replica"
-(a lost peer, a timed-out collective, a preemption). So every failure the runtime can see is first
-named as a :class:`FailureKind`, and each kind has exactly one exit code.
+The ExitCode restart policy (:func:`trainjob.core.policy.retryable_exit_code`) reads a
+replica's exit code: 1-127 means "permanent, do not retry" (a bug or a bad spec will fail the
+same way again), >= 128 means "transient, recreate the replica" (a lost peer, a timed-out
+collective, a preemption). So every failure the runtime can see is first named as a
+:class:`FailureKind`, and each kind has exactly one exit code.
 
 Everything here is pure: exceptions are classified by the *names* of their classes and by their
 messages, so the rules are unit-tested with stand-in exception classes and without TensorFlow.
@@ -63,9 +64,6 @@ EXIT_CODES: Final[Mapping[FailureKind, int]] = {
     FailureKind.PREEMPTED: 143,
 }
 
-# The first retryable code, the boundary the ExitCode restart policy uses.
-FIRST_RETRYABLE_CODE: Final = 128
-
 # tf.errors classes (matched by name anywhere in the exception's MRO) that mean a peer or the
 # network went away: another attempt of the same job can succeed.
 _PEER_ERROR_CLASSES: Final = frozenset({"UnavailableError", "AbortedError", "CancelledError"})
@@ -119,11 +117,6 @@ class UnsupportedError(RuntimeError):
 
 def exit_code(kind: FailureKind) -> int:
     return EXIT_CODES[kind]
-
-
-def is_retryable(code: int) -> bool:
-    """The ExitCode restart policy's rule, restated here so the runtime's codes are tested by it."""
-    return code >= FIRST_RETRYABLE_CODE
 
 
 def class_names(exc: BaseException) -> list[str]:

@@ -74,8 +74,8 @@ class Tracker:
         self.replica = replica
         self.total_epochs = total_epochs
         self.steps_per_epoch = steps_per_epoch
-        if total_steps is None and total_epochs and steps_per_epoch:
-            total_steps = total_epochs * steps_per_epoch
+        if total_steps is None:
+            total_steps = core_progress.steps_in(total_epochs, steps_per_epoch)
         self.total_steps = total_steps
         self._clock = clock
         self._wall = wall
@@ -100,10 +100,9 @@ class Tracker:
         with self._lock:
             self.total_epochs = total_epochs or self.total_epochs
             self.steps_per_epoch = steps_per_epoch or self.steps_per_epoch
-            if total_steps:
-                self.total_steps = total_steps
-            elif self.total_epochs and self.steps_per_epoch:
-                self.total_steps = self.total_epochs * self.steps_per_epoch
+            planned = total_steps or core_progress.steps_in(self.total_epochs, self.steps_per_epoch)
+            if planned:
+                self.total_steps = planned
 
     def tick(self, step: int) -> None:
         self._tick = (step, self._clock())
@@ -151,9 +150,9 @@ class Tracker:
                 self._timer = self._timer.observe(step, tick[1])
             epoch = self._epoch
             if step is not None and self.steps_per_epoch:
-                epoch = max(epoch or 0, 1 + max(step - 1, 0) // self.steps_per_epoch)
-                if self.total_epochs:
-                    epoch = min(epoch, self.total_epochs)
+                epoch = core_progress.epoch_at(
+                    step, self.steps_per_epoch, reported=epoch, total_epochs=self.total_epochs
+                )
             return core_progress.Report(
                 replica=self.replica,
                 state=self._state,

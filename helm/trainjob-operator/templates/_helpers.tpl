@@ -80,8 +80,9 @@ cluster-wide mode, a Role's in each watched namespace). One comment per rule say
 No wildcards, no Secrets, no ConfigMaps.
 */}}
 {{- define "trainjob-operator.rules" -}}
-# Watch TrainJobs (kopf list/watch), re-read one before each reconcile (get), add/remove our
-# finalizer and kopf's annotations (patch), delete finished jobs after ttlSecondsAfterFinished.
+# Watch TrainJobs (kopf list/watch), read one whose watched copy is behind our own write (get),
+# remove the finalizer an earlier release added (patch), delete finished jobs after
+# ttlSecondsAfterFinished.
 - apiGroups: [trainjob.dev]
   resources: [trainjobs]
   verbs: [get, list, watch, patch, delete]

@@ -1,0 +1,335 @@
+"""The job loop: every TrainJob reconciled by a bounded pool of workers from one keyed work
+queue (controller-runtime's shape), and a finished job costs nothing.
+
+- What wakes a job: its TrainJob's watch events (kopf's watch, through `observe`), its
+  children's and nodes' events (informer.py, nodes.py, gang_sync.py, through `wake`), and
+  its own timer (`Outcome.requeue_after`: deadlines, TTL, back-off; plus the safety-net
+  resync while it is active). One reconcile of a job at a time (workqueue.py), many jobs at
+  once (`workers` of them).
+- Active jobs keep what the loop knows between reconciles (`JobState`: the `Seen` memory of
+  our own writes, retry counters) and their latest watched TrainJob (minus managedFields),
+  so a reconcile needs no GET. A job at rest (`Outcome.at_rest`: finished, clean-up done,
+  nothing pending) is parked: its state, its copy and its timer are dropped; it stays
+  known only by its key. Anything that happens to it later (an event of its own or of a
+  child) reconciles it again, from a GET if its copy was dropped. So 9,000 finished jobs hold
+  no task, no timer and no copy, and cost no request at rest. (Before, each job had a kopf
+  daemon, finished ones included: a task, kopf's copy of the object and a finalizer each,
+  and a resync every 10 minutes.)
+- Retries: a conflicting status write (our copy was older than the job) is decided again
+  soon from a fresh read; API trouble backs off exponentially (0.5 s doubling to 60 s); a
+  bug in one reconcile is logged and retried the same way. None stops another job.
+- HA: while kopf peering pauses this replica (a higher-priority replica serves), the
+  workers take nothing (kopf delivers no TrainJob events then either; timers and child
+  events wait in the queue). `Pause` is fed kopf's own pause toggles (handlers.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Final, Protocol
+
+from trainjob.core import status as st
+from trainjob_operator import children, context, kube, reconciler, workqueue, writes
+
+JobKey = children.JobKey
+
+logger = logging.getLogger("trainjob_operator")
+
+BACKOFF_FIRST: Final = 0.5
+BACKOFF_MAX: Final = 60.0
+# Wake slightly after a deadline so that the engine sees it as passed.
+REQUEUE_SLACK: Final = 0.05
+# Jobs reconciled at once. Each reconcile is mostly waiting on the API (whose own limit,
+# --api-workers, bounds the requests in flight): enough workers to keep that busy, few
+# enough that a burst of new jobs does not hold a task per job.
+WORKERS: Final = 32
+
+
+class Toggle(Protocol):
+    """kopf's pause switch (aiotoggles.Toggle), as much of it as we use."""
+
+    def is_on(self) -> bool: ...
+
+    def wait_for(self, state: bool, /) -> Awaitable[None]: ...
+
+
+class Pause:
+    """Whether kopf peering has paused this replica: any of kopf's pause toggles is on."""
+
+    def __init__(self) -> None:
+        self._toggles: list[Toggle] = []
+
+    def track(self, toggle: Toggle) -> None:
+        if not any(t is toggle for t in self._toggles):
+            self._toggles.append(toggle)
+
+    def paused(self) -> bool:
+        return any(t.is_on() for t in self._toggles)
+
+    async def wait_active(self) -> None:
+        while True:
+            on = [t for t in self._toggles if t.is_on()]
+            if not on:
+                return
+            await on[0].wait_for(False)
+
+
+def job_key(raw: Mapping[str, Any]) -> JobKey | None:
+    metadata = raw.get("metadata") or {}
+    name = metadata.get("name")
+    if not name:
+        return None
+    return str(metadata.get("namespace") or ""), str(name)
+
+
+def slim(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The TrainJob as the reconciler needs it: managedFields (often the largest part of
+    the object, never read) left out. A shallow copy; nothing else is changed."""
+    metadata = raw.get("metadata")
+    if not isinstance(metadata, Mapping) or "managedFields" not in metadata:
+        return dict(raw)
+    return {**raw, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
+
+
+def finished_at_sight(raw: Mapping[str, Any]) -> str | None:
+    """The state to count a TrainJob as when one look at it shows a finished job with
+    nothing due: Succeeded or Failed, no TTL to wait for, not being deleted. None: it needs
+    a reconcile. (Whether clean-up is done is the child index's to say.)"""
+    metadata = raw.get("metadata") or {}
+    if metadata.get("deletionTimestamp"):
+        return None
+    spec = raw.get("spec")
+    run_policy = spec.get("runPolicy") if isinstance(spec, Mapping) else None
+    if isinstance(run_policy, Mapping) and run_policy.get("ttlSecondsAfterFinished") is not None:
+        return None
+    raw_status = raw.get("status")
+    status = st.from_dict(raw_status if isinstance(raw_status, Mapping) else {})
+    return st.state_of(status) if status.finished else None
+
+
+def next_look(outcome: reconciler.Outcome, resync_seconds: float) -> float | None:
+    """Seconds until an active job is looked at again with no event; None: never (parked)."""
+    if outcome.at_rest:
+        return None
+    if outcome.requeue_after is None:
+        return resync_seconds
+    return min(resync_seconds, max(outcome.requeue_after, 0.0) + REQUEUE_SLACK)
+
+
+# reconciler.reconcile_job's shape (another one in the controller's unit tests).
+Reconcile = Callable[
+    [
+        context.OperatorContext,
+        str,
+        str,
+        Iterable[children.ChildPod],
+        Iterable[children.ChildService],
+        datetime.datetime,
+        "Mapping[str, Any] | None",
+        "writes.Seen | None",
+    ],
+    Awaitable[reconciler.Outcome],
+]
+
+
+@dataclasses.dataclass
+class JobState:
+    """An active job's loop memory between reconciles (dropped when it is parked)."""
+
+    seen: writes.Seen = dataclasses.field(default_factory=writes.Seen)
+    failures: int = 0
+    conflicts: int = 0
+
+
+class Controller:
+    def __init__(
+        self,
+        rt: context.OperatorContext,
+        workers: int = WORKERS,
+        pause: Pause | None = None,
+        reconcile: Reconcile = reconciler.reconcile_job,
+    ) -> None:
+        self.rt = rt
+        self._reconcile_job = reconcile
+        self.workers = workers
+        self.queue: workqueue.WorkQueue[JobKey] = workqueue.WorkQueue()
+        self.pause = pause if pause is not None else Pause()
+        # Every TrainJob seen and not deleted: its uid.
+        self.known: dict[JobKey, str] = {}
+        # Active jobs' latest watched TrainJob, and their loop memory.
+        self.bodies: dict[JobKey, dict[str, Any]] = {}
+        self.states: dict[JobKey, JobState] = {}
+        # Per job: the event set once its scope's children have been listed.
+        self._listed: dict[JobKey, asyncio.Event] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        rt.on_wake = self.wake
+        rt.has_loop = self.known.__contains__
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self.queue.run_timers(), name="job timers"))
+        for i in range(self.workers):
+            self._tasks.append(loop.create_task(self._work(), name=f"job worker {i}"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    # -- what wakes a job -------------------------------------------------------------
+
+    def observe(self, event_type: str | None, raw: Mapping[str, Any]) -> None:
+        """A watch event of a TrainJob (type None: listed by a fresh watch)."""
+        key = job_key(raw)
+        if key is None:
+            return
+        if event_type == "DELETED":
+            self._gone(key, raw)
+            return
+        uid = str((raw.get("metadata") or {}).get("uid") or "")
+        if key not in self.known:
+            self._listed[key] = self.rt.informer.acquire(key[0])
+        elif self.known[key] != uid:
+            self._drop(key)  # deleted and made again under the same name: a new job
+        self.known[key] = uid
+        if key not in self.states and self._parks_at_sight(key, uid, raw):
+            return
+        self.bodies[key] = slim(raw)
+        self.queue.add(key)
+
+    def _parks_at_sight(self, key: JobKey, uid: str, raw: Mapping[str, Any]) -> bool:
+        """A finished job with nothing due and no child left (its children listed) is
+        parked without a reconcile: nothing a reconcile could do for it. This is most of a
+        cluster's jobs when the operator starts, or lists again after 410 Gone, so they are
+        looked at without keeping 10,000 copies queued at once."""
+        state = finished_at_sight(raw)
+        if state is None or not self._listed[key].is_set():
+            return False
+        if self.rt.child_index.has_children(key):
+            return False
+        self.bodies.pop(key, None)
+        self.queue.forget(key)
+        self.rt.begin(key)
+        self.rt.metrics.set_state(uid, key[0], state)
+        return True
+
+    def wake(self, key: JobKey) -> None:
+        """Its children or nodes changed: look again (only at jobs kopf told us about)."""
+        if key in self.known:
+            self.queue.add(key)
+
+    # -- the workers ------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.pause.wait_active()
+                if key in self.known:
+                    await self._reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never lose a worker
+                logger.exception("The loop of TrainJob %s/%s failed", *key)
+                self.queue.add_after(key, BACKOFF_MAX)
+            finally:
+                self.queue.done(key)
+
+    async def _reconcile(self, key: JobKey) -> None:
+        rt = self.rt
+        namespace, name = key
+        listed = self._listed.get(key)
+        if listed is not None and not listed.is_set():
+            # Decide nothing before the children that exist are known (after a restart, or
+            # when another replica worked on this job before).
+            await listed.wait()
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = JobState()
+        body = self.bodies.get(key)
+        rt.begin(key)
+        started = time.monotonic()
+        try:
+            outcome = await self._reconcile_job(
+                rt,
+                namespace,
+                name,
+                rt.child_index.pods(key),
+                rt.child_index.services(key),
+                datetime.datetime.now(datetime.timezone.utc),
+                body,
+                state.seen,
+            )
+        except kube.ConflictError:
+            # Decided from a copy older than the job (our status write was conditional on
+            # it): decide again from a fresh read, soon; not an error.
+            state.conflicts += 1
+            logger.info("TrainJob %s/%s changed since it was read; deciding again", *key)
+            self.queue.add_after(key, kube.retry_delay(state.conflicts, 0.05, 5.0))
+            return
+        except (kube.TransientError, kube.RejectedError) as exc:
+            self._retry(key, state, f"failed ({exc})")
+            return
+        except Exception:  # a bug must not stop this job's loop, nor any other job
+            logger.exception("Reconcile of TrainJob %s/%s crashed", *key)
+            self._retry(key, state, "crashed")
+            return
+        finally:
+            rt.metrics.reconcile_seconds.observe(time.monotonic() - started)
+        state.failures = state.conflicts = 0
+        if key not in self.known:
+            return  # deleted while it was reconciled
+        if outcome.done:
+            # Gone or going: nothing more to do until its DELETED event forgets it.
+            self._park(key, body)
+            return
+        delay = next_look(outcome, rt.settings.resync_seconds)
+        if delay is None:
+            self._park(key, body)
+        else:
+            self.queue.add_after(key, delay)
+
+    def _retry(self, key: JobKey, state: JobState, what: str) -> None:
+        state.failures += 1
+        delay = kube.retry_delay(state.failures, BACKOFF_FIRST, BACKOFF_MAX)
+        self.rt.metrics.reconcile_errors.labels(key[0]).inc()
+        logger.warning("Reconcile of TrainJob %s/%s %s; retrying in %.1fs", *key, what, delay)
+        self.queue.add_after(key, delay)
+
+    # -- parking and forgetting -------------------------------------------------------
+
+    def _park(self, key: JobKey, decided_from: Mapping[str, Any] | None) -> None:
+        """At rest: keep only the key. The copy goes unless a newer event replaced it
+        meanwhile (that event has queued the job again)."""
+        self.states.pop(key, None)
+        self.queue.cancel_timer(key)
+        if self.bodies.get(key) is decided_from:
+            self.bodies.pop(key, None)
+
+    def _drop(self, key: JobKey) -> None:
+        self.states.pop(key, None)
+        self.bodies.pop(key, None)
+        self.queue.forget(key)
+
+    def _gone(self, key: JobKey, raw: Mapping[str, Any]) -> None:
+        if key not in self.known:
+            return
+        del self.known[key]
+        self._drop(key)
+        self._listed.pop(key, None)
+        rt = self.rt
+        rt.informer.release(key[0])
+        rt.forget(key)
+        rt.metrics.forget(str((raw.get("metadata") or {}).get("uid") or ""))
+        if rt.settings.kueue:
+            # Kueue holds quota for the job's Workloads until they are finished and released.
+            asyncio.get_running_loop().create_task(
+                context.release_workloads(rt, key, datetime.datetime.now(datetime.timezone.utc)),
+                name=f"release workloads {key}",
+            )

@@ -1,0 +1,140 @@
+"""The order of one reconcile's API calls (reconciler.py's module docstring): Events, then the
+status conditional on the version decided from, and only then children; a status write that
+conflicts stops the reconcile before anything is created. The API is a recorder implementing
+writes.JobWrites: no API server, milliseconds per test."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+import pytest
+
+from trainjob_operator import config, context, kube, metrics, reconciler, writes
+
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def trainjob() -> dict[str, Any]:
+    template = {"spec": {"containers": [{"name": "tensorflow", "image": "trainjob:1"}]}}
+    return {
+        "apiVersion": "trainjob.dev/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {
+            "name": "mnist",
+            "namespace": "team-a",
+            "uid": "uid-1",
+            "resourceVersion": "7",
+            "generation": 1,
+        },
+        "spec": {
+            "replicaSpecs": {
+                "chief": {"replicas": 1, "template": template},
+                "worker": {"replicas": 2, "template": template},
+            }
+        },
+    }
+
+
+class Recorder:
+    """Every call, in order, as (method, what); a status write may be made to conflict."""
+
+    def __init__(self, conflict: bool = False) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.conflict = conflict
+        self.written_at: str | None = None
+
+    async def get_trainjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get", name))
+        return trainjob()
+
+    async def patch_status(
+        self,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None = None,
+    ) -> dict[str, Any] | None:
+        self.calls.append(("status", str(status.get("state"))))
+        self.written_at = resource_version
+        if self.conflict:
+            raise kube.ConflictError("the object has been modified")
+        return {
+            **trainjob(),
+            "status": status,
+            "metadata": {**trainjob()["metadata"], "resourceVersion": "8"},
+        }
+
+    async def post_event(
+        self,
+        job: dict[str, Any],
+        event_type: str,
+        reason: str,
+        message: str,
+        now: datetime.datetime,
+        event_id: str | None = None,
+    ) -> str | None:
+        self.calls.append(("event", reason))
+        return event_id or reason
+
+    async def withdraw_events(self, namespace: str, names: Iterable[str]) -> None:
+        self.calls.extend(("withdraw", name) for name in names)
+
+    async def create(
+        self, kind: str, namespace: str, name: str, render: Callable[[], dict[str, Any]]
+    ) -> bool:
+        render()
+        self.calls.append((kind, name))
+        return True
+
+    async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
+        self.calls.append(("delete Pod", name))
+
+    async def delete_service(self, namespace: str, name: str, uid: str | None = None) -> None:
+        self.calls.append(("delete Service", name))
+
+    async def delete_trainjob(self, namespace: str, name: str, uid: str) -> None:
+        self.calls.append(("delete TrainJob", name))
+
+
+def writes_as_kube_does(api: kube.Kube) -> writes.JobWrites:
+    return api  # mypy: the real API layer is a JobWrites
+
+
+def reconcile(api: Recorder, seen: writes.Seen) -> reconciler.Outcome:
+    async def once() -> reconciler.Outcome:
+        shared = context.OperatorContext(
+            settings=config.Settings(), kube=cast(kube.Kube, api), metrics=metrics.Metrics()
+        )
+        return await reconciler.reconcile_job(
+            shared, "team-a", "mnist", [], [], NOW, trainjob(), seen
+        )
+
+    return asyncio.run(once())
+
+
+def test_a_new_job_is_recorded_before_any_child_is_made_services_before_pods() -> None:
+    api = Recorder()
+    seen = writes.Seen()
+    outcome = reconcile(api, seen)
+    kinds = [what for what, _ in api.calls]
+    status_at = kinds.index("status")
+    assert "event" in kinds[:status_at] and not {"Service", "Pod"} & set(kinds[:status_at])
+    assert api.written_at == "7"  # conditional on the version decided from
+    made = api.calls[status_at + 1 :]
+    assert [kind for kind, _ in made] == ["Service"] * 3 + ["Pod"] * 3
+    assert {name for _, name in made} == {"mnist-chief-0", "mnist-worker-0", "mnist-worker-1"}
+    # Our write is not yet in a watched copy: the job is not at rest, the loop remembers it.
+    assert seen.known is not None and not outcome.at_rest and not outcome.done
+
+
+def test_a_conflicting_status_write_stops_the_reconcile_before_anything_is_made() -> None:
+    api = Recorder(conflict=True)
+    seen = writes.Seen()
+    with pytest.raises(kube.ConflictError):
+        reconcile(api, seen)
+    assert [what for what, _ in api.calls if what not in ("event",)] == ["status"]
+    # The next reconcile reads afresh, and knows which Events it posted for nothing.
+    assert seen.stale and seen.superseded is not None and seen.superseded.names
