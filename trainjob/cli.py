@@ -167,6 +167,60 @@ def cmd_logs(args: argparse.Namespace, streams: Streams) -> int:
     return local_cli.cmd_logs(args, streams)
 
 
+TENSORBOARD_DESCRIPTION: Final = """\
+Serve a job's TensorBoard logs (Keras' own, the runtime's progress scalars, an Estimator's
+model_dir: everything under its checkpoint directory) and print the URL; Ctrl-C stops it.
+Locally (JOB a run dir or a run under ./trainjob-runs, or none: the only run there),
+TensorBoard runs on this machine. On a cluster (--cluster, implied by -n/--context/
+--kubeconfig/--image or by a JOB that is no local run), a short-lived TensorBoard Pod mounts
+the job's checkpoint volume read-only and is reached through a port-forward; the Pod is
+deleted when the command ends. Works while the job runs and after it finished."""
+TENSORBOARD_EXAMPLES: Final = """\
+  trainjob tensorboard mnist-multiworker           # a local run, or the cluster job
+  trainjob tensorboard mnist -n team-a --port 6006
+  trainjob tensorboard /tmp/run1 --address 0.0.0.0"""
+
+
+def cmd_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
+    if cluster_cli.wants_cluster_tensorboard(args, os.getcwd(), local_plan.DEFAULT_RUNS_DIR):
+        return cluster_cli.cmd_cluster_tensorboard(args, streams)
+    return local_cli.cmd_tensorboard(args, streams)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535; 0: any free port)")
+    return port
+
+
+def _add_tensorboard_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "job", nargs="?", metavar="JOB",
+        help="a local run (dir or name) or a cluster job; default: the only local run",
+    )  # fmt: skip
+    parser.add_argument(
+        "--port", type=_port,
+        help="local port (default: 6006 if free, else any free one; 0: any free one)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--address", default="127.0.0.1",
+        help="local address to listen on (default 127.0.0.1; 0.0.0.0: every interface)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cluster", action="store_true", help="JOB is a cluster job (even if a run has its name)"
+    )
+    parser.add_argument(
+        "--image",
+        help="cluster: the image of the TensorBoard Pod (default: the job's; it must have "
+        "TensorBoard, as the trainjob image does)",
+    )
+    cluster_cli.add_cluster_flags(parser)
+
+
 def _add_cluster_commands(commands: Any) -> None:
     """submit, get, describe, wait, delete, attach: TrainJobs on a cluster, as kubectl."""
     cluster_cli.add_submit_parser(
@@ -233,7 +287,7 @@ def cmd_completion(args: argparse.Namespace, streams: Streams) -> int:
 
 # ----- completion -----
 # The verbs whose first argument is a cluster job's name (completed from `get -o name`).
-NAMED_VERBS: Final = ("get", "describe", "wait", "attach", "delete")
+NAMED_VERBS: Final = ("get", "describe", "wait", "attach", "delete", "tensorboard")
 
 
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
@@ -383,6 +437,15 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_cli.add_cluster_log_flags(logs)
     logs.set_defaults(handler=cmd_logs)
     _add_cluster_commands(commands)
+    tensorboard = _sub(
+        commands,
+        "tensorboard",
+        "serve a local run's or a cluster job's TensorBoard logs; prints the URL",
+        TENSORBOARD_DESCRIPTION,
+        TENSORBOARD_EXAMPLES,
+    )
+    _add_tensorboard_parser(tensorboard)
+    tensorboard.set_defaults(handler=cmd_tensorboard)
 
     validate = _sub(
         commands,

@@ -219,7 +219,9 @@ class TrainJobClient:
             if unavailable is not None:
                 missing.append(f"no log for {replica}: {unavailable}")
                 continue
-            text = self._do(self._cluster.pod_log, objects.name_of(pod), previous, tail)
+            text = self._do(
+                self._cluster.pod_log, objects.name_of(pod), previous=previous, tail=tail
+            )
             for line in cli.filtered(text.splitlines(), verbose):
                 yield view.log_line(replica, line, width)
         if len(missing) == len(pods):

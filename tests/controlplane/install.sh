@@ -17,7 +17,8 @@
 #   coredns               CoreDNS with the node's plugins (wrapper module tests/controlplane/coredns)
 #   pause                 the pause container's binary, compiled from k8s.io/kubernetes's pause.c
 #   Debian packages: containerd, runc, containernetworking-plugins, buildah, debootstrap,
-#   iptables, gcc + libc6-dev (for pause)   -- installed with apt-get when missing (root)
+#   iptables, gcc + libc6-dev (for pause), chromium (the e2e tier opens `trainjob tensorboard`
+#   in headless Chromium)   -- installed with apt-get when missing (root)
 #
 # Binaries are cached outside the clone, one folder per tool and version:
 #   ${TRAINJOB_TOOLS_DIR:-$HOME/.cache/trainjob-tools}/<name>-<version>/
@@ -211,6 +212,8 @@ NODE_PACKAGES=(
     /usr/sbin/iptables:iptables
     /usr/bin/gcc:gcc
     /usr/lib/x86_64-linux-gnu/libc.a:libc6-dev
+    # tests/e2e/test_tensorboard.py: a real browser renders TensorBoard's charts
+    /usr/bin/chromium:chromium
 )
 
 install_node_packages() {

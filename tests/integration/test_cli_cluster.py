@@ -25,6 +25,7 @@ import pyte
 import pytest
 import yaml
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import REPO_ROOT, ControlPlane
 from tests.integration.operator_harness import (
@@ -626,3 +627,102 @@ def test_cli_completion_offers_the_clusters_job_names(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["alpha", "alpha beta"], result.stdout
+
+
+def _tensorboard(kubeconfig: Path, *argv: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KUBECONFIG": str(kubeconfig)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainjob", "tensorboard", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _tensorboard_pod(cluster: Cluster, job: str) -> Any:
+    pods = cluster.core.list_namespaced_pod(
+        cluster.namespace, label_selector=f"trainjob.dev/tensorboard-for={job}"
+    ).items
+    return pods[0] if pods else None
+
+
+def test_cli_tensorboard_pod_is_admitted_as_restricted_says_why_it_cannot_start_and_goes(
+    cluster: Cluster, kubeconfig: Path
+) -> None:
+    """The TensorBoard Pod on the real API server: admitted in a namespace enforcing Pod
+    Security "restricted"; an image the kubelet cannot pull ends the command with the kubelet's
+    words; SIGTERM while it waits ends it too; the Pod is deleted every time."""
+    ns = cluster.namespace
+    cluster.core.patch_namespace(
+        ns, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    )
+    bare = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="bare"),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="x")]),
+    )
+    with pytest.raises(ApiException, match="violates PodSecurity"):  # enforced here
+        cluster.core.create_namespaced_pod(ns, bare)
+    body = trainjob("board", chief=0, workers=1)
+    body["spec"]["checkpoint"] = {"claimName": "ckpt", "path": "/checkpoints", "subPath": "board"}
+    cluster.create_job(body)
+
+    process = _tensorboard(kubeconfig, "board", "-n", ns)
+    try:
+        pod = wait_until(
+            lambda: _tensorboard_pod(cluster, "board"), timeout=T, what="the TensorBoard Pod"
+        )
+        assert pod.metadata.owner_references[0].name == "board"
+        name = pod.metadata.name
+        cluster.core.patch_namespaced_pod_status(
+            name,
+            ns,
+            {
+                "status": {
+                    "phase": "Pending",
+                    "containerStatuses": [
+                        {
+                            "name": "tensorboard",
+                            "image": "trainjob/trainjob:0.1.0",
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {
+                                "waiting": {
+                                    "reason": "ErrImagePull",
+                                    "message": "trainjob/trainjob:0.1.0: not found",
+                                }
+                            },
+                        }
+                    ],
+                }
+            },
+        )
+        out, err = process.communicate(timeout=T)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert (process.returncode, out) == (1, ""), err
+    assert err == (
+        f"trainjob tensorboard: TensorBoard Pod {name} cannot start: ErrImagePull: "
+        "trainjob/trainjob:0.1.0: not found\n"
+    )
+    wait_until(
+        lambda: _tensorboard_pod(cluster, "board") is None, timeout=T, what="the Pod deleted"
+    )
+
+    process = _tensorboard(kubeconfig, "board", "-n", ns)
+    try:
+        wait_until(lambda: _tensorboard_pod(cluster, "board"), timeout=T, what="a second Pod")
+        process.send_signal(signal.SIGTERM)  # as a closed terminal or `kill` would
+        out, err = process.communicate(timeout=T)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert out.startswith("Stopped TensorBoard; deleted Pod board-tensorboard-"), out
+    wait_until(
+        lambda: _tensorboard_pod(cluster, "board") is None, timeout=T, what="the Pod deleted"
+    )

@@ -12,9 +12,18 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Final
 
-from trainjob.cliutil import CliError, Streams, dump, load_documents, parse_job, source_name
+from trainjob.cliutil import (
+    EXIT_FAILED,
+    EXIT_OK,
+    CliError,
+    Streams,
+    dump,
+    load_documents,
+    parse_job,
+    source_name,
+)
 from trainjob.core import spec
-from trainjob.local import data, executor, outcome, plan, rundir, runs, supervisor, view
+from trainjob.local import board, data, executor, outcome, plan, rundir, runs, supervisor, view
 
 RUN_DESCRIPTION: Final = """\
 Run a TrainJob on this machine: every replica is a process on 127.0.0.1 with the same
@@ -335,3 +344,94 @@ def cmd_logs(args: argparse.Namespace, streams: Streams) -> int:
         follow_until_free=run_dir if args.follow else None,
     )
     return 0
+
+
+# ----- tensorboard -----
+TENSORBOARD_START_SECONDS: Final = 120.0  # TensorBoard imports TensorFlow: seconds, not minutes
+_POLL_SECONDS: Final = 0.2
+
+
+def _has_event_files(directory: str) -> bool:
+    return any("tfevents" in name for _, _, names in os.walk(directory) for name in names)
+
+
+def cmd_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
+    """TensorBoard on a local run's checkpoint directory until Ctrl-C (see board)."""
+    import importlib.util
+    import tempfile
+    import time
+
+    dirs = _run_dirs(args.job, os.getcwd())
+    if len(dirs) > 1:
+        names = ", ".join(os.path.basename(d) for d in dirs)
+        raise CliError(f"several runs here ({names}); name one: trainjob tensorboard RUN")
+    run_dir = dirs[0]
+    if importlib.util.find_spec("tensorboard") is None:
+        raise CliError(
+            f"TensorBoard is not installed in this Python ({sys.executable}): "
+            "pip install tensorboard (or pip install 'trainjob[tf]')"
+        )
+    logdir = board.logdir(run_dir)
+    if not _has_event_files(logdir):
+        streams.err.write(
+            f"note: no TensorBoard logs in {logdir} yet; TensorBoard shows them once the job "
+            "writes them\n"
+        )
+    handle, log_path = tempfile.mkstemp(prefix="trainjob-tensorboard-", suffix=".log")
+    os.close(handle)
+    command = board.argv(sys.executable, logdir, args.address, args.port)
+    server = None
+    try:
+        # The handlers first: a signal during the start still stops TensorBoard.
+        with supervisor.stop_signals(_interrupt):
+            server = supervisor.Server(command, log_path)
+            deadline = time.monotonic() + TENSORBOARD_START_SECONDS
+            url = None
+            while url is None:
+                output = _read_text(log_path)
+                url = board.announced_url(output)
+                code = server.exit_code()
+                if url is None and code is not None:
+                    raise CliError(
+                        f"TensorBoard exited with code {code}: {board.last_words(output)}",
+                        EXIT_FAILED,
+                    )
+                if url is None and time.monotonic() > deadline:
+                    raise CliError(
+                        f"TensorBoard did not start in {TENSORBOARD_START_SECONDS:.0f}s: "
+                        f"{board.last_words(output)}",
+                        EXIT_FAILED,
+                    )
+                time.sleep(_POLL_SECONDS)
+            streams.out.write(
+                f"TensorBoard for {run_dir} (logs: {logdir}): {url}\nCtrl-C stops it.\n"
+            )
+            streams.out.flush()
+            while (code := server.exit_code()) is None:
+                time.sleep(_POLL_SECONDS)
+            raise CliError(
+                f"TensorBoard exited with code {code}: {board.last_words(_read_text(log_path))}",
+                EXIT_FAILED,
+            )
+    except KeyboardInterrupt:
+        streams.out.write("Stopped TensorBoard.\n")
+        return EXIT_OK
+    finally:
+        if server is not None:
+            server.stop()
+        with contextlib.suppress(OSError):
+            os.remove(log_path)
+
+
+def _interrupt(signal_name: str) -> None:
+    """SIGTERM and SIGHUP end the command as Ctrl-C does: TensorBoard is stopped."""
+    del signal_name
+    raise KeyboardInterrupt
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""

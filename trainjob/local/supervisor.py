@@ -89,6 +89,32 @@ def package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(trainjob.__file__)))
 
 
+class Server:
+    """A long-running helper process of one's own (TensorBoard), its output in a log file."""
+
+    def __init__(self, argv: list[str], log_path: str) -> None:
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self._popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+
+    def exit_code(self) -> int | None:
+        returncode = self._popen.poll()
+        return None if returncode is None else container_exit_code(returncode)
+
+    def stop(self, grace_seconds: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after the grace period; returns once it has exited."""
+        if self._popen.poll() is not None:
+            return
+        self._popen.terminate()
+        try:
+            self._popen.wait(grace_seconds)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            self._popen.wait()
+
+
 @contextlib.contextmanager
 def stop_signals(on_signal: Callable[[str], None]) -> Iterator[None]:
     """Call `on_signal(name)` for SIGINT, SIGTERM and SIGHUP while inside (main thread only).

@@ -21,7 +21,7 @@ from typing import Any
 
 from trainjob.core import constants
 from trainjob.core import progress as core_progress
-from trainjob.runtime import data, exitcodes, progress, reporter
+from trainjob.runtime import data, exitcodes, progress, reporter, summaries
 from trainjob.runtime import settings as settings_mod
 from trainjob.runtime.exitcodes import EntrypointError, FailureKind
 from trainjob.runtime.preemption import StopWatcher
@@ -134,6 +134,7 @@ def train_main(argv: list[str]) -> int:
         chief=settings.is_chief,
         progress_file=settings.progress_file,
         reporter=_reporter(settings, os.environ),
+        summaries=_summaries(settings),
     )
 
     def _on_stop(code: int) -> None:
@@ -180,6 +181,16 @@ def train_main(argv: list[str]) -> int:
         return code
     emitter.emit("end", status="succeeded", exit_code=0, **end)
     return 0
+
+
+def _summaries(settings: RuntimeSettings) -> summaries.SummaryWriter | None:
+    """The chief's TensorBoard scalars of its progress events (custom loops, DTensor and
+    Estimator included), next to Keras' own logs on the checkpoint volume."""
+    if not summaries.wanted(
+        is_chief=settings.is_chief, checkpoint_dir=settings.checkpoint_dir, config=settings.config
+    ):
+        return None
+    return summaries.SummaryWriter(summaries.logdir(settings.checkpoint_dir or ""))
 
 
 def _reporter(

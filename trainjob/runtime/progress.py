@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -50,6 +50,8 @@ class Emitter:
     progress_file: str | None = None
     stream: TextIO = field(default_factory=lambda: sys.stdout)
     reporter: reporter_mod.ProgressReporter | None = None
+    # Sees every event (the chief's TensorBoard scalars: trainjob.runtime.summaries).
+    summaries: Callable[[Mapping[str, Any]], None] | None = None
 
     def tick(self, step: int) -> None:
         """The global step just completed (cheap: call it every step)."""
@@ -88,4 +90,6 @@ class Emitter:
             # sharing one file.
             with open(self.progress_file, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record, sort_keys=True) + "\n")
+        if self.summaries is not None:
+            self.summaries(record)
         return record

@@ -1,0 +1,221 @@
+"""`trainjob tensorboard` on a cluster, the pure part: the short-lived TensorBoard Pod that
+mounts a job's checkpoint volume read-only, and why such a Pod does not start.
+
+The Pod runs the trainjob image (it ships TensorBoard) with TensorBoard bound to the Pod's
+loopback only: the port-forward reaches it there, nothing else in the cluster does (no
+Service, no Pod IP listener). It satisfies Pod Security "restricted" (non-root user 1000, no
+privilege escalation, no capabilities, the runtime's seccomp profile), so it runs in the
+same namespaces as the jobs. It carries no `trainjob.dev/job-name` label (the operator would
+take it for a replica) and a non-controller ownerReference to the job: deleting the job removes
+a Pod that a killed `trainjob tensorboard` left behind, and `activeDeadlineSeconds` ends one
+whose job lives on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from trainjob.core import constants
+
+Obj = dict[str, Any]
+
+PORT: Final = 6006  # TensorBoard's own default, inside the Pod
+CONTAINER: Final = "tensorboard"
+LOGDIR: Final = "/logs"  # the checkpoint volume (its subPath), read-only
+LABEL_FOR_JOB: Final = f"{constants.GROUP}/tensorboard-for"
+# A Pod whose `trainjob tensorboard` was killed (SIGKILL, a lost laptop) ends by itself.
+MAX_SECONDS: Final = 12 * 3600
+RUNTIME_UID: Final = 1000  # the user of the trainjob images
+# Bound to the Pod's loopback: reached through the port-forward only.
+COMMAND: Final = (
+    "python", "-m", "tensorboard.main", "--logdir", LOGDIR, "--host", "127.0.0.1",
+    "--port", str(PORT),
+)  # fmt: skip
+# Waiting reasons of a container that will not start by waiting longer.
+FATAL_WAITING: Final = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "CrashLoopBackOff",
+    }
+)
+
+
+class BoardError(ValueError):
+    """A job TensorBoard cannot be served for, with the reason in words."""
+
+
+def pod_name(job: str, suffix: str) -> str:
+    """`<job>-tensorboard-<suffix>`, within the 63 characters of a label value (the job name
+    is one already: a DNS label)."""
+    tail = f"-tensorboard-{suffix}"
+    return job[: 63 - len(tail)].rstrip("-") + tail
+
+
+def job_image(job: Mapping[str, Any]) -> str | None:
+    """The image the job's replicas run: `spec.image`, else the first replica template's
+    `tensorflow` container image."""
+    spec = job.get("spec") or {}
+    if spec.get("image"):
+        return str(spec["image"])
+    for replica in (spec.get("replicaSpecs") or {}).values():
+        template = (replica or {}).get("template") or {}
+        for container in (template.get("spec") or {}).get("containers") or []:
+            if container.get("name") == constants.DEFAULT_CONTAINER_NAME and container.get("image"):
+                return str(container["image"])
+    return None
+
+
+def checkpoint_volume(job: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(claim name, sub-path) of the job's checkpoint volume; BoardError when it has none (its
+    TensorBoard logs then lived in the Pods' own file systems, gone with them)."""
+    name = (job.get("metadata") or {}).get("name", "?")
+    checkpoint = (job.get("spec") or {}).get("checkpoint") or {}
+    claim = checkpoint.get("claimName")
+    if not claim:
+        raise BoardError(
+            f"TrainJob {name} has no checkpoint volume (spec.checkpoint.claimName), so its "
+            "TensorBoard logs were written inside its Pods and are not kept; give the job a "
+            "PersistentVolumeClaim in spec.checkpoint to see them"
+        )
+    return str(claim), checkpoint.get("subPath") or None
+
+
+def tensorboard_pod(job: Mapping[str, Any], suffix: str, image: str | None = None) -> Obj:
+    """The TensorBoard Pod for `job` (as read from the API server, with its uid)."""
+    metadata = job.get("metadata") or {}
+    name = str(metadata.get("name") or "")
+    claim, sub_path = checkpoint_volume(job)
+    chosen = image or job_image(job)
+    if not chosen:
+        raise BoardError(
+            f"TrainJob {name} names no image to run TensorBoard in; give --image "
+            "(the trainjob image ships TensorBoard)"
+        )
+    mount: Obj = {"name": "checkpoints", "mountPath": LOGDIR, "readOnly": True}
+    if sub_path:
+        mount["subPath"] = sub_path
+    owner: list[Obj] = []
+    if metadata.get("uid"):
+        # Not the controller: the operator counts only Pods it controls as replicas.
+        owner = [
+            {
+                "apiVersion": constants.API_VERSION,
+                "kind": constants.KIND,
+                "name": name,
+                "uid": metadata["uid"],
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(name, suffix),
+            "labels": {
+                LABEL_FOR_JOB: name,
+                constants.LABEL_APP_NAME: constants.APP_NAME,
+                constants.LABEL_APP_COMPONENT: "tensorboard",
+                constants.LABEL_APP_INSTANCE: name,
+            },
+            "ownerReferences": owner,
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "activeDeadlineSeconds": MAX_SECONDS,
+            # Beside the job's Pods when they run: a ReadWriteOnce volume (most cloud disks)
+            # attaches to one node at a time. Preferred, not required: after the job, anywhere.
+            "affinity": {
+                "podAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 100,
+                            "podAffinityTerm": {
+                                "labelSelector": {"matchLabels": {constants.LABEL_JOB_NAME: name}},
+                                "topologyKey": "kubernetes.io/hostname",
+                            },
+                        }
+                    ]
+                }
+            },
+            "automountServiceAccountToken": False,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": RUNTIME_UID,
+                "runAsGroup": RUNTIME_UID,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": CONTAINER,
+                    "image": chosen,
+                    "command": list(COMMAND),
+                    # The trainjob image's TF quiet, and no TensorFlow banner in the log.
+                    "env": [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "3"}],
+                    "ports": [{"name": "tensorboard", "containerPort": PORT}],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                        "readOnlyRootFilesystem": False,
+                    },
+                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                    "volumeMounts": [mount],
+                }
+            ],
+            "volumes": [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}}],
+        },
+    }
+
+
+def started(pod: Mapping[str, Any]) -> bool:
+    """Whether TensorBoard's container is running."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        # `running: {startedAt: ...}`; present, even empty, is what counts
+        if (
+            status.get("name") == CONTAINER
+            and (status.get("state") or {}).get("running") is not None
+        ):
+            return True
+    return False
+
+
+def failure(pod: Mapping[str, Any]) -> str | None:
+    """Why the Pod will not serve (it ended, or its container cannot start), in the kubelet's
+    words; None while it may still come up."""
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        state = container.get("state") or {}
+        ended = state.get("terminated")
+        if ended:
+            said = " ".join(str(ended.get("message") or "").split()[-40:])
+            why = ended.get("reason") or "Error"
+            return f"TensorBoard exited with code {ended.get('exitCode')} ({why})" + (
+                f": {said}" if said else ""
+            )
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in FATAL_WAITING:
+            return f"{waiting['reason']}: {waiting.get('message') or 'no message'}"
+    if status.get("phase") in ("Failed", "Succeeded"):
+        return f"the Pod is {status['phase']}: {status.get('reason') or ''} " + str(
+            status.get("message") or ""
+        )
+    return None
+
+
+def waiting_reason(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> str:
+    """What the Pod waits for now (to say when it did not start in time): an unschedulable
+    condition, the newest Warning Event (FailedMount, FailedScheduling...), or its phase."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return f"{condition.get('reason')}: {condition.get('message')}"
+    warnings = [e for e in events if e.get("type") == "Warning"]
+    if warnings:
+        last = warnings[-1]
+        return f"{last.get('reason')}: {last.get('message')}"
+    return f"the Pod is {(pod.get('status') or {}).get('phase') or 'Pending'}"
