@@ -5,7 +5,7 @@ lazily, so `validate` and `render` never pay for TensorFlow.
 Every user mistake ends in one line on stderr naming the file or field, never a traceback, with
 the exit codes of `EXIT_CODES_HELP`. About 500 lines, whole: the parser with its help and the
 offline commands (validate, render, convert, completion); the local and cluster commands live
-in `trainjob.local.cli` and `trainjob.cluster.cli`.
+in `trainjob.local.cli` and the `trainjob.cluster.cli` package.
 """
 
 from __future__ import annotations
@@ -34,7 +34,11 @@ from trainjob.cliutil import (
     parse_job,
     source_name,
 )
-from trainjob.cluster import cli as cluster_cli
+from trainjob.cluster.cli import common as cluster_common
+from trainjob.cluster.cli import jobs as cluster_jobs
+from trainjob.cluster.cli import logs as cluster_logs
+from trainjob.cluster.cli import submit as cluster_submit
+from trainjob.cluster.cli import tensorboard as cluster_tensorboard
 from trainjob.core import constants, convert, render, spec
 from trainjob.local import cli as local_cli
 from trainjob.local import plan as local_plan
@@ -160,8 +164,8 @@ LOGS_CLUSTER_EXAMPLES: Final = """\
 
 def cmd_logs(args: argparse.Namespace, streams: Streams) -> int:
     """A local run's logs, or a cluster job's (see LOGS_CLUSTER_DESCRIPTION)."""
-    if cluster_cli.wants_cluster(args, os.getcwd(), local_plan.DEFAULT_RUNS_DIR):
-        return cluster_cli.cmd_cluster_logs(args, streams)
+    if cluster_logs.wants_cluster(args, os.getcwd(), local_plan.DEFAULT_RUNS_DIR):
+        return cluster_logs.cmd_cluster_logs(args, streams)
     if args.verbose:
         raise CliError("--verbose applies to cluster logs; a local run's log files hold everything")
     return local_cli.cmd_logs(args, streams)
@@ -182,8 +186,10 @@ TENSORBOARD_EXAMPLES: Final = """\
 
 
 def cmd_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
-    if cluster_cli.wants_cluster_tensorboard(args, os.getcwd(), local_plan.DEFAULT_RUNS_DIR):
-        return cluster_cli.cmd_cluster_tensorboard(args, streams)
+    if cluster_tensorboard.wants_cluster_tensorboard(
+        args, os.getcwd(), local_plan.DEFAULT_RUNS_DIR
+    ):
+        return cluster_tensorboard.cmd_cluster_tensorboard(args, streams)
     return local_cli.cmd_tensorboard(args, streams)
 
 
@@ -218,66 +224,66 @@ def _add_tensorboard_parser(parser: argparse.ArgumentParser) -> None:
         help="cluster: the image of the TensorBoard Pod (default: the job's; it must have "
         "TensorBoard, as the trainjob image does)",
     )
-    cluster_cli.add_cluster_flags(parser)
+    cluster_common.add_cluster_flags(parser)
 
 
 def _add_cluster_commands(commands: Any) -> None:
     """submit, get, describe, wait, delete, attach: TrainJobs on a cluster, as kubectl."""
-    cluster_cli.add_submit_parser(
+    cluster_submit.add_submit_parser(
         _sub(
             commands,
             "submit",
             "create (or apply) TrainJobs on the cluster; --follow shows them run",
-            cluster_cli.SUBMIT_DESCRIPTION,
-            cluster_cli.SUBMIT_EXAMPLES,
+            cluster_submit.SUBMIT_DESCRIPTION,
+            cluster_submit.SUBMIT_EXAMPLES,
         )
-    ).set_defaults(handler=cluster_cli.cmd_submit)
-    cluster_cli.add_get_parser(
+    ).set_defaults(handler=cluster_submit.cmd_submit)
+    cluster_jobs.add_get_parser(
         _sub(
             commands,
             "get",
             "list TrainJobs on the cluster (kubectl get tj)",
-            cluster_cli.GET_DESCRIPTION,
-            cluster_cli.GET_EXAMPLES,
+            cluster_jobs.GET_DESCRIPTION,
+            cluster_jobs.GET_EXAMPLES,
         )
-    ).set_defaults(handler=cluster_cli.cmd_get)
-    cluster_cli.add_name_parser(
+    ).set_defaults(handler=cluster_jobs.cmd_get)
+    cluster_common.add_name_parser(
         _sub(
             commands,
             "describe",
             "conditions, replicas, exit codes, cause, progress and Events of a cluster job",
-            cluster_cli.DESCRIBE_DESCRIPTION,
-            cluster_cli.DESCRIBE_EXAMPLES,
+            cluster_jobs.DESCRIBE_DESCRIPTION,
+            cluster_jobs.DESCRIBE_EXAMPLES,
         )
-    ).set_defaults(handler=cluster_cli.cmd_describe)
-    cluster_cli.add_wait_parser(
+    ).set_defaults(handler=cluster_jobs.cmd_describe)
+    cluster_jobs.add_wait_parser(
         _sub(
             commands,
             "wait",
             "wait for a cluster job to succeed, finish or run; the exit code says how it went",
-            cluster_cli.WAIT_DESCRIPTION,
-            cluster_cli.WAIT_EXAMPLES,
+            cluster_jobs.WAIT_DESCRIPTION,
+            cluster_jobs.WAIT_EXAMPLES,
         )
-    ).set_defaults(handler=cluster_cli.cmd_wait)
-    cluster_cli.add_name_parser(
+    ).set_defaults(handler=cluster_jobs.cmd_wait)
+    cluster_common.add_name_parser(
         _sub(
             commands,
             "delete",
             "delete TrainJobs from the cluster",
-            cluster_cli.DELETE_DESCRIPTION,
-            cluster_cli.DELETE_EXAMPLES,
+            cluster_jobs.DELETE_DESCRIPTION,
+            cluster_jobs.DELETE_EXAMPLES,
         ),
         several=True,
-    ).set_defaults(handler=cluster_cli.cmd_delete)
-    cluster_cli.add_attach_parser(
+    ).set_defaults(handler=cluster_jobs.cmd_delete)
+    cluster_submit.add_attach_parser(
         _sub(
             commands,
             "attach",
             "follow a cluster job: the live table and summary of trainjob run",
-            cluster_cli.ATTACH_DESCRIPTION,
-            cluster_cli.ATTACH_EXAMPLES,
+            cluster_submit.ATTACH_DESCRIPTION,
+            cluster_submit.ATTACH_EXAMPLES,
         )
-    ).set_defaults(handler=cluster_cli.cmd_attach)
+    ).set_defaults(handler=cluster_submit.cmd_attach)
 
 
 def cmd_completion(args: argparse.Namespace, streams: Streams) -> int:
@@ -313,7 +319,7 @@ _trainjob() {{
   cmd="${{COMP_WORDS[1]}}"
   case "$prev" in
     -f|--file|--run-dir|--data-dir|--kubeconfig) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-    --for) COMPREPLY=($(compgen -W "{" ".join(cluster_cli.WAIT_FOR)}" -- "$cur")); return ;;
+    --for) COMPREPLY=($(compgen -W "{" ".join(cluster_jobs.WAIT_FOR)}" -- "$cur")); return ;;
     -o|--output) COMPREPLY=($(compgen -W "{" ".join(OUTPUT_FORMATS)} wide" -- "$cur")); return ;;
   esac
   if [[ $COMP_CWORD -eq 1 ]]; then
@@ -434,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
             local_cli.LOGS_EXAMPLES + "\n" + LOGS_CLUSTER_EXAMPLES,
         )
     )
-    cluster_cli.add_cluster_log_flags(logs)
+    cluster_logs.add_cluster_log_flags(logs)
     logs.set_defaults(handler=cmd_logs)
     _add_cluster_commands(commands)
     tensorboard = _sub(

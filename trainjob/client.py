@@ -33,7 +33,11 @@ from typing import TYPE_CHECKING, Any, Final
 import yaml
 
 from trainjob import cliutil
-from trainjob.cluster import cli, describe, objects, show
+from trainjob.cluster import describe, objects, show
+from trainjob.cluster.cli import common as cluster_common
+from trainjob.cluster.cli import jobs as cluster_jobs
+from trainjob.cluster.cli import logs as cluster_logs
+from trainjob.cluster.cli import submit as cluster_submit
 from trainjob.cluster.errors import ClusterError
 from trainjob.core import progress as core_progress
 from trainjob.core import spec
@@ -123,7 +127,7 @@ class TrainJobClient:
         kubeconfig: str | None = None,
     ) -> None:
         try:
-            cluster_api = cli.load_api()
+            cluster_api = cluster_common.load_api()
             self._cluster: api.Cluster = cluster_api.Cluster(
                 cluster_api.connect(kubeconfig, context, namespace)
             )
@@ -158,9 +162,14 @@ class TrainJobClient:
         with it, as `trainjob submit --code` (on the replicas' PYTHONPATH). Returns its name."""
         body = load_manifest(job)
         if code is not None:
-            files = self._do(cli.read_code, os.fspath(code), os.getcwd())
+            files = self._do(cluster_submit.read_code, os.fspath(code), os.getcwd())
             result, _ = self._do(
-                cli.apply_with_code, self._cluster, body, os.fspath(code), files, apply=apply
+                cluster_submit.apply_with_code,
+                self._cluster,
+                body,
+                os.fspath(code),
+                files,
+                apply=apply,
             )
         elif apply:
             result, _ = self._do(self._cluster.apply_job, body)
@@ -186,7 +195,9 @@ class TrainJobClient:
         `timeout` seconds; the Result says how it stands, with the cause of a failure."""
         if until not in show.WAIT_FOR:
             raise TrainJobError(f"until: expected one of {', '.join(show.WAIT_FOR)}, got {until!r}")
-        code, job = self._do(cli.wait_for, lambda: self._cluster.get_job(name), until, timeout)
+        code, job = self._do(
+            cluster_jobs.wait_for, lambda: self._cluster.get_job(name), until, timeout
+        )
         return _result(name, job.get("status") or {}, code == cliutil.EXIT_TIMEOUT)
 
     def logs(
@@ -222,7 +233,7 @@ class TrainJobClient:
             text = self._do(
                 self._cluster.pod_log, objects.name_of(pod), previous=previous, tail=tail
             )
-            for line in cli.filtered(text.splitlines(), verbose):
+            for line in cluster_logs.filtered(text.splitlines(), verbose):
                 yield view.log_line(replica, line, width)
         if len(missing) == len(pods):
             raise TrainJobError("; ".join(missing))
@@ -241,7 +252,7 @@ class TrainJobClient:
                 replica = labels[pod_name] or pod_name
                 if request.replica is not None and replica != request.replica:
                     continue
-                shown: str | None = next(cli.filtered([line], verbose), None)
+                shown: str | None = next(cluster_logs.filtered([line], verbose), None)
                 if line.startswith(describe.NOTE_PREFIX):
                     shown = f"(trainjob: {line[len(describe.NOTE_PREFIX) :]})"
                 if shown is None:
@@ -311,7 +322,7 @@ class LocalRun:
                 text, offsets[name] = rundir.read_from(
                     os.path.join(log_dir, name), offsets.get(name, 0), final=ended or not follow
                 )
-                for line in cli.filtered(text.splitlines(), verbose):
+                for line in cluster_logs.filtered(text.splitlines(), verbose):
                     yield view.log_line(name[: -len(".log")], line, len("worker-0"))
             if not follow or ended:
                 return

@@ -11,7 +11,7 @@ import pytest
 
 from trainjob.cliutil import CliError
 from trainjob.cluster import code
-from trainjob.cluster.cli import read_code
+from trainjob.cluster.cli.submit import read_code
 
 
 def job(templates: dict[str, Any]) -> dict[str, Any]:

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from trainjob import cli
-from trainjob.cluster import cli as cluster_cli
 from trainjob.cluster import describe, objects, show
+from trainjob.cluster.cli import jobs as cluster_jobs
+from trainjob.cluster.cli import logs as cluster_logs
 from trainjob.core import progress as core_progress
 from trainjob.core import spec
 from trainjob.core import status as st
@@ -269,7 +270,7 @@ def test_wait_gives_up_at_its_deadline_without_sleeping_past_it() -> None:
         slept.append(seconds)
         clock[0] += seconds
 
-    code, _ = cluster_cli.wait_for(lambda: RUNNING, "succeeded", 2.5, sleep, lambda: clock[0])
+    code, _ = cluster_jobs.wait_for(lambda: RUNNING, "succeeded", 2.5, sleep, lambda: clock[0])
     assert code == 124 and slept == [1.0, 1.0, 0.5]
 
 
@@ -309,11 +310,11 @@ def test_cluster_logs_drop_tensorflow_noise_unless_verbose() -> None:
         "W0000 00:00:1795439295.226345   18621 gpu_device.cc:31] cuInit",
         "ValueError: bad shape",
     ]
-    assert list(cluster_cli.filtered(lines, verbose=False)) == [
+    assert list(cluster_logs.filtered(lines, verbose=False)) == [
         "Epoch 1/3",
         "ValueError: bad shape",
     ]
-    assert list(cluster_cli.filtered(lines, verbose=True)) == lines
+    assert list(cluster_logs.filtered(lines, verbose=True)) == lines
     assert view.log_line("worker-0", "Epoch 1/3", 9) == "worker-0  | Epoch 1/3"
 
 
@@ -324,13 +325,13 @@ def _logs_args(*argv: str) -> argparse.Namespace:
 def test_logs_mean_the_cluster_only_when_asked_or_no_local_run_has_the_name(tmp_path: Path) -> None:
     (tmp_path / "trainjob-runs" / "here").mkdir(parents=True)
     runs = "trainjob-runs"
-    assert not cluster_cli.wants_cluster(_logs_args(), str(tmp_path), runs)
-    assert not cluster_cli.wants_cluster(_logs_args("here"), str(tmp_path), runs)
-    assert not cluster_cli.wants_cluster(_logs_args("worker-1"), str(tmp_path), runs)
-    assert cluster_cli.wants_cluster(_logs_args("here", "--cluster"), str(tmp_path), runs)
-    assert cluster_cli.wants_cluster(_logs_args("here", "-n", "team-a"), str(tmp_path), runs)
-    assert cluster_cli.wants_cluster(_logs_args("here", "--tail", "5"), str(tmp_path), runs)
-    assert cluster_cli.wants_cluster(_logs_args("mnist"), str(tmp_path), runs)
+    assert not cluster_logs.wants_cluster(_logs_args(), str(tmp_path), runs)
+    assert not cluster_logs.wants_cluster(_logs_args("here"), str(tmp_path), runs)
+    assert not cluster_logs.wants_cluster(_logs_args("worker-1"), str(tmp_path), runs)
+    assert cluster_logs.wants_cluster(_logs_args("here", "--cluster"), str(tmp_path), runs)
+    assert cluster_logs.wants_cluster(_logs_args("here", "-n", "team-a"), str(tmp_path), runs)
+    assert cluster_logs.wants_cluster(_logs_args("here", "--tail", "5"), str(tmp_path), runs)
+    assert cluster_logs.wants_cluster(_logs_args("mnist"), str(tmp_path), runs)
 
 
 # ----- apply, completion, imports -----

@@ -18,7 +18,7 @@ import yaml
 
 from trainjob import cli
 from trainjob.cluster import board
-from trainjob.cluster import cli as cluster_cli
+from trainjob.cluster.cli import tensorboard as cluster_tensorboard
 from trainjob.local import board as local_board
 
 ROOT = Path(__file__).parents[2]
@@ -228,12 +228,14 @@ def test_a_local_run_is_served_locally_anything_else_from_the_cluster(tmp_path: 
     runs = "trainjob-runs"
     (tmp_path / runs / "here").mkdir(parents=True)
     cwd = str(tmp_path)
-    assert not cluster_cli.wants_cluster_tensorboard(args_of(), cwd, runs)
-    assert not cluster_cli.wants_cluster_tensorboard(args_of("here"), cwd, runs)
-    assert not cluster_cli.wants_cluster_tensorboard(args_of(str(tmp_path)), cwd, runs)
-    assert cluster_cli.wants_cluster_tensorboard(args_of("mnist"), cwd, runs)
+    assert not cluster_tensorboard.wants_cluster_tensorboard(args_of(), cwd, runs)
+    assert not cluster_tensorboard.wants_cluster_tensorboard(args_of("here"), cwd, runs)
+    assert not cluster_tensorboard.wants_cluster_tensorboard(args_of(str(tmp_path)), cwd, runs)
+    assert cluster_tensorboard.wants_cluster_tensorboard(args_of("mnist"), cwd, runs)
     for flags in (["--cluster"], ["-n", "a"], ["--context", "c"], ["--image", "i:1"]):
-        assert cluster_cli.wants_cluster_tensorboard(args_of("here", *flags), cwd, runs), flags
+        assert cluster_tensorboard.wants_cluster_tensorboard(args_of("here", *flags), cwd, runs), (
+            flags
+        )
 
 
 @pytest.mark.parametrize("port", ["70000", "web", "-1"])

@@ -11,7 +11,7 @@ replica's TensorFlow container at CODE_DIR, which leads its PYTHONPATH:
 A ConfigMap holds at most 1 MiB (etcd's object limit): a larger tree is refused before
 anything is sent, with the way out (an image FROM the trainjob image with the code baked in).
 Caches, VCS folders and hidden files are left out. Reading the directory is the caller's
-(`cluster/cli.py`); this module only decides what is sent.
+(`cluster/cli/submit.py`); this module only decides what is sent.
 """
 
 from __future__ import annotations

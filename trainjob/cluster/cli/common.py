@@ -1,0 +1,83 @@
+"""What every cluster verb shares: the cluster flags (as kubectl's), the connection and its
+error handling (`connected`: a `ClusterError`, or a spec the view cannot read, ends the command
+with one line naming the cause), the lazy import of the API module (the kubernetes package is
+imported only when a command talks to a cluster), and the clock."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Final
+
+from trainjob.cliutil import EXIT_FAILED, CliError
+from trainjob.cluster import objects
+from trainjob.cluster.errors import INSTALL_HINT, ClusterError
+from trainjob.core import constants
+
+if TYPE_CHECKING:  # imported when a command runs: it imports the kubernetes package
+    from trainjob.cluster import api
+
+POLL_SECONDS: Final = 1.0  # how often attach and wait read the job again
+
+KIND: Final = f"trainjob.{constants.GROUP}"  # how kubectl names the resource in its messages
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser, *, all_namespaces: bool = False) -> None:
+    group = parser.add_argument_group("cluster (as kubectl)")
+    group.add_argument(
+        "--kubeconfig", metavar="FILE",
+        help="default: $KUBECONFIG (':'-separated files), else ~/.kube/config",
+    )  # fmt: skip
+    group.add_argument("--context", help="kubeconfig context (default: the current one)")
+    group.add_argument("-n", "--namespace", help="default: the context's namespace, else 'default'")
+    if all_namespaces:
+        group.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+
+
+def add_no_tty(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-tty", action="store_true", help="plain lines even on a terminal (no live table)"
+    )
+
+
+def add_name_parser(parser: argparse.ArgumentParser, *, several: bool = False) -> Any:
+    parser.add_argument(
+        "names" if several else "name", nargs="+" if several else None, metavar="NAME"
+    )
+    add_cluster_flags(parser)
+    return parser
+
+
+def utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def load_api() -> Any:
+    """`trainjob.cluster.api`, or ClusterError saying how to install the kubernetes package."""
+    try:
+        from trainjob.cluster import api
+    except ImportError as error:
+        raise ClusterError(
+            f"talking to a cluster needs the kubernetes package ({error}): {INSTALL_HINT}"
+        ) from error
+    return api
+
+
+@contextlib.contextmanager
+def connected(args: argparse.Namespace) -> Iterator[api.Cluster]:
+    """The cluster the flags name; a ClusterError (or a spec the view cannot read) ends the
+    command with one line naming the cause."""
+    cluster: api.Cluster | None = None
+    try:
+        cluster_api = load_api()
+        cluster = cluster_api.Cluster(
+            cluster_api.connect(args.kubeconfig, args.context, args.namespace)
+        )
+        yield cluster
+    except (ClusterError, objects.ShowError) as error:
+        raise CliError(str(error), EXIT_FAILED) from error
+    finally:
+        if cluster is not None:
+            cluster.close()

@@ -1,0 +1,161 @@
+"""`trainjob get`, `describe`, `wait` and `delete`: a job read (once, or until it gets where
+`--for` says) and printed, or deleted."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from trainjob.cliutil import EXIT_OK, EXIT_TIMEOUT, CliError, Streams, dump, dump_all
+from trainjob.cluster import describe, objects, show
+from trainjob.cluster.cli.common import (
+    KIND,
+    POLL_SECONDS,
+    add_cluster_flags,
+    add_name_parser,
+    connected,
+    utc_now,
+)
+
+WAIT_FOR: Final = show.WAIT_FOR
+
+GET_DESCRIPTION: Final = """\
+List TrainJobs (the columns of `kubectl get tj`), or print them as YAML or JSON."""
+
+GET_EXAMPLES: Final = """\
+  trainjob get
+  trainjob get mnist -o yaml
+  trainjob get -A -o wide"""
+
+DESCRIBE_DESCRIPTION: Final = """\
+Show a TrainJob's state, cause, progress, conditions, replicas with their exit codes and Pods,
+and the Events of the job and its Pods."""
+
+DESCRIBE_EXAMPLES: Final = """\
+  trainjob describe mnist
+  trainjob describe mnist -n team-a --context prod"""
+
+WAIT_DESCRIPTION: Final = """\
+Wait until a TrainJob succeeded (default), finished either way, or is running. Exits 0 when
+it got there, 1 when the job Failed (unless --for finished), 124 on --timeout."""
+
+WAIT_EXAMPLES: Final = """\
+  trainjob wait mnist --timeout 30m
+  trainjob wait mnist --for finished && trainjob describe mnist"""
+
+DELETE_DESCRIPTION: Final = "Delete TrainJobs; their Pods and Services go with them."
+
+DELETE_EXAMPLES: Final = "  trainjob delete mnist\n  trainjob delete a b -n team-a"
+
+
+def add_get_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("names", nargs="*", metavar="NAME", help="jobs (default: all)")
+    parser.add_argument(
+        "-o", "--output", choices=("wide", "yaml", "json", "name"),
+        help="name: one trainjob.trainjob.dev/NAME per line, as kubectl (scripts, completion)",
+    )  # fmt: skip
+    add_cluster_flags(parser, all_namespaces=True)
+    return parser
+
+
+def add_wait_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    add_name_parser(parser)
+    parser.add_argument("--for", dest="wait_for", choices=show.WAIT_FOR, default="succeeded")
+    parser.add_argument(
+        "--timeout", type=_duration, help="give up after this long (30s, 5m, 1h; default: never)"
+    )
+    return parser
+
+
+def _duration(text: str) -> float:
+    try:
+        return objects.parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def cmd_get(args: argparse.Namespace, streams: Streams) -> int:
+    with connected(args) as cluster:
+        if args.names:
+            if args.all_namespaces:
+                raise CliError("a name cannot be given with -A (names are per namespace)")
+            jobs = [cluster.get_job(name) for name in args.names]
+        else:
+            jobs = cluster.list_jobs(args.all_namespaces)
+    if args.output == "name":
+        streams.out.writelines(f"{KIND}/{objects.name_of(job)}\n" for job in jobs)
+        return EXIT_OK
+    if args.output in ("yaml", "json"):
+        if len(args.names) == 1:
+            dump(jobs[0], streams.out, args.output)
+        else:
+            dump_all(jobs, streams.out, args.output)
+        return EXIT_OK
+    if not jobs:
+        where = "any namespace" if args.all_namespaces else f"{cluster.namespace} namespace"
+        streams.err.write(f"No TrainJobs found in {where}.\n")
+        return EXIT_OK
+    lines = show.jobs_table(
+        jobs, utc_now(), all_namespaces=args.all_namespaces, wide=args.output == "wide"
+    )
+    streams.out.write("\n".join(lines) + "\n")
+    return EXIT_OK
+
+
+def cmd_describe(args: argparse.Namespace, streams: Streams) -> int:
+    with connected(args) as cluster:
+        job = cluster.get_job(args.name)
+        pods = describe.order_pods(cluster.pods(args.name))
+        events = describe.sort_events(
+            cluster.events([args.name, *(objects.name_of(p) for p in pods)])
+        )
+        streams.out.write(describe.describe_text(job, pods, events, utc_now()))
+    return EXIT_OK
+
+
+def cmd_delete(args: argparse.Namespace, streams: Streams) -> int:
+    with connected(args) as cluster:
+        for name in args.names:
+            cluster.delete_job(name)
+            streams.out.write(f'{KIND} "{name}" deleted\n')
+    return EXIT_OK
+
+
+def wait_for(
+    read: Callable[[], dict[str, Any]],
+    wait_for_state: str,
+    timeout: float | None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[int, dict[str, Any]]:
+    """Read the job until `show.wait_outcome` decides, or `timeout` seconds have passed:
+    (exit code, the job as last read)."""
+    deadline = None if timeout is None else clock() + timeout
+    while True:
+        job = read()
+        decided = show.wait_outcome(job, wait_for_state)
+        if decided is not None:
+            return decided, job
+        if deadline is not None and clock() >= deadline:
+            return EXIT_TIMEOUT, job
+        left = POLL_SECONDS if deadline is None else min(POLL_SECONDS, deadline - clock())
+        sleep(max(0.0, left))
+
+
+def cmd_wait(args: argparse.Namespace, streams: Streams) -> int:
+    with connected(args) as cluster:
+        code, job = wait_for(lambda: cluster.get_job(args.name), args.wait_for, args.timeout)
+    status = objects.status_of(job)
+    state = (job.get("status") or {}).get("state") or "Pending"
+    message = show.state_message(status)
+    detail = f" ({message})" if message else ""
+    if code == EXIT_TIMEOUT:
+        streams.err.write(
+            f"trainjob wait: timed out after {args.timeout:g}s waiting for TrainJob "
+            f"{args.name} to be {args.wait_for}; it is {state}{detail}\n"
+        )
+    else:
+        streams.out.write(f"TrainJob {args.name} {state}{detail}\n")
+    return code
