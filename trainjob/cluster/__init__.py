@@ -1,3 +1,4 @@
-"""TrainJobs on a cluster from the user's side: the `trainjob` cluster commands and the Python
-client. `api` is the only module that talks to the API server (import-linter keeps it so);
-`show` turns what it returns into text, tables and the live view's `Snapshot`, purely."""
+"""TrainJobs on a cluster from the user's side: the `trainjob` cluster commands (`cli/`, one
+module per verb group) and the Python client. `api` and `api_pods` (Pods of one's own,
+port-forwards) are the only modules that talk to the API server (import-linter keeps it so);
+`show` turns what they return into text, tables and the live view's `Snapshot`, purely."""

@@ -1,4 +1,8 @@
-"""The one module of the cluster side that talks to the API server (the `kubernetes` package).
+"""The cluster side's API module (the `kubernetes` package): the connection, TrainJobs, their
+Pods, Events and logs, and the code's ConfigMap. `trainjob.cluster.api_pods` (Pods of one's
+own and port-forwards, for `trainjob tensorboard`) is the only other module that calls the API
+server, and it does so through what this module shares: `connect`, `Cluster.core`, `call`,
+`translate` and `network_cause`, so there is one connection helper and one error mapping.
 
 Everything it returns is plain data (dicts as `kubectl get -o json` prints them, strings), so
 formatting and decisions stay pure (`trainjob.cluster.objects`, `show`, `describe`). Every
@@ -19,8 +23,6 @@ import dataclasses
 import json
 import os
 import queue
-import select
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -28,7 +30,6 @@ from typing import Any, Final, TypeVar
 
 from kubernetes import client as _k8s
 from kubernetes import config as _k8s_config
-from kubernetes import stream as _k8s_stream
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
@@ -41,7 +42,6 @@ from trainjob.core import constants
 # objects are handled as Any here and every result is checked where it is turned into data.
 k8s: Any = _k8s
 k8s_config: Any = _k8s_config
-k8s_stream: Any = _k8s_stream
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -61,7 +61,7 @@ def _server_message(error: ApiException) -> str:
     return f"{error.status} {error.reason}".strip()
 
 
-def _translate(what: str, error: Exception) -> ClusterError:
+def translate(what: str, error: Exception) -> ClusterError:
     if isinstance(error, ApiException):
         message = _server_message(error)
         if error.status == 401:
@@ -74,10 +74,10 @@ def _translate(what: str, error: Exception) -> ClusterError:
         return ClusterError(f"{what}: {message}", error.status)
     if isinstance(error, ConfigException):
         return ClusterError(f"kubeconfig: {error}")
-    return ClusterError(f"{what}: cannot reach the API server: {_network_cause(error)}")
+    return ClusterError(f"{what}: cannot reach the API server: {network_cause(error)}")
 
 
-def _network_cause(error: Exception) -> str:
+def network_cause(error: Exception) -> str:
     """The root of urllib3's retry error: `Failed to establish a new connection: [Errno 111]
     Connection refused`, without the pool and URL it wraps it in."""
     cause = getattr(error, "reason", None) or error
@@ -86,11 +86,11 @@ def _network_cause(error: Exception) -> str:
     return rest if found and rest else text
 
 
-def _call(what: str, function: Callable[[], T]) -> T:
+def call(what: str, function: Callable[[], T]) -> T:
     try:
         return function()
     except (ApiException, HTTPError, OSError, ConfigException) as error:
-        raise _translate(what, error) from error
+        raise translate(what, error) from error
 
 
 # ----- connecting -----
@@ -183,6 +183,11 @@ class Cluster:
         self._custom: Any = k8s.CustomObjectsApi(connection.api)
         self._core: Any = k8s.CoreV1Api(connection.api)
 
+    @property
+    def core(self) -> Any:
+        """The CoreV1Api of this connection (`api_pods` makes its Pod calls through it)."""
+        return self._core
+
     def close(self) -> None:
         self.connection.api.close()
 
@@ -201,9 +206,9 @@ class Cluster:
                 raise ClusterError(
                     f"TrainJob {name} not found in namespace {self.namespace}", 404
                 ) from error
-            raise _translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
+            raise translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
         except (HTTPError, OSError, ConfigException) as error:
-            raise _translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
+            raise translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
 
     def _trainjobs(self, method: str, *args: Any) -> Any:
         """CustomObjectsApi.<method> on the TrainJobs of this namespace."""
@@ -221,7 +226,7 @@ class Cluster:
 
     def list_jobs(self, all_namespaces: bool = False) -> list[Obj]:
         if all_namespaces:
-            result: Obj = _call(
+            result: Obj = call(
                 "list TrainJobs in all namespaces",
                 lambda: self._custom.list_cluster_custom_object(
                     constants.GROUP, constants.VERSION, constants.PLURAL,
@@ -229,7 +234,7 @@ class Cluster:
                 ),
             )  # fmt: skip
         else:
-            result = _call(
+            result = call(
                 f"list TrainJobs in namespace {self.namespace}",
                 lambda: self._trainjobs("list_namespaced_custom_object"),
             )
@@ -261,9 +266,9 @@ class Cluster:
             except ApiException as error:
                 if error.status == 409:
                     continue
-                raise _translate(f"apply TrainJob {self.namespace}/{name}", error) from error
+                raise translate(f"apply TrainJob {self.namespace}/{name}", error) from error
             except (HTTPError, OSError) as error:
-                raise _translate(f"apply TrainJob {self.namespace}/{name}", error) from error
+                raise translate(f"apply TrainJob {self.namespace}/{name}", error) from error
             moved = result["metadata"].get("generation") != current["metadata"].get("generation")
             return result, "configured" if moved else "unchanged"
         raise ClusterError(f"apply TrainJob {self.namespace}/{name}: it kept changing; try again")
@@ -283,22 +288,22 @@ class Cluster:
             )
         except ApiException as error:
             if error.status != 409:
-                raise _translate(what, error) from error
-            created = _call(
+                raise translate(what, error) from error
+            created = call(
                 f"replace ConfigMap {self.namespace}/{name}",
                 lambda: self._core.replace_namespaced_config_map(
                     name, self.namespace, body, _request_timeout=REQUEST_TIMEOUT
                 ),
             )
         except (HTTPError, OSError, ConfigException) as error:
-            raise _translate(what, error) from error
+            raise translate(what, error) from error
         result: Obj = self.connection.api.sanitize_for_serialization(created)
         return result
 
     def own_config_map(self, name: str, owners: list[Obj]) -> None:
         """Give the ConfigMap these ownerReferences (the garbage collector then removes it
         with its owner)."""
-        _call(
+        call(
             f"set the owner of ConfigMap {self.namespace}/{name}",
             lambda: self._core.patch_namespaced_config_map(
                 name,
@@ -310,7 +315,7 @@ class Cluster:
 
     def delete_config_map(self, name: str) -> None:
         with contextlib.suppress(ClusterError):
-            _call(
+            call(
                 f"delete ConfigMap {self.namespace}/{name}",
                 lambda: self._core.delete_namespaced_config_map(
                     name, self.namespace, _request_timeout=REQUEST_TIMEOUT
@@ -319,7 +324,7 @@ class Cluster:
 
     def pods(self, job: str) -> list[Obj]:
         selector = f"{constants.LABEL_JOB_NAME}={job}"
-        result = _call(
+        result = call(
             f"list the Pods of TrainJob {self.namespace}/{job}",
             lambda: self._core.list_namespaced_pod(
                 self.namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT
@@ -332,7 +337,7 @@ class Cluster:
         """Events about any of these objects (the job and its Pods), oldest first."""
         # One object: the server filters; several (a job and its Pods): one list, filtered here.
         selector = f"involvedObject.name={names[0]}" if len(names) == 1 else None
-        result = _call(
+        result = call(
             f"list Events in namespace {self.namespace}",
             lambda: self._core.list_namespaced_event(
                 self.namespace, field_selector=selector, _request_timeout=REQUEST_TIMEOUT
@@ -360,7 +365,7 @@ class Cluster:
         }
         if tail is not None:
             kwargs["tail_lines"] = tail
-        text = _call(
+        text = call(
             f"log of Pod {pod}",
             lambda: self._core.read_namespaced_pod_log(
                 pod, self.namespace, _request_timeout=REQUEST_TIMEOUT, **kwargs
@@ -395,7 +400,7 @@ class Cluster:
             if pending:
                 out.put((instance, pod, pending.decode("utf-8", "replace")))
         except (ApiException, HTTPError, OSError) as error:
-            note = _translate(f"log of Pod {pod}", error).message
+            note = translate(f"log of Pod {pod}", error).message
             out.put((instance, pod, f"{describe.NOTE_PREFIX}{note}"))
         finally:
             out.put((instance, pod, None))
@@ -446,160 +451,3 @@ class Cluster:
             for response in list(responses):
                 with contextlib.suppress(HTTPError, OSError):
                     response.close()
-
-
-# ----- Pods of one's own (trainjob tensorboard) -----
-class Pods:
-    """Create, read and delete single Pods in the cluster's namespace, and forward a local port
-    to one of them (`trainjob tensorboard`)."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-        self.namespace = cluster.namespace
-
-    def create(self, body: Obj) -> Obj:
-        """Create the Pod; ClusterError with the API server's words when it is refused (Pod
-        Security admission, a quota, RBAC)."""
-        name = body["metadata"]["name"]
-        created = _call(
-            f"create Pod {self.namespace}/{name}",
-            lambda: self.cluster._core.create_namespaced_pod(
-                self.namespace, body, _request_timeout=REQUEST_TIMEOUT
-            ),
-        )
-        result: Obj = self.cluster.connection.api.sanitize_for_serialization(created)
-        return result
-
-    def read(self, name: str) -> Obj | None:
-        """The Pod, or None when it is gone."""
-        try:
-            pod = self.cluster._core.read_namespaced_pod(
-                name, self.namespace, _request_timeout=REQUEST_TIMEOUT
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise _translate(f"read Pod {self.namespace}/{name}", error) from error
-        except (HTTPError, OSError) as error:
-            raise _translate(f"read Pod {self.namespace}/{name}", error) from error
-        result: Obj = self.cluster.connection.api.sanitize_for_serialization(pod)
-        return result
-
-    def delete(self, name: str) -> None:
-        """Delete the Pod at once (no grace: it serves nobody any more); gone is fine."""
-        try:
-            self.cluster._core.delete_namespaced_pod(
-                name, self.namespace, grace_period_seconds=0, _request_timeout=REQUEST_TIMEOUT
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise _translate(f"delete Pod {self.namespace}/{name}", error) from error
-        except (HTTPError, OSError) as error:
-            raise _translate(f"delete Pod {self.namespace}/{name}", error) from error
-
-    def forward(self, pod: str, remote_port: int, address: str, port: int | None) -> Forwarder:
-        """Listen on address:port (None: `remote_port` if free, else any free port) and carry
-        every connection to the Pod's `remote_port`, as `kubectl port-forward` does."""
-        listener = _listen(address, port, remote_port)
-        # An ApiClient of its own: the kubernetes package's websocket calls swap the client's
-        # call_api for their duration, which would send concurrent API calls astray.
-        api = k8s.ApiClient(configuration=self.cluster.connection.api.configuration)
-        return Forwarder(listener, k8s.CoreV1Api(api), api, pod, self.namespace, remote_port)
-
-
-def _listen(address: str, port: int | None, preferred: int) -> socket.socket:
-    candidates = [preferred, 0] if port is None else [port]
-    for candidate in candidates:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listener.bind((address, candidate))
-        except OSError as error:
-            listener.close()
-            if candidate == candidates[-1]:
-                raise ClusterError(
-                    f"cannot listen on {address}:{candidate}: {error.strerror}"
-                ) from error
-            continue
-        listener.listen(32)
-        return listener
-    raise AssertionError("unreachable")  # the loop returns or raises
-
-
-class Forwarder:
-    """A local listener whose connections each open a port-forward stream to the Pod (the
-    API server's portforward subresource over a WebSocket) and copy bytes both ways."""
-
-    def __init__(
-        self,
-        listener: socket.socket,
-        core: Any,
-        api: Any,
-        pod: str,
-        namespace: str,
-        remote_port: int,
-    ) -> None:
-        self._listener = listener
-        self._core = core
-        self._api = api
-        self.pod = pod
-        self.namespace = namespace
-        self.remote_port = remote_port
-        self.address, self.port = listener.getsockname()[:2]
-        self.errors: queue.Queue[str] = queue.Queue()  # why a connection could not be carried
-        self._closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True, name="port-forward").start()
-
-    def close(self) -> None:
-        self._closed.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with contextlib.suppress(Exception):
-            self._api.close()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                # Opened one at a time, in this thread: see Pods.forward about call_api.
-                forward = k8s_stream.portforward(
-                    self._core.connect_get_namespaced_pod_portforward,
-                    self.pod,
-                    self.namespace,
-                    ports=str(self.remote_port),
-                )
-            except Exception as error:  # ApiException(status=0) for a refused WebSocket
-                self.errors.put(
-                    f"port-forward to Pod {self.namespace}/{self.pod}: {_network_cause(error)}"
-                )
-                client.close()
-                continue
-            threading.Thread(
-                target=self._carry, args=(client, forward), daemon=True, name="port-forward-io"
-            ).start()
-
-    def _carry(self, client: socket.socket, forward: Any) -> None:
-        remote = forward.socket(self.remote_port)
-        remote.setblocking(True)
-        ends = [client, remote]
-        try:
-            while not self._closed.is_set():
-                readable, _, _ = select.select(ends, [], [], 1.0)
-                for end in readable:
-                    data = end.recv(65536)
-                    if not data:
-                        return
-                    (remote if end is client else client).sendall(data)
-        except OSError:
-            return
-        finally:
-            error = forward.error(self.remote_port)
-            if error:
-                self.errors.put(f"port-forward to Pod {self.namespace}/{self.pod}: {error}")
-            with contextlib.suppress(OSError):
-                client.close()
-            with contextlib.suppress(Exception):
-                forward.close()

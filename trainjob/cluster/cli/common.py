@@ -1,6 +1,6 @@
 """What every cluster verb shares: the cluster flags (as kubectl's), the connection and its
 error handling (`connected`: a `ClusterError`, or a spec the view cannot read, ends the command
-with one line naming the cause), the lazy import of the API module (the kubernetes package is
+with one line naming the cause), the lazy import of the API modules (the kubernetes package is
 imported only when a command talks to a cluster), and the clock."""
 
 from __future__ import annotations
@@ -54,15 +54,28 @@ def utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
+def _no_kubernetes(error: ImportError) -> ClusterError:
+    return ClusterError(
+        f"talking to a cluster needs the kubernetes package ({error}): {INSTALL_HINT}"
+    )
+
+
 def load_api() -> Any:
     """`trainjob.cluster.api`, or ClusterError saying how to install the kubernetes package."""
     try:
         from trainjob.cluster import api
     except ImportError as error:
-        raise ClusterError(
-            f"talking to a cluster needs the kubernetes package ({error}): {INSTALL_HINT}"
-        ) from error
+        raise _no_kubernetes(error) from error
     return api
+
+
+def load_api_pods() -> Any:
+    """`trainjob.cluster.api_pods` (Pods of one's own, port-forwards), as `load_api`."""
+    try:
+        from trainjob.cluster import api_pods
+    except ImportError as error:
+        raise _no_kubernetes(error) from error
+    return api_pods
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from trainjob.cliutil import EXIT_FAILED, EXIT_OK, CliError, Streams
 from trainjob.cluster import board, describe, objects
-from trainjob.cluster.cli.common import connected, load_api
+from trainjob.cluster.cli.common import connected, load_api_pods
 from trainjob.cluster.errors import ClusterError
 
 if TYPE_CHECKING:  # imported when a command runs: it imports the kubernetes package
@@ -47,7 +47,7 @@ def cmd_cluster_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
             body = board.tensorboard_pod(job, secrets.token_hex(3), args.image)
         except board.BoardError as error:
             raise CliError(str(error), EXIT_FAILED) from error
-        pods = load_api().Pods(cluster)
+        pods = load_api_pods().Pods(cluster)
         name = objects.name_of(body)
         forwarder = None
         # The handlers first: a signal that comes while the Pod is being created still

@@ -1,0 +1,183 @@
+"""Pods of one's own and port-forwards (`trainjob tensorboard` on a cluster): create, read
+and delete a single Pod, and carry local connections to one of its ports through the API
+server's portforward subresource, as `kubectl port-forward` does.
+
+With `trainjob.cluster.api` the only modules that call the API server (import-linter keeps it
+so). The connection, the request timeout and the error mapping are `api`'s (`Cluster.core`,
+`call`, `translate`, `network_cause`): every failure is one `ClusterError` in the API server's
+words, as there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import select
+import socket
+import threading
+from typing import Any
+
+from kubernetes import stream as _k8s_stream
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from trainjob.cluster.api import REQUEST_TIMEOUT, Cluster, Obj, call, k8s, network_cause, translate
+from trainjob.cluster.errors import ClusterError
+
+k8s_stream: Any = _k8s_stream  # partly typed, as in `api`
+
+
+class Pods:
+    """Create, read and delete single Pods in the cluster's namespace, and forward a local port
+    to one of them (`trainjob tensorboard`)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.namespace = cluster.namespace
+
+    def create(self, body: Obj) -> Obj:
+        """Create the Pod; ClusterError with the API server's words when it is refused (Pod
+        Security admission, a quota, RBAC)."""
+        name = body["metadata"]["name"]
+        created = call(
+            f"create Pod {self.namespace}/{name}",
+            lambda: self.cluster.core.create_namespaced_pod(
+                self.namespace, body, _request_timeout=REQUEST_TIMEOUT
+            ),
+        )
+        result: Obj = self.cluster.connection.api.sanitize_for_serialization(created)
+        return result
+
+    def read(self, name: str) -> Obj | None:
+        """The Pod, or None when it is gone."""
+        try:
+            pod = self.cluster.core.read_namespaced_pod(
+                name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise translate(f"read Pod {self.namespace}/{name}", error) from error
+        except (HTTPError, OSError) as error:
+            raise translate(f"read Pod {self.namespace}/{name}", error) from error
+        result: Obj = self.cluster.connection.api.sanitize_for_serialization(pod)
+        return result
+
+    def delete(self, name: str) -> None:
+        """Delete the Pod at once (no grace: it serves nobody any more); gone is fine."""
+        try:
+            self.cluster.core.delete_namespaced_pod(
+                name, self.namespace, grace_period_seconds=0, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise translate(f"delete Pod {self.namespace}/{name}", error) from error
+        except (HTTPError, OSError) as error:
+            raise translate(f"delete Pod {self.namespace}/{name}", error) from error
+
+    def forward(self, pod: str, remote_port: int, address: str, port: int | None) -> Forwarder:
+        """Listen on address:port (None: `remote_port` if free, else any free port) and carry
+        every connection to the Pod's `remote_port`, as `kubectl port-forward` does."""
+        listener = _listen(address, port, remote_port)
+        # An ApiClient of its own: the kubernetes package's websocket calls swap the client's
+        # call_api for their duration, which would send concurrent API calls astray.
+        api = k8s.ApiClient(configuration=self.cluster.connection.api.configuration)
+        return Forwarder(listener, k8s.CoreV1Api(api), api, pod, self.namespace, remote_port)
+
+
+def _listen(address: str, port: int | None, preferred: int) -> socket.socket:
+    candidates = [preferred, 0] if port is None else [port]
+    for candidate in candidates:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((address, candidate))
+        except OSError as error:
+            listener.close()
+            if candidate == candidates[-1]:
+                raise ClusterError(
+                    f"cannot listen on {address}:{candidate}: {error.strerror}"
+                ) from error
+            continue
+        listener.listen(32)
+        return listener
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+class Forwarder:
+    """A local listener whose connections each open a port-forward stream to the Pod (the
+    API server's portforward subresource over a WebSocket) and copy bytes both ways."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        core: Any,
+        api: Any,
+        pod: str,
+        namespace: str,
+        remote_port: int,
+    ) -> None:
+        self._listener = listener
+        self._core = core
+        self._api = api
+        self.pod = pod
+        self.namespace = namespace
+        self.remote_port = remote_port
+        self.address, self.port = listener.getsockname()[:2]
+        self.errors: queue.Queue[str] = queue.Queue()  # why a connection could not be carried
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True, name="port-forward").start()
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with contextlib.suppress(Exception):
+            self._api.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                # Opened one at a time, in this thread: see Pods.forward about call_api.
+                forward = k8s_stream.portforward(
+                    self._core.connect_get_namespaced_pod_portforward,
+                    self.pod,
+                    self.namespace,
+                    ports=str(self.remote_port),
+                )
+            except Exception as error:  # ApiException(status=0) for a refused WebSocket
+                self.errors.put(
+                    f"port-forward to Pod {self.namespace}/{self.pod}: {network_cause(error)}"
+                )
+                client.close()
+                continue
+            threading.Thread(
+                target=self._carry, args=(client, forward), daemon=True, name="port-forward-io"
+            ).start()
+
+    def _carry(self, client: socket.socket, forward: Any) -> None:
+        remote = forward.socket(self.remote_port)
+        remote.setblocking(True)
+        ends = [client, remote]
+        try:
+            while not self._closed.is_set():
+                readable, _, _ = select.select(ends, [], [], 1.0)
+                for end in readable:
+                    data = end.recv(65536)
+                    if not data:
+                        return
+                    (remote if end is client else client).sendall(data)
+        except OSError:
+            return
+        finally:
+            error = forward.error(self.remote_port)
+            if error:
+                self.errors.put(f"port-forward to Pod {self.namespace}/{self.pod}: {error}")
+            with contextlib.suppress(OSError):
+                client.close()
+            with contextlib.suppress(Exception):
+                forward.close()
