@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 from trainjob.core import constants, observe, policy
 
@@ -190,6 +190,16 @@ def index_pod_group(body: Mapping[str, Any]) -> ChildPodGroup | None:
 C = TypeVar("C", ChildPod, ChildService, ChildWorkload, ChildPodGroup)
 
 
+class Listed(NamedTuple):
+    """What a list keeps of one object: its job and name, the index's entry, and the body
+    only where a listener needs it (Workloads)."""
+
+    job: JobKey | None
+    name: str
+    child: Any
+    body: Mapping[str, Any] | None
+
+
 class _Kind(Generic[C]):
     """The children of one kind, by job and then by object name."""
 
@@ -214,16 +224,22 @@ class _Kind(Generic[C]):
         self.by_job.setdefault(job, {})[name] = child
         return job
 
-    def replace(self, namespace: str | None, bodies: Iterable[Mapping[str, Any]]) -> set[JobKey]:
+    @property
+    def index(self) -> Callable[[Mapping[str, Any]], C | None]:
+        return self._index
+
+    def replace_listed(self, namespace: str | None, entries: Iterable[Listed]) -> set[JobKey]:
         """A fresh list of `namespace` (None: every namespace) replaces what the index had
         there; returns every job whose children were or are now there."""
         touched = {job for job in self.by_job if namespace is None or job[0] == namespace}
         for job in touched:
             del self.by_job[job]
-        for body in bodies:
-            listed = self.apply(body, deleted=False)
-            if listed is not None:
-                touched.add(listed)
+        for entry in entries:
+            if entry.job is None:
+                continue
+            touched.add(entry.job)
+            if entry.child is not None:
+                self.by_job.setdefault(entry.job, {})[entry.name] = entry.child
         return touched
 
 
@@ -256,24 +272,43 @@ class ChildIndex:
         for listener in listeners:
             listener(job, body)
 
+    def listed(self, plural: str) -> Callable[[Mapping[str, Any]], Listed]:
+        """What a list keeps of each listed object of `plural` (kube.Kube's `keep`): the
+        index's entry, and the body itself only for the kinds whose listeners read it."""
+        kind = self._kinds[plural]
+        keeps_body = plural == WORKLOADS
+
+        def keep(body: Mapping[str, Any]) -> Listed:
+            found = job_of(body)
+            if found is None:
+                return Listed(None, "", None, None)
+            return Listed(found[0], found[1], kind.index(body), body if keeps_body else None)
+
+        return keep
+
     def replace(
         self, plural: str, namespace: str | None, bodies: Iterable[Mapping[str, Any]]
     ) -> set[JobKey]:
         """A list of `plural` in `namespace` (None: all) replaces the index's content there;
         returns the jobs to wake."""
-        bodies = list(bodies)
-        touched = self._kinds[plural].replace(namespace, bodies)
-        if plural == WORKLOADS:
-            for body in bodies:
-                found = job_of(body)
-                if found is not None:
-                    self._tell(plural, found[0], body)
+        keep = self.listed(plural)
+        return self.replace_listed(plural, namespace, [keep(body) for body in bodies])
+
+    def replace_listed(
+        self, plural: str, namespace: str | None, entries: Iterable[Listed]
+    ) -> set[JobKey]:
+        """`replace`, from what a list kept of each object (`listed`)."""
+        entries = list(entries)
+        touched = self._kinds[plural].replace_listed(namespace, entries)
+        for entry in entries:
+            if entry.job is not None and entry.body is not None:
+                self._tell(plural, entry.job, entry.body)
         return touched
 
     def forget_namespace(self, namespace: str) -> None:
         """Nobody watches `namespace` any more: drop what the index had there."""
         for kind in self._kinds.values():
-            kind.replace(namespace, ())
+            kind.replace_listed(namespace, ())
 
     def has_children(self, job: JobKey) -> bool:
         """Whether the index holds anything of `job` (Pod, Service, Workload, PodGroup)."""

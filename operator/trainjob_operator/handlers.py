@@ -52,9 +52,11 @@ PROGRESS_KEY: Final = "trainjob_progress"
 REFUSED_KEY: Final = "trainjob_refused"
 SETTINGS_KEY: Final = "trainjob_settings"
 BACKOFF_FIRST: Final = 0.5
-# How long start-up waits for the children's first list (it goes on without it: jobs are
-# then reconciled once it is in, as always).
-LIST_WAIT: Final = 60.0
+# How long start-up waits for the children's first list before kopf lists the TrainJobs (it
+# goes on without it: jobs are then reconciled once it is in, as always, only not parked at
+# sight). Short: kopf serves nothing, its liveness probe included, until start-up is done, and
+# an operator that may not list Pods must still start and say so (test_operator_watchdog).
+LIST_WAIT: Final = 10.0
 
 logger = logging.getLogger("trainjob_operator")
 

@@ -80,7 +80,7 @@ async def reflect(
     what: str,
     list_objects: Callable[[], Awaitable[kube.Listing]],
     watch_objects: Callable[[str], AsyncIterator[dict[str, Any]]],
-    on_list: Callable[[list[dict[str, Any]]], None],
+    on_list: Callable[[list[Any]], None],
     on_event: Callable[[str, dict[str, Any]], None],
     health: WatchHealth,
 ) -> None:
@@ -127,7 +127,7 @@ async def reflect(
 
 async def _list(
     list_objects: Callable[[], Awaitable[kube.Listing]],
-    on_list: Callable[[list[dict[str, Any]]], None],
+    on_list: Callable[[list[Any]], None],
 ) -> str:
     """List, hand the items over, and return the list's version. Its own function so that
     the listing is freed when it returns: held in `reflect`'s frame it stayed alive for as
@@ -219,8 +219,8 @@ class ChildInformer:
         # Core kinds use the API layer's defaults (group "", version v1).
         extra = {"group": kind.group, "version": kind.version} if kind.group else {}
 
-        def on_list(items: list[dict[str, Any]]) -> None:
-            for listed in self._index.replace(plural, namespace, items):
+        def on_list(items: list[children.Listed]) -> None:
+            for listed in self._index.replace_listed(plural, namespace, items):
                 self._wake(listed)
             scope.listed[plural].set()
             if all(event.is_set() for event in scope.listed.values()):
@@ -233,7 +233,9 @@ class ChildInformer:
 
         await reflect(
             health.what,
-            lambda: self._api.list_labelled(namespace, plural, SELECTOR, **extra),
+            lambda: self._api.list_labelled(
+                namespace, plural, SELECTOR, keep=self._index.listed(plural), **extra
+            ),
             lambda version: self._api.watch_labelled(namespace, plural, SELECTOR, version, **extra),
             on_list,
             on_event,

@@ -41,6 +41,11 @@ def is_going(body: Mapping[str, Any]) -> bool:
     return bool((body.get("metadata") or {}).get("deletionTimestamp"))
 
 
+def _key_and_going(body: Mapping[str, Any]) -> tuple[JobKey | None, bool]:
+    """What the watchdog keeps of each listed TrainJob."""
+    return job_key(body), is_going(body)
+
+
 def unhealthy(
     watches: Iterable[informer.WatchHealth],
     waiting: Iterable[JobKey],
@@ -123,8 +128,8 @@ class Watchdog:
     # -- the TrainJob list+watch ------------------------------------------------------------
 
     async def _run(self, namespace: str | None, health: informer.WatchHealth) -> None:
-        def on_list(items: list[dict[str, Any]]) -> None:
-            keys = {key for body in items if (key := job_key(body)) and not is_going(body)}
+        def on_list(items: list[tuple[JobKey | None, bool]]) -> None:
+            keys = {key for key, going in items if key is not None and not going}
             for key in [k for k in self._seen if namespace is None or k[0] == namespace]:
                 if key not in keys:
                     self._forget(key)
@@ -142,7 +147,7 @@ class Watchdog:
 
         await informer.reflect(
             health.what,
-            lambda: self._api.list_trainjobs(namespace),
+            lambda: self._api.list_trainjobs(namespace, keep=_key_and_going),
             lambda version: self._api.watch_trainjobs(namespace, version),
             on_list,
             on_event,

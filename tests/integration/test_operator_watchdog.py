@@ -1,7 +1,8 @@
 """The operator never sits silently: a job it cannot serve is logged, counted, and fails the
 liveness probe. The fault is real: the operator runs as a service account that may read and
-write TrainJobs but may not list Pods or Services, so the job's reconcile loop waits for a
-first list of its children that never comes (as with a missing RBAC rule in a real install)."""
+write TrainJobs but may not list Pods or Services, so the job's reconcile waits for a first list
+of its children that never comes (as with a missing RBAC rule in a real install), and the
+failing list itself fails the probe from the start."""
 
 from __future__ import annotations
 
@@ -85,17 +86,21 @@ def test_a_job_that_cannot_be_served_is_logged_counted_and_fails_liveness(
         f"--serve-deadline-seconds={DEADLINE}",
     ).start()
     try:
-        wait_until(
-            lambda: _liveness(operator.liveness_port)[0] == 200,
-            timeout=60,
-            what="the operator's liveness probe answering 200",
-        )
-        cluster.create_job(trainjob("starved", chief=0, workers=1))
+        # The operator lists its scope's Pods and Services from the start (before any job):
+        # a list it may not make fails the probe at once, and its log names it.
         wait_until(
             lambda: _liveness(operator.liveness_port)[0] == 500,
             timeout=60,
             what="the liveness probe failing",
         )
+        assert f"Watching pods in {namespace} failed" in operator.log.read_text()
+        cluster.create_job(trainjob("starved", chief=0, workers=1))
+        wait_until(
+            lambda: _metric(operator.metrics_port, "trainjob_jobs_unserved_total") == 1.0,
+            timeout=60,
+            what="the starved job counted as unserved",
+        )
+        assert _liveness(operator.liveness_port)[0] == 500
         assert _metric(operator.metrics_port, "trainjob_jobs_unserved_total") == 1.0
         assert _metric(operator.metrics_port, "trainjob_jobs_waiting_first_reconcile") == 1.0
         log = operator.log.read_text()

@@ -27,9 +27,15 @@ class ScriptedApi:
         self.watches = watches
         self.calls: list[tuple[str, ...]] = []
 
-    async def list_labelled(self, namespace: str | None, plural: str, selector: str) -> Any:
+    async def list_labelled(
+        self, namespace: str | None, plural: str, selector: str, keep: kube.Keep | None = None
+    ) -> Any:
+        """As kube.Kube does: only what `keep` returns of each object is handed on."""
         self.calls.append(("list", plural))
-        return self.lists[plural].pop(0)
+        listing = self.lists[plural].pop(0)
+        if keep is None:
+            return listing
+        return kube.Listing([keep(item) for item in listing.items], listing.resource_version)
 
     async def watch_labelled(
         self, namespace: str | None, plural: str, selector: str, version: str
@@ -110,10 +116,12 @@ def test_the_scope_is_ready_only_when_both_kinds_are_listed() -> None:
     gate = asyncio.Event()
 
     class SlowServices(ScriptedApi):
-        async def list_labelled(self, namespace: str | None, plural: str, selector: str) -> Any:
+        async def list_labelled(
+            self, namespace: str | None, plural: str, selector: str, keep: kube.Keep | None = None
+        ) -> Any:
             if plural == "services":
                 await gate.wait()
-            return await super().list_labelled(namespace, plural, selector)
+            return await super().list_labelled(namespace, plural, selector, keep)
 
     api = SlowServices(
         lists={"pods": [kube.Listing([], "1")], "services": [kube.Listing([], "1")]},
