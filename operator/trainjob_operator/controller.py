@@ -274,11 +274,11 @@ class Controller:
             self.queue.add_after(key, kube.retry_delay(state.conflicts, 0.05, 5.0))
             return
         except (kube.TransientError, kube.RejectedError) as exc:
-            self._retry(key, state, f"failed ({exc})")
+            self._retry(key, state, f"failed ({exc})", exc)
             return
-        except Exception:  # a bug must not stop this job's loop, nor any other job
+        except Exception as exc:  # a bug must not stop this job's loop, nor any other job
             logger.exception("Reconcile of TrainJob %s/%s crashed", *key)
-            self._retry(key, state, "crashed")
+            self._retry(key, state, "crashed", exc)
             return
         finally:
             rt.metrics.reconcile_seconds.observe(time.monotonic() - started)
@@ -295,9 +295,9 @@ class Controller:
         else:
             self.queue.add_after(key, delay)
 
-    def _retry(self, key: JobKey, state: JobState, what: str) -> None:
+    def _retry(self, key: JobKey, state: JobState, what: str, error: Exception) -> None:
         state.failures += 1
-        delay = kube.retry_delay(state.failures, BACKOFF_FIRST, BACKOFF_MAX)
+        delay = kube.retry_after_failure(state.failures, error, BACKOFF_FIRST, BACKOFF_MAX)
         self.rt.metrics.reconcile_errors.labels(key[0]).inc()
         logger.warning("Reconcile of TrainJob %s/%s %s; retrying in %.1fs", *key, what, delay)
         self.queue.add_after(key, delay)

@@ -141,8 +141,11 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.persistence.diffbase_storage = NoEssenceDiffBaseStorage(prefix=constants.GROUP)
     # kopf's own k8s Events only for problems; ours tell the job's story.
     settings.posting.level = logging.WARNING
-    # Stop a deleted job's daemon promptly so its finalizer goes away.
-    settings.background.instant_exit_timeout = 1.0
+    # When the API server says when to come back (429: "storage is (re)initializing" after
+    # it restarts, or priority-and-fairness throttling), come back then, as client-go does,
+    # instead of after kopf's growing backoff (13 s, 21 s): after a restart at 10,000 jobs a
+    # new job otherwise waited ~25 s for the TrainJob watch to resume.
+    settings.networking.enforce_retry_after = True
     # A stalled stream (open, silent) is reopened, kopf's and ours alike.
     settings.watching.inactivity_timeout = cfg.watch_idle_seconds
     # kopf lists in one request by default: 10,000 TrainJobs parsed at once, a peak whose

@@ -111,7 +111,7 @@ async def reflect(
             version = None
         except kube.TransientError as exc:
             failures += 1
-            delay = backoff(failures)
+            delay = kube.retry_after_failure(failures, exc, BACKOFF_FIRST, BACKOFF_MAX)
             if health.failing_since is None:
                 health.failing_since = time.monotonic()
             logger.warning("Watching %s failed (%s); again in %.1fs", what, exc, delay)

@@ -76,6 +76,10 @@ class TransientError(Exception):
     status: int | None = None
     # The API server's own message (its Status object's), when it answered.
     api_message: str | None = None
+    # Seconds the API server asked for before the next try (its Status' retryAfterSeconds:
+    # 429 from API priority and fairness, or "storage is (re)initializing" while its watch
+    # cache fills after a restart); None when it did not say.
+    retry_after: float | None = None
 
     def refused(self) -> bool:
         """403 Forbidden: the API server will not take this object as it is now (Pod
@@ -105,6 +109,17 @@ def retry_delay(failures: int, first: float, cap: float) -> float:
     """Seconds before the next try after `failures` consecutive failures: `first`, doubling,
     at most `cap` (the backoff every caller of this module uses)."""
     return min(cap, first * 2.0 ** max(failures - 1, 0))
+
+
+def retry_after_failure(failures: int, error: Exception, first: float, cap: float) -> float:
+    """As `retry_delay`, unless the API server said when to come back: then that (at most
+    `cap`). After an API server restart every watch is refused with "storage is
+    (re)initializing, retry after 1 s" until its cache is filled (seconds at 10,000
+    TrainJobs); doubling from there would come back up to `cap` late."""
+    asked = error.retry_after if isinstance(error, TransientError) else None
+    if asked is not None:
+        return min(cap, asked)
+    return retry_delay(failures, first, cap)
 
 
 # -- credentials ----------------------------------------------------------------------------
@@ -164,7 +179,21 @@ def _classify(status: int, data: bytes, what: str) -> Exception:
     error = (GoneError if status == 410 else TransientError)(f"{what}: {_message(status, data)}")
     error.status = status
     error.api_message = _message(status, data)
+    error.retry_after = _retry_after(data)
     return error
+
+
+def _retry_after(data: bytes) -> float | None:
+    """The Status' details.retryAfterSeconds (what client-go waits on a 429), if any."""
+    try:
+        body = json.loads(data or b"{}")
+    except ValueError:
+        return None
+    details = body.get("details") if isinstance(body, dict) else None
+    seconds = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0:
+        return float(seconds)
+    return None
 
 
 # -- paths ----------------------------------------------------------------------------------

@@ -150,3 +150,24 @@ def test_the_scope_is_ready_only_when_both_kinds_are_listed() -> None:
 def test_backoff_doubles_and_is_capped() -> None:
     assert [informer.backoff(n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0]
     assert informer.backoff(50) == informer.BACKOFF_MAX
+
+
+def test_a_refusal_that_says_when_to_come_back_is_retried_then() -> None:
+    # What the API server answers every watch while its cache fills after a restart.
+    reinitializing = kube._classify(
+        429,
+        b'{"kind":"Status","message":"storage is (re)initializing",'
+        b'"reason":"TooManyRequests","details":{"retryAfterSeconds":1},"code":429}',
+        "watching pods",
+    )
+    assert isinstance(reinitializing, kube.TransientError)
+    assert reinitializing.retry_after == 1.0
+    # The tenth refusal in a row is still retried after the second asked for, not 30 s.
+    assert kube.retry_after_failure(10, reinitializing, 0.5, 30.0) == 1.0
+    # Asking for more than the cap gets the cap; no word from the server: the backoff.
+    patient = kube._classify(429, b'{"details":{"retryAfterSeconds":600}}', "listing")
+    assert kube.retry_after_failure(1, patient, 0.5, 30.0) == 30.0
+    silent = kube._classify(503, b"upstream connect error", "listing")
+    assert isinstance(silent, kube.TransientError) and silent.retry_after is None
+    assert kube.retry_after_failure(10, silent, 0.5, 30.0) == 30.0
+    assert kube.retry_after_failure(2, RuntimeError("a bug"), 0.5, 30.0) == 1.0
