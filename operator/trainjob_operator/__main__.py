@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             priority=priority,
             peering_name=None if settings.standalone else settings.peering_name,
             liveness_endpoint=settings.liveness_endpoint,
-            clusterwide=settings.clusterwide,
+            clusterwide=settings.serves_every_namespace,
             namespaces=settings.namespaces,
             memo=memo,
         )

@@ -115,7 +115,7 @@ class Settings:
         return self.progress_port > 0
 
     @property
-    def clusterwide(self) -> bool:
+    def serves_every_namespace(self) -> bool:
         return not self.namespaces
 
     @property
@@ -132,7 +132,7 @@ class Settings:
 
     def serves(self, namespace: str) -> bool:
         """Whether a TrainJob in `namespace` is this operator's to reconcile."""
-        return self.clusterwide or any(
+        return self.serves_every_namespace or any(
             namespace_matches(namespace, pattern) for pattern in self.namespaces
         )
 

@@ -153,18 +153,18 @@ class ChildInformer:
         api: kube.Kube,
         index: children.ChildIndex,
         wake: Callable[[children.JobKey], None],
-        clusterwide: bool,
+        one_watch_for_all_namespaces: bool,
         kinds: tuple[Resource, ...] = KINDS,
     ) -> None:
         self._kinds = kinds
         self._api = api
         self._index = index
         self._wake = wake
-        self._clusterwide = clusterwide
+        self._one_watch_for_all = one_watch_for_all_namespaces
         self._scopes: dict[str | None, _Scope] = {}
 
     def _scope_of(self, namespace: str) -> str | None:
-        return None if self._clusterwide else namespace
+        return None if self._one_watch_for_all else namespace
 
     def health(self) -> list[WatchHealth]:
         """The health of every list+watch running now."""

@@ -79,7 +79,9 @@ def test_informer_lists_then_follows_only_labelled_children(
     async def scenario() -> None:
         index = children.ChildIndex()
         woken: list[children.JobKey] = []
-        watcher = informer.ChildInformer(api, index, woken.append, clusterwide=False)
+        watcher = informer.ChildInformer(
+            api, index, woken.append, one_watch_for_all_namespaces=False
+        )
         try:
             listed = watcher.acquire(namespace)
             await asyncio.wait_for(listed.wait(), 30)

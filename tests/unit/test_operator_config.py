@@ -10,7 +10,7 @@ from trainjob_operator import config
 
 def test_defaults_are_cluster_wide_with_metrics_and_no_gang_scheduler() -> None:
     settings = config.from_args([], {})
-    assert settings.clusterwide
+    assert settings.serves_every_namespace
     assert settings.metrics_port == config.DEFAULT_METRICS_PORT
     assert settings.gang_scheduler == "none"
     assert settings.effective_scheduler_name is None
