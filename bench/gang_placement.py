@@ -73,19 +73,14 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench import operator_scale as scale  # noqa: E402 - after the sys.path line above
-from tests.controlplane.cluster import (  # noqa: E402
-    KWOK_NODES,
-    ControlPlane,
-    ControlPlaneError,
-    Tools,
-    wait_for,
-)
+from tests.controlplane.cluster import KWOK_NODES, ControlPlane, Tools  # noqa: E402
 from tests.controlplane.gang import (  # noqa: E402
     PERMIT_WAITING_SECONDS,
     GangScheduler,
     plugins_version,
     start_gang_scheduler,
 )
+from tests.support import waits  # noqa: E402
 
 Obj = dict[str, Any]
 JOB_LABEL: Final = "trainjob.dev/job-name"
@@ -480,8 +475,8 @@ def quiesce(bench: scale.Bench, namespace: str, finished: bool) -> str | None:
         return not out.strip()
 
     try:
-        wait_for(idle, timeout=120, what=f"the Pods of {namespace} to finish", interval=1.0)
-    except ControlPlaneError as exc:  # reported: the next arm starts on busy nodes
+        waits.wait_until(idle, timeout=120, what=f"the Pods of {namespace} to finish", interval=1.0)
+    except waits.WaitTimeoutError as exc:  # reported: the next arm starts on busy nodes
         return f"Pods still active after the arm: {exc}"
     return None
 

@@ -72,11 +72,9 @@ from tests.controlplane.cluster import (  # noqa: E402 - after the sys.path line
     KWOK_CONFIG,
     ControlPlane,
     Tools,
-    free_port,
-    http_ok,
     tools_dir,
-    wait_for,
 )
+from tests.support import ports, waits  # noqa: E402
 
 Obj = dict[str, Any]
 
@@ -763,9 +761,9 @@ class Bench:
         """`namespace` None: the operator serves every namespace."""
         log = self.workdir / f"{operator}-{namespace or 'cluster'}.log"
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-        metrics_port = free_port()
+        metrics_port = ports.free_port()
         if operator == OURS:
-            liveness = free_port()
+            liveness = ports.free_port()
             env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "operator")])
             env["PYTHONUNBUFFERED"] = "1"
             argv = [
@@ -780,7 +778,7 @@ class Bench:
             ]
             ready_url = f"http://127.0.0.1:{liveness}/healthz"
         else:
-            probe = free_port()
+            probe = ports.free_port()
             env["MY_POD_NAMESPACE"] = SYSTEM_NS
             argv = [
                 str(kubeflow_binary()),
@@ -789,7 +787,7 @@ class Bench:
                 *([f"--namespace={namespace}"] if namespace else []),
                 f"--metrics-bind-address=127.0.0.1:{metrics_port}",
                 f"--health-probe-bind-address=127.0.0.1:{probe}",
-                f"--webhook-server-port={free_port()}",
+                f"--webhook-server-port={ports.free_port()}",
             ]
             ready_url = f"http://127.0.0.1:{probe}/readyz"
         argv += self.operator_args.get(operator, [])
@@ -803,9 +801,9 @@ class Bench:
             if operator == KUBEFLOW and not mounted:
                 mounted.extend([True] if self.mount_webhook_certs() else [])
                 return False
-            return http_ok(ready_url)
+            return waits.http_ok(ready_url)
 
-        wait_for(ready, timeout=120, what=f"{operator} to become ready", interval=0.2)
+        waits.wait_until(ready, timeout=120, what=f"{operator} to become ready", interval=0.2)
         return proc
 
     # -- one run -------------------------------------------------------------------------
@@ -962,7 +960,7 @@ def apply_crd(plane: ControlPlane, path: Path, timeout: float = 60.0) -> None:
         ).stdout
         return out.strip() == "True"
 
-    wait_for(established, timeout=timeout, what=f"{name} to be Established", interval=0.2)
+    waits.wait_until(established, timeout=timeout, what=f"{name} to be Established", interval=0.2)
 
 
 def flow_schema(operator: str) -> str:

@@ -66,13 +66,8 @@ from bench.operator_scale import (  # noqa: E402 - after the sys.path line above
     percentile,
     proc_stats,
 )
-from tests.controlplane.cluster import (  # noqa: E402
-    ControlPlane,
-    Tools,
-    free_port,
-    http_ok,
-    wait_for,
-)
+from tests.controlplane.cluster import ControlPlane, Tools  # noqa: E402
+from tests.support import ports, waits  # noqa: E402
 
 Obj = dict[str, Any]
 NAMESPACE: Final = "bench-progress"
@@ -329,12 +324,12 @@ class Bench:
         shutil.copy(pki.serving_cert, self.certs / "tls.crt")
         shutil.copy(pki.serving_key, self.certs / "tls.key")
         shutil.copy(pki.ca_cert, self.certs / "ca.crt")
-        self.port = free_port()
-        self.metrics_port = free_port()
+        self.port = ports.free_port()
+        self.metrics_port = ports.free_port()
         self.operator: OperatorProcess | None = None
 
     def start_operator(self, budget: float) -> OperatorProcess:
-        liveness = free_port()
+        liveness = ports.free_port()
         env = {
             **os.environ,
             "KUBECONFIG": str(self.plane.kubeconfig),
@@ -355,8 +350,8 @@ class Bench:
             f"--progress-status-writes={budget:g}",
         ]
         operator = OperatorProcess(argv, env, self.workdir / f"operator-{budget:g}.log")
-        wait_for(
-            lambda: http_ok(f"http://127.0.0.1:{liveness}/healthz") or not operator.running(),
+        waits.wait_until(
+            lambda: waits.http_ok(f"http://127.0.0.1:{liveness}/healthz") or not operator.running(),
             timeout=120,
             what="the operator's liveness endpoint",
         )
@@ -399,7 +394,7 @@ class Bench:
                 pods[pod["metadata"]["labels"]["trainjob.dev/job-name"]] = pod
             return len(pods) >= len(names)
 
-        wait_for(all_pods, timeout=120 + self.jobs, what="every job's Pod", interval=2.0)
+        waits.wait_until(all_pods, timeout=120 + self.jobs, what="every job's Pod", interval=2.0)
         print(f"   {len(pods)} Pods exist", flush=True)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -450,7 +445,9 @@ class Bench:
             states = [(i.get("status") or {}).get("state") for i in items]
             return states.count("Running") >= len(names)
 
-        wait_for(all_running, timeout=120 + self.jobs, what="every job Running", interval=2.0)
+        waits.wait_until(
+            all_running, timeout=120 + self.jobs, what="every job Running", interval=2.0
+        )
         print("   every job Running", flush=True)
         return tokens
 

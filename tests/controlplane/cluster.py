@@ -23,21 +23,17 @@ import base64
 import contextlib
 import ctypes
 import datetime
-import errno
 import functools
 import ipaddress
 import json
 import os
-import random
 import re
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -51,6 +47,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tests.support import ports, waits
 
 HERE: Final = Path(__file__).resolve().parent
 REPO_ROOT: Final = HERE.parent.parent
@@ -165,84 +163,6 @@ class Tools:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-# Ports this test process has handed out: never handed out twice.
-_HANDED_OUT_PORTS: set[int] = set()
-# Listening ports for the tests come from below the kernel's ephemeral range (and below
-# Kubernetes' NodePort range, 30000-32767). A port asked of the kernel with bind(0) comes
-# from the ephemeral range, where (a) two consecutive asks can return the same port (3 in
-# 20,000 pairs here: an operator got one port for metrics and liveness and died on it) and
-# (b) every outgoing connection also takes its local port, so a port free when chosen can be
-# taken before its server binds.
-_LISTEN_PORTS = range(10000, 30000)
-
-
-@functools.cache
-def _ephemeral_ports() -> range:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return range(int(low), int(high) + 1)
-    except (OSError, ValueError):
-        return range(32768, 61000)
-
-
-def _bindable_everywhere(port: int) -> bool:
-    """Whether nothing listens on `port` on any address (TF servers bind all interfaces)."""
-    families = [(socket.AF_INET, "")] + ([(socket.AF_INET6, "::")] if socket.has_ipv6 else [])
-    for family, host in families:
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as sock:
-                sock.bind((host, port))
-        except OSError as error:
-            if error.errno == errno.EADDRINUSE:
-                return False
-            # No IPv6 on this machine (EADDRNOTAVAIL, EAFNOSUPPORT): IPv4 decides.
-    return True
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now, outside the kernel's ephemeral range,
-    and never handed out before by this process."""
-    for _ in range(1000):
-        port = random.choice(_LISTEN_PORTS)
-        if (
-            port in _HANDED_OUT_PORTS
-            or port in _ephemeral_ports()
-            or not _bindable_everywhere(port)
-        ):
-            continue
-        _HANDED_OUT_PORTS.add(port)
-        return port
-    raise ControlPlaneError("no free TCP port below the ephemeral range on 127.0.0.1")
-
-
-def http_ok(url: str) -> bool:
-    """Whether a plain-HTTP endpoint answers 200 right now."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:  # URLError is an OSError
-        return False
-
-
-def wait_for(
-    condition: Callable[[], bool],
-    *,
-    timeout: float,
-    what: str,
-    interval: float = 0.1,
-    on_timeout: Callable[[], str] | None = None,
-) -> None:
-    """Poll ``condition`` until it returns True; raise ControlPlaneError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if condition():
-            return
-        if time.monotonic() >= deadline:
-            detail = on_timeout() if on_timeout is not None else ""
-            raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
-        time.sleep(interval)
 
 
 def _set_parent_death_signal() -> None:
@@ -619,7 +539,7 @@ class ControlPlane:
         self.components.remove(revived)
         self.components.insert(index, revived)
         checks: dict[str, Callable[[], bool]] = {
-            "etcd": lambda: http_ok(f"{self.etcd_url}/health"),
+            "etcd": lambda: waits.http_ok(f"{self.etcd_url}/health"),
             "kube-apiserver": lambda: self._https_ok(f"{self.apiserver_url}/readyz"),
         }
         self._wait_healthy(revived, checks.get(name, revived.running))
@@ -650,19 +570,20 @@ class ControlPlane:
                 raise ControlPlaneError(f"{component.name} exited{component.describe_failure()}")
             return check()
 
-        wait_for(
+        waits.wait_until(
             ready,
             timeout=self.start_timeout,
             what=f"{component.name} to become healthy",
             interval=0.2,
             on_timeout=component.describe_failure,
+            error=ControlPlaneError,
         )
 
     # -- etcd ----------------------------------------------------------------------------
 
     def _start_etcd(self) -> None:
         shutil.rmtree(self.root / "etcd", ignore_errors=True)
-        client, peer = free_port(), free_port()
+        client, peer = ports.free_port(), ports.free_port()
         self.etcd_url = f"http://{LOOPBACK}:{client}"
         peer_url = f"http://{LOOPBACK}:{peer}"
         etcd = self._spawn(
@@ -696,7 +617,7 @@ class ControlPlane:
 
     def _start_apiserver(self) -> None:
         pki = self._require_pki()
-        port = free_port()
+        port = ports.free_port()
         self.apiserver_url = f"https://{self.address}:{port}"
         tokens = self.root / "tokens.csv"
         # token,user,uid,"group1,group2"
@@ -818,7 +739,7 @@ class ControlPlane:
     # -- controllers ---------------------------------------------------------------------
 
     def _component_flags(self, name: str) -> list[str | Path]:
-        port = free_port()
+        port = ports.free_port()
         return [
             f"--kubeconfig={self.kubeconfig}",
             f"--authentication-kubeconfig={self.kubeconfig}",
@@ -868,7 +789,7 @@ class ControlPlane:
 
     def wait_service_account(self, namespace: str, name: str = "default") -> None:
         """Wait until the serviceaccount controller has created ``namespace/name``."""
-        wait_for(
+        waits.wait_until(
             lambda: (
                 self.kubectl("get", "serviceaccount", name, "-n", namespace, check=False).returncode
                 == 0
@@ -876,6 +797,7 @@ class ControlPlane:
             timeout=self.start_timeout,
             what=f"service account {namespace}/{name}",
             interval=0.2,
+            error=ControlPlaneError,
         )
 
     # -- kubectl -------------------------------------------------------------------------
@@ -921,11 +843,12 @@ class ControlPlane:
             return result.returncode == 0 and result.stdout.strip() == "True"
 
         for name in names:
-            wait_for(
+            waits.wait_until(
                 functools.partial(established, name),
                 timeout=timeout,
                 what=f"{name} to be Established",
                 interval=0.2,
+                error=ControlPlaneError,
             )
         return names
 
@@ -941,7 +864,7 @@ class ControlPlane:
         for existing in self.components:
             if existing.name == "kwok" and existing.running():
                 return existing
-        port = free_port()
+        port = ports.free_port()
         kwok = self._spawn(
             "kwok",
             [
@@ -952,7 +875,7 @@ class ControlPlane:
                 "--v=WARN",
             ],
         )
-        self._wait_healthy(kwok, lambda: http_ok(f"http://{LOOPBACK}:{port}/healthz"))
+        self._wait_healthy(kwok, lambda: waits.http_ok(f"http://{LOOPBACK}:{port}/healthz"))
         if nodes is not None:
             self.kubectl("apply", "-f", nodes)
             self.kubectl(

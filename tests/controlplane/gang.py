@@ -27,9 +27,9 @@ from tests.controlplane.cluster import (
     ControlPlane,
     ToolsMissingError,
     _go_mod_version,
-    free_port,
     tools_dir,
 )
+from tests.support import ports
 
 SCHEDULER_NAME: Final = "scheduler-plugins-scheduler"
 PODGROUP_GROUP: Final = "scheduling.x-k8s.io"
@@ -141,7 +141,7 @@ def start_gang_scheduler(
         ),
         encoding="utf-8",
     )
-    port = free_port()
+    port = ports.free_port()
     scheduler = plane._spawn(
         f"{name}-scheduler",
         [

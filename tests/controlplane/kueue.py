@@ -38,10 +38,9 @@ from tests.controlplane.cluster import (
     ControlPlaneError,
     ToolsMissingError,
     _go_mod_version,
-    free_port,
-    http_ok,
     tools_dir,
 )
+from tests.support import ports, waits
 
 KUEUE_NAMESPACE: Final = "kueue-system"
 EXTERNAL_FRAMEWORK: Final = "TrainJob.v1alpha1.trainjob.dev"
@@ -183,7 +182,11 @@ def start_kueue(
     shutil.copyfile(pki.serving_cert, cert_dir / "tls.crt")
     shutil.copyfile(pki.serving_key, cert_dir / "tls.key")
     _metrics_certs(pki.serving_cert, pki.serving_key)
-    webhook_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    webhook_port, health_port, metrics_port = (
+        ports.free_port(),
+        ports.free_port(),
+        ports.free_port(),
+    )
     config_file = plane.root / f"{name}-config.yaml"
     config_file.write_text(
         yaml.safe_dump(
@@ -208,7 +211,7 @@ def start_kueue(
             "--zap-log-level=2",
         ],
     )
-    plane._wait_healthy(component, lambda: http_ok(f"http://{LOOPBACK}:{health_port}/readyz"))
+    plane._wait_healthy(component, lambda: waits.http_ok(f"http://{LOOPBACK}:{health_port}/readyz"))
     manifests = list(yaml.safe_load_all((directory / "webhooks.yaml").read_text()))
     ca_bundle = base64.b64encode(pki.ca_cert.read_bytes()).decode("ascii")
     configs = webhook_configurations(

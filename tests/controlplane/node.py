@@ -49,11 +49,9 @@ from tests.controlplane.cluster import (
     ControlPlaneError,
     ToolsMissingError,
     _go_mod_version,
-    free_port,
-    http_ok,
     tools_dir,
-    wait_for,
 )
+from tests.support import ports, waits
 
 NODE_NAME: Final = "trainjob-node"
 NODE_IP: Final = "10.243.0.1"
@@ -623,7 +621,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         return path
 
     def _start_coredns(self) -> None:
-        ready_port = free_port()
+        ready_port = ports.free_port()
         corefile = self.root / "Corefile"
         # Only the cluster's names: no `forward`, so no query leaves the machine.
         corefile.write_text(
@@ -641,7 +639,9 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             encoding="utf-8",
         )
         coredns = self._spawn("coredns", [self.tools.coredns, "-conf", corefile])
-        self.plane._wait_healthy(coredns, lambda: http_ok(f"http://{LOOPBACK}:{ready_port}/ready"))
+        self.plane._wait_healthy(
+            coredns, lambda: waits.http_ok(f"http://{LOOPBACK}:{ready_port}/ready")
+        )
 
     def _start_kube_proxy(self) -> None:
         config = self.root / "kube-proxy.yaml"
@@ -655,8 +655,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                     "mode": "iptables",
                     "clusterCIDR": POD_CIDR,
                     "bindAddress": NODE_IP,
-                    "healthzBindAddress": f"{LOOPBACK}:{free_port()}",
-                    "metricsBindAddress": f"{LOOPBACK}:{free_port()}",
+                    "healthzBindAddress": f"{LOOPBACK}:{ports.free_port()}",
+                    "metricsBindAddress": f"{LOOPBACK}:{ports.free_port()}",
                     # The host's conntrack sysctls stay as they are.
                     "conntrack": {"maxPerCore": 0, "min": 0},
                     # NodePorts only on the node's address; no route_localnet sysctl.
@@ -693,7 +693,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                     "port": 10250,
                     "readOnlyPort": 0,
                     "healthzBindAddress": LOOPBACK,
-                    "healthzPort": free_port(),
+                    "healthzPort": ports.free_port(),
                     "authentication": {
                         "anonymous": {"enabled": False},
                         "webhook": {"enabled": True},
@@ -754,12 +754,13 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             )
             return out.returncode == 0 and out.stdout.strip() == "True"
 
-        wait_for(
+        waits.wait_until(
             ready,
             timeout=self.start_timeout,
             what=f"node {NODE_NAME} Ready",
             interval=0.5,
             on_timeout=kubelet.describe_failure,
+            error=ControlPlaneError,
         )
 
     # -- storage -------------------------------------------------------------------------
@@ -848,7 +849,13 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             tasks = self._ctr("tasks", "list", "-q", check=False, timeout=30) or ""
             return pods.returncode == 0 and not pods.stdout.strip() and not tasks.strip()
 
-        wait_for(quiet, timeout=timeout, what="the node's pods to stop", interval=1.0)
+        waits.wait_until(
+            quiet,
+            timeout=timeout,
+            what="the node's pods to stop",
+            interval=1.0,
+            error=ControlPlaneError,
+        )
 
     def _remove_cgroups(self) -> None:
         """kubelet's cgroups (cgroupfs driver): /kubepods in each v1 hierarchy."""

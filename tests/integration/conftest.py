@@ -29,11 +29,11 @@ from tests.controlplane.cluster import (
     ControlPlaneError,
     Tools,
     ToolsMissingError,
-    wait_for,
 )
 from tests.controlplane.gang import GangScheduler, start_gang_scheduler
 from tests.controlplane.kueue import Kueue, start_kueue
 from tests.integration.kueue_harness import KUEUE_PODS_READY_TIMEOUT
+from tests.support import waits
 
 CRD_DIR = REPO_ROOT / "crds"
 
@@ -155,7 +155,7 @@ def namespace(core_v1: k8s.CoreV1Api, request: pytest.FixtureRequest) -> Iterato
             raise
         return True
 
-    wait_for(
+    waits.wait_until(
         has_default_service_account,
         timeout=60,
         what=f"the serviceaccount controller to create {name}/default",

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar, cast
@@ -25,13 +24,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import (
-    REPO_ROOT,
-    Tools,
-    ToolsMissingError,
-    free_port,
-    http_ok,
-)
+from tests.controlplane.cluster import REPO_ROOT, Tools, ToolsMissingError
+from tests.support import ports, waits
 
 GROUP: Final = "trainjob.dev"
 VERSION: Final = "v1alpha1"
@@ -42,10 +36,6 @@ PYTHON: Final = sys.executable
 
 Obj = dict[str, Any]
 T = TypeVar("T")
-
-
-class WaitTimeoutError(AssertionError):
-    pass
 
 
 class HasMetadata(Protocol):
@@ -87,21 +77,6 @@ def pod_status(pod: k8s.V1Pod) -> k8s.V1PodStatus:
     return pod.status
 
 
-def wait_until(
-    probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.1
-) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while True:
-        last = probe()
-        if last:
-            return last
-        if time.monotonic() >= deadline:
-            raise WaitTimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
 class Operator:
     """The operator as a subprocess (what a Deployment runs), logging to a file."""
 
@@ -118,8 +93,8 @@ class Operator:
         self.kubeconfig = kubeconfig
         self.log = log
         self.args = args
-        self.metrics_port = free_port()
-        self.liveness_port = free_port()
+        self.metrics_port = ports.free_port()
+        self.liveness_port = ports.free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Operator:
@@ -152,14 +127,14 @@ class Operator:
         """Wait until the liveness endpoint answers 200 (the operator has started up)."""
         url = f"http://127.0.0.1:{self.liveness_port}/healthz"
         return self.wait_answering(
-            lambda: http_ok(url), "the operator's liveness endpoint", timeout
+            lambda: waits.http_ok(url), "the operator's liveness endpoint", timeout
         )
 
     def wait_answering(
         self, probe: Callable[[], bool], what: str, timeout: float = 30.0
     ) -> Operator:
         """Wait until `probe` passes; fail with the operator's log if it exits first."""
-        wait_until(lambda: probe() or not self.running(), timeout=timeout, what=what)
+        waits.wait_until(lambda: probe() or not self.running(), timeout=timeout, what=what)
         assert self.running(), self.log_tail()
         return self
 
@@ -338,14 +313,14 @@ class Cluster:
 
     def wait_condition(self, name: str, ctype: str, timeout: float = 30) -> Obj:
         try:
-            return wait_until(
+            return waits.wait_until(
                 lambda: self.condition(name, ctype),
                 timeout=timeout,
                 what=f"TrainJob {name} condition {ctype}",
             )
-        except WaitTimeoutError as exc:
+        except waits.WaitTimeoutError as exc:
             job = self.job(name) or {}
-            raise WaitTimeoutError(f"{exc}; status: {job.get('status')}") from None
+            raise waits.WaitTimeoutError(f"{exc}; status: {job.get('status')}") from None
 
     def pods(self, job: str | None = None) -> dict[str, k8s.V1Pod]:
         selector = f"{JOB_LABEL}={job}" if job else JOB_LABEL
@@ -370,7 +345,7 @@ class Cluster:
             pods = self.pods(job)
             return pods if set(pods) == names else None
 
-        return wait_until(probe, timeout=timeout, what=f"pods {sorted(names)} of {job}")
+        return waits.wait_until(probe, timeout=timeout, what=f"pods {sorted(names)} of {job}")
 
     def events(self, name: str) -> list[k8s.CoreV1Event]:
         items: list[k8s.CoreV1Event] = self.core.list_namespaced_event(

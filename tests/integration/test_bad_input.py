@@ -26,16 +26,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import REPO_ROOT
-from tests.integration.operator_harness import (
-    GROUP,
-    PLURAL,
-    VERSION,
-    Cluster,
-    Operator,
-    trainjob,
-    wait_until,
-)
+from tests.integration.operator_harness import GROUP, PLURAL, VERSION, Cluster, Operator, trainjob
 from tests.reliability import save_figures
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -126,7 +119,7 @@ def test_bad_input_is_refused_naming_the_field_and_the_operator_serves_on(
 
     marked: dict[str, str] = {}
     for path in AT_RUN:
-        condition = wait_until(
+        condition = waits.wait_until(
             functools.partial(failed_invalid, cluster, path.stem),
             timeout=T,
             what=f"{path.stem} Failed/{REASON}; operator log:\n{operator.log_tail(30)}",

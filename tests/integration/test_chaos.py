@@ -57,9 +57,9 @@ from tests.integration.operator_harness import (
     name_of,
     trainjob,
     uid_of,
-    wait_until,
 )
 from tests.reliability import save_figures
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -336,7 +336,9 @@ def test_a_storm_with_the_operator_killed_at_random_keeps_every_invariant(
             return not waiting
 
         try:
-            wait_until(settled, timeout=SETTLE, what="every job at its planned end", interval=1)
+            waits.wait_until(
+                settled, timeout=SETTLE, what="every job at its planned end", interval=1
+            )
         except AssertionError as exc:
             raise AssertionError(
                 f"{exc}: {waiting}\nkubelet errors: {dict(kubelet.errors)}\n{operators.tails()}"

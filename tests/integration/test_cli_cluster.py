@@ -36,8 +36,8 @@ from tests.integration.operator_harness import (
     pod_spec,
     running_operator,
     trainjob,
-    wait_until,
 )
+from tests.support import waits
 from trainjob import cli, client
 from trainjob.core import spec
 
@@ -157,7 +157,7 @@ def test_cli_submit_get_describe_wait_delete(
 
     code, out, _ = run(kubeconfig, "delete", "mnist", "-n", ns)
     assert (code, out) == (0, 'trainjob.trainjob.dev "mnist" deleted\n')
-    wait_until(lambda: cluster.job("mnist") is None, timeout=T, what="the job deleted")
+    waits.wait_until(lambda: cluster.job("mnist") is None, timeout=T, what="the job deleted")
     code, out, err = run(kubeconfig, "get", "mnist", "-n", ns)
     assert code == 1 and err == f"trainjob get: TrainJob mnist not found in namespace {ns}\n"
     # What `get -o yaml` saved (uid, resourceVersion, status...) submits as a new job.
@@ -223,7 +223,7 @@ def test_cli_submit_code_ships_the_directory_and_it_goes_with_the_job(
         names = [meta(c).name for c in cluster.core.list_namespaced_config_map(ns).items]
         return "shipped-code" not in names
 
-    wait_until(code_gone, timeout=60, what="the code's ConfigMap to go with its job")
+    waits.wait_until(code_gone, timeout=60, what="the code's ConfigMap to go with its job")
 
 
 def test_cli_wait_timeout_failed_and_describe_cause(cluster: Cluster, kubeconfig: Path) -> None:
@@ -335,7 +335,7 @@ def test_cli_attach_follows_to_the_summary_and_detaches(cluster: Cluster, kubeco
         cluster.run_all("live", {"live-chief-0", "live-worker-0"})
         cluster.wait_condition("live", "Running")
         set_progress(cluster, "live", **PROGRESS)
-        wait_until(
+        waits.wait_until(
             lambda: (cluster.job("live") or {}).get("status", {}).get("progress"),
             timeout=T,
             what="progress in status",
@@ -669,7 +669,7 @@ def test_cli_tensorboard_pod_is_admitted_as_restricted_says_why_it_cannot_start_
 
     process = _tensorboard(kubeconfig, "board", "-n", ns)
     try:
-        pod = wait_until(
+        pod = waits.wait_until(
             lambda: _tensorboard_pod(cluster, "board"), timeout=T, what="the TensorBoard Pod"
         )
         assert pod.metadata.owner_references[0].name == "board"
@@ -708,13 +708,13 @@ def test_cli_tensorboard_pod_is_admitted_as_restricted_says_why_it_cannot_start_
         f"trainjob tensorboard: TensorBoard Pod {name} cannot start: ErrImagePull: "
         "trainjob/trainjob:0.1.0: not found\n"
     )
-    wait_until(
+    waits.wait_until(
         lambda: _tensorboard_pod(cluster, "board") is None, timeout=T, what="the Pod deleted"
     )
 
     process = _tensorboard(kubeconfig, "board", "-n", ns)
     try:
-        wait_until(lambda: _tensorboard_pod(cluster, "board"), timeout=T, what="a second Pod")
+        waits.wait_until(lambda: _tensorboard_pod(cluster, "board"), timeout=T, what="a second Pod")
         process.send_signal(signal.SIGTERM)  # as a closed terminal or `kill` would
         out, err = process.communicate(timeout=T)
     finally:
@@ -723,6 +723,6 @@ def test_cli_tensorboard_pod_is_admitted_as_restricted_says_why_it_cannot_start_
             process.wait()
     assert process.returncode == 0, err
     assert out.startswith("Stopped TensorBoard; deleted Pod board-tensorboard-"), out
-    wait_until(
+    waits.wait_until(
         lambda: _tensorboard_pod(cluster, "board") is None, timeout=T, what="the Pod deleted"
     )

@@ -20,8 +20,8 @@ from tests.integration.operator_harness import (
     module_cluster,
     module_operator,
     trainjob,
-    wait_until,
 )
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -89,14 +89,14 @@ def test_fail_image_pull_backoff_shows_in_status_event_and_column(
             }
         },
     )
-    condition = wait_until(
+    condition = waits.wait_until(
         lambda: (c := running_condition(cluster, "pull")).get("reason") == "ImagePullBackOff" and c,
         timeout=T,
         what="Running=False with reason ImagePullBackOff",
     )
     assert condition["status"] == "False"
     assert condition["message"] == 'worker 1: ImagePullBackOff: Back-off pulling image "nope:1"'
-    event = wait_until(
+    event = waits.wait_until(
         lambda: next((e for e in cluster.events("pull") if e.reason == "ImagePullBackOff"), None),
         timeout=T,
         what="an ImagePullBackOff Event",
@@ -145,9 +145,9 @@ def test_fail_a_disruption_restarts_without_counting_toward_backoff(cluster: Clu
         indexes = status.get("replicaStatuses", {}).get("worker", {}).get("indexes") or [{}]
         return bool(indexes[0].get("disruptionReason") == "EvictionByEvictionAPI")
 
-    wait_until(recorded, timeout=T, what="the disruption recorded in status")
+    waits.wait_until(recorded, timeout=T, what="the disruption recorded in status")
     cluster.core.delete_namespaced_pod("evict-worker-0", cluster.namespace)
-    wait_until(
+    waits.wait_until(
         lambda: (p := cluster.pod("evict-worker-0")) is not None and attempt(p) == 1,
         timeout=T,
         what="the worker recreated as attempt 1",
@@ -155,7 +155,7 @@ def test_fail_a_disruption_restarts_without_counting_toward_backoff(cluster: Clu
     status = (cluster.job("evict") or {})["status"]
     assert (status["restartCount"], status["disruptionCount"]) == (0, 1)
     assert not cluster.condition("evict", "Failed")
-    event = wait_until(
+    event = waits.wait_until(
         lambda: next((e for e in cluster.events("evict") if e.reason == "Evicted"), None),
         timeout=T,
         what="an Evicted Event",

@@ -22,14 +22,8 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.controlplane.cluster import INSTALL_COMMAND, REPO_ROOT, ControlPlane
-from tests.integration.operator_harness import (
-    Cluster,
-    Operator,
-    WaitTimeoutError,
-    meta,
-    trainjob,
-    wait_until,
-)
+from tests.integration.operator_harness import Cluster, Operator, meta, trainjob
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -215,7 +209,7 @@ def test_main_scenarios_under_the_chart_rbac(
     )
     names = {"mnist-chief-0", "mnist-worker-0", "mnist-worker-1"}
     cluster.wait_pods("mnist", names, timeout=T)
-    wait_until(lambda: set(cluster.services("mnist")) == names, timeout=T, what="services")
+    waits.wait_until(lambda: set(cluster.services("mnist")) == names, timeout=T, what="services")
     cluster.wait_condition("mnist", "Created", timeout=T)
 
     for name in sorted(names):
@@ -225,7 +219,7 @@ def test_main_scenarios_under_the_chart_rbac(
     cluster.set_exited("mnist-chief-0", 0)
     cluster.wait_condition("mnist", "Succeeded", timeout=T)
     # cleanPodPolicy (default Running) deletes the workers still running: pods delete works.
-    wait_until(
+    waits.wait_until(
         lambda: not {"mnist-worker-0", "mnist-worker-1"} & set(cluster.pods("mnist")),
         timeout=T,
         what="the running workers to be removed",
@@ -234,7 +228,9 @@ def test_main_scenarios_under_the_chart_rbac(
     assert {"Created", "Running", "TrainJobSucceeded"} <= reasons, reasons
 
     # ttlSecondsAfterFinished: the operator deletes the job, its finalizer goes away.
-    wait_until(lambda: cluster.job("mnist") is None, timeout=T, what="TTL deletion of the job")
+    waits.wait_until(
+        lambda: cluster.job("mnist") is None, timeout=T, what="TTL deletion of the job"
+    )
 
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics") as resp:
         metrics = resp.read().decode()
@@ -271,7 +267,7 @@ def test_namespaced_mode_serves_its_namespace_with_a_role(
             cluster.set_running("ns-mode-worker-0")
             cluster.wait_condition("ns-mode", "Running", timeout=T)
             cluster.delete_job("ns-mode")
-            wait_until(lambda: cluster.job("ns-mode") is None, timeout=T, what="job deleted")
+            waits.wait_until(lambda: cluster.job("ns-mode") is None, timeout=T, what="job deleted")
             assert not _permission_errors(op), "\n".join(_permission_errors(op))
         finally:
             op.stop()
@@ -319,7 +315,7 @@ def test_removing_the_pods_rule_breaks_the_operator_visibly(
             cluster = Cluster(api_client, namespace)
             cluster.create_job(trainjob("denied", chief=0, workers=1))
             try:
-                wait_until(
+                waits.wait_until(
                     lambda: [
                         line
                         for line in _permission_errors(op)
@@ -328,8 +324,8 @@ def test_removing_the_pods_rule_breaks_the_operator_visibly(
                     timeout=T,
                     what="the operator to report that it may not create Pods",
                 )
-            except WaitTimeoutError as exc:
-                raise WaitTimeoutError(f"{exc}; operator log:\n{op.log_tail()}") from None
+            except waits.WaitTimeoutError as exc:
+                raise waits.WaitTimeoutError(f"{exc}; operator log:\n{op.log_tail()}") from None
             assert not cluster.pods("denied"), "a Pod was created without the pods rule"
 
             # The refusal is in the job's status too, in the API server's words.
@@ -342,7 +338,7 @@ def test_removing_the_pods_rule_breaks_the_operator_visibly(
                             return dict(cond)
                 return None
 
-            cond = wait_until(refused, timeout=T, what="FailedCreate in the job's status")
+            cond = waits.wait_until(refused, timeout=T, what="FailedCreate in the job's status")
             assert 'cannot create resource "pods"' in cond["message"], cond
         finally:
             op.stop()

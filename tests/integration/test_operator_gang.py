@@ -26,8 +26,8 @@ from tests.integration.operator_harness import (
     meta,
     pod_spec,
     trainjob,
-    wait_until,
 )
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def podgroup_crds(api_client: k8s.ApiClient, gang_scheduler: GangScheduler) -> N
                 for c in (crd.status.conditions or [])
             )
 
-        wait_until(established, timeout=30, what=f"PodGroup CRD of {group}")
+        waits.wait_until(established, timeout=30, what=f"PodGroup CRD of {group}")
 
 
 @pytest.mark.parametrize("gang", sorted(GANGS))
@@ -113,12 +113,12 @@ def test_gang_podgroup_and_pod_references(
     names = {"gang-chief-0", "gang-worker-0", "gang-worker-1"}
     try:
         created = cluster.create_job(body)
-        podgroup = wait_until(
+        podgroup = waits.wait_until(
             lambda: _podgroup(cluster, group, version, "gang"), timeout=30, what="the PodGroup"
         )
         if gang == VOLCANO:
             # Until Volcano enqueues the group, no Pod may take a node; the job says why.
-            held = wait_until(
+            held = waits.wait_until(
                 lambda: (c := _running(cluster, "gang")).get("reason") == "GangPending" and c,
                 timeout=30,
                 what="the job to say its gang waits for Volcano",
@@ -180,7 +180,7 @@ def test_gang_podgroup_of_a_kueue_job_is_made_only_after_admission(
 
     try:
         cluster.create_job(body)
-        wait_until(
+        waits.wait_until(
             lambda: (c := cluster.condition("gq", "Suspended")) and c["reason"] == "Queued",
             timeout=60,
             what="the job queued",
@@ -243,7 +243,9 @@ def test_gang_operator_refuses_to_start_without_the_podgroup_crd(tmp_path: Path)
             plane.kubeconfig, tmp_path / "operator.log", "--gang-scheduler=volcano"
         ).start()
         try:
-            wait_until(lambda: not operator.running(), timeout=60, what="the operator to exit")
+            waits.wait_until(
+                lambda: not operator.running(), timeout=60, what="the operator to exit"
+            )
             assert operator.process is not None and operator.process.returncode == 2
             log = operator.log_tail()
             assert "podgroups.scheduling.volcano.sh/v1beta1" in log, log

@@ -11,14 +11,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
-from tests.integration.operator_harness import (
-    Cluster,
-    Operator,
-    attempt,
-    meta,
-    trainjob,
-    wait_until,
-)
+from tests.integration.operator_harness import Cluster, Operator, attempt, meta, trainjob
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +49,7 @@ def test_restart_operator_mid_creation(
 
     second = Operator(kubeconfig, log, f"--namespace={namespace}").start()
     try:
-        wait_until(
+        waits.wait_until(
             lambda: set(cluster.pods()) == expected and set(cluster.services()) == expected,
             timeout=90,
             what=f"all {len(expected)} pods and services (had {partial} pods at the kill)",
@@ -119,7 +113,7 @@ def test_restarted_operator_keeps_running_jobs_as_they_are(
 
     second = Operator(kubeconfig, log, f"--namespace={namespace}").start()
     try:
-        wait_until(
+        waits.wait_until(
             lambda: _jobs_counted(second, namespace) >= RUNNING_JOBS or not second.running(),
             timeout=60,
             what="the restarted operator to reconcile every job once",

@@ -26,15 +26,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 from kubernetes import client as k8s
 
-from tests.controlplane.cluster import ControlPlane, free_port
-from tests.integration.operator_harness import (
-    Cluster,
-    Operator,
-    meta,
-    pod_spec,
-    trainjob,
-    wait_until,
-)
+from tests.controlplane.cluster import ControlPlane
+from tests.integration.operator_harness import Cluster, Operator, meta, pod_spec, trainjob
+from tests.support import ports, waits
 from trainjob.core import constants
 from trainjob.core import progress as core_progress
 
@@ -55,7 +49,7 @@ def progress_operator(
     shutil.copy(pki.serving_cert, certs / "tls.crt")
     shutil.copy(pki.serving_key, certs / "tls.key")
     shutil.copy(pki.ca_cert, certs / "ca.crt")
-    port = free_port()
+    port = ports.free_port()
     op = Operator(
         control_plane.kubeconfig,
         root / "operator.log",
@@ -270,9 +264,13 @@ def test_progress_accepted_refused_and_written_within_budget(
 
     # Accepted, and visible in status within one budget slot (+ slack for a loaded machine).
     sent = time.monotonic()
-    code, _, body = wait_until(served, timeout=T, what="job a served by the operator (not 503)")
+    code, _, body = waits.wait_until(
+        served, timeout=T, what="job a served by the operator (not 503)"
+    )
     assert code == 202, body
-    shown = wait_until(lambda: _progress(cluster, "a").get("summary"), timeout=T, what="status")
+    shown = waits.wait_until(
+        lambda: _progress(cluster, "a").get("summary"), timeout=T, what="status"
+    )
     visible_after = time.monotonic() - sent
     assert shown == "45% (3/10)"
     progress = _progress(cluster, "a")
@@ -343,7 +341,7 @@ def test_progress_accepted_refused_and_written_within_budget(
         assert job_a.post({**report, "step": 500 + i}, chief)[0] in (202, 429)
         assert b_reporter.post({**report, "step": 600 + i}, b_token)[0] in (202, 429)
         time.sleep(0.5)  # the Pods' reporting pace, compressed
-    wait_until(
+    waits.wait_until(
         lambda: (
             _progress(cluster, "b").get("step") == 603
             and _progress(cluster, "a").get("step") == 503
@@ -362,14 +360,14 @@ def test_progress_accepted_refused_and_written_within_budget(
         reply = b_reporter.post(report, b_token)
         return reply if reply[0] in (401, 403) else None
 
-    result = wait_until(refused_now, timeout=T, what="the deleted Pod's token refused")
+    result = waits.wait_until(refused_now, timeout=T, what="the deleted Pod's token refused")
     refused("deleted pod (review cached)", result)
     assert result[0] == 403, result
 
     # A final report is written at once, whatever the budget.
     final = {**report, "state": "Succeeded", "step": 1000, "epoch": 10}
     assert job_a.post(final, chief)[0] in (202, 429)
-    wait_until(
+    waits.wait_until(
         lambda: _progress(cluster, "a").get("summary") == "100% (10/10)",
         timeout=T,
         what="the final report",
@@ -420,7 +418,7 @@ def test_progress_final_figures_from_the_termination_message(
             }
         },
     )
-    wait_until(
+    waits.wait_until(
         lambda: _progress(cluster, "term").get("summary") == "100% (5/5)",
         timeout=T,
         what="final progress from the termination message",

@@ -24,16 +24,10 @@ from kubernetes.client.exceptions import ApiException
 
 from tests import specgen
 from tests.controlplane.cluster import Component
-from tests.integration.operator_harness import (
-    GROUP,
-    PLURAL,
-    VERSION,
-    Cluster,
-    Operator,
-    wait_until,
-)
+from tests.integration.operator_harness import GROUP, PLURAL, VERSION, Cluster, Operator
 from tests.integration.test_bad_input import crashes
 from tests.reliability import save_figures
+from tests.support import waits
 from trainjob.core import spec
 
 pytestmark = pytest.mark.integration
@@ -117,7 +111,7 @@ def test_fuzz_operator_survives_generated_jobs(
             if name in jobs and not served(jobs[name], refused)
         ]
 
-    wait_until(
+    waits.wait_until(
         lambda: not unserved() or not operator.running(),
         timeout=60 + JOBS * 0.5,
         what="every generated job served",
