@@ -537,7 +537,7 @@ def run_arm(plane: ControlPlane, workdir: Path, arm: Arm, plan: Plan) -> ArmResu
         log_end = scheduler.log.stat().st_size
         problems.extend(n for n in [quiesce(bench, namespace, outcome == "finished")] if n)
         if not proc.running():
-            problems.append(f"the operator exited during the run:\n{proc.tail()}")
+            problems.append(f"the operator exited during the run:\n{proc.log_tail()}")
     finally:
         proc.stop()
         tracker.stop()

@@ -209,7 +209,7 @@ def run(bench: scale.Bench, operator: str, jobs: int, fit: int) -> QueueResult:
         if not finished:
             notes.append("timed out before every job Succeeded")
         if not proc.running():
-            notes.append(f"{operator} exited during the run:\n{proc.tail()}")
+            notes.append(f"{operator} exited during the run:\n{proc.log_tail()}")
     finally:
         proc.stop()
         tracker.stop()

@@ -223,7 +223,7 @@ class History:
             seen = 0.0
             while time.monotonic() - start < 900:
                 if not proc.running():
-                    raise scale.BenchError(f"{operator} exited:\n{proc.tail()}")
+                    raise scale.BenchError(f"{operator} exited:\n{proc.log_tail()}")
                 try:
                     seen, idle = looked_at(operator, scrape(proc.metrics_url))
                 except OSError:
@@ -314,7 +314,7 @@ class History:
             else:
                 result.notes.append("relist: a new job had no children 600 s after the restart")
             if not proc.running():
-                result.notes.append(f"{operator} exited during the run:\n{proc.tail()}")
+                result.notes.append(f"{operator} exited during the run:\n{proc.log_tail()}")
             print(f"   {result}", flush=True)
             # While the operator runs: it removes its own finalizers from deleted jobs.
             self.delete_namespaces(kind, spaces, result)

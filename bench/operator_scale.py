@@ -49,9 +49,7 @@ import os
 import platform
 import re
 import shutil
-import signal
 import ssl
-import subprocess
 import sys
 import tempfile
 import threading
@@ -74,7 +72,7 @@ from tests.controlplane.cluster import (  # noqa: E402 - after the sys.path line
     Tools,
     tools_dir,
 )
-from tests.support import ports, waits  # noqa: E402
+from tests.support import ports, processes, waits  # noqa: E402
 
 Obj = dict[str, Any]
 
@@ -480,45 +478,15 @@ def proc_stats(pid: int) -> ProcStats:
     return ProcStats(hwm, (int(fields[11]) + int(fields[12])) / ticks)
 
 
-class OperatorProcess:
-    """An operator subprocess in its own process group, logging to a file."""
+@dataclass
+class OperatorProcess(processes.LoggedProcess):
+    """An operator under benchmark: a logged process group with a Prometheus endpoint."""
 
-    def __init__(self, argv: Sequence[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        # Its Prometheus endpoint (set by whoever chose the port).
-        self.metrics_url = ""
-        with log.open("ab") as out:
-            self.process = subprocess.Popen(
-                list(argv),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+    metrics_url: str = ""  # set by whoever chose the port
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self) -> None:
-        for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
-            if not self.running():
-                return
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=grace)
+    def stop(self, grace: float = 15.0) -> bool:
+        """As LoggedProcess.stop, with 15 s for the operator's last writes."""
+        return super().stop(grace)
 
 
 def kubeflow_dir() -> Path:
@@ -791,13 +759,16 @@ class Bench:
             ]
             ready_url = f"http://127.0.0.1:{probe}/readyz"
         argv += self.operator_args.get(operator, [])
-        proc = OperatorProcess(argv, env, log)
-        proc.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        proc = OperatorProcess(
+            processes.spawn_logged(argv, log, env=env),
+            log,
+            metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+        )
         mounted: list[bool] = []
 
         def ready() -> bool:
             if not proc.running():
-                raise BenchError(f"{operator} exited:\n{proc.tail()}")
+                raise BenchError(f"{operator} exited:\n{proc.log_tail()}")
             if operator == KUBEFLOW and not mounted:
                 mounted.extend([True] if self.mount_webhook_certs() else [])
                 return False
@@ -857,7 +828,7 @@ class Bench:
             stats = proc_stats(proc.pid)
             after = api_counts(self.api, flow_schema(operator))
             if not proc.running():
-                notes.append(f"{operator} exited during the run:\n{proc.tail()}")
+                notes.append(f"{operator} exited during the run:\n{proc.log_tail()}")
         finally:
             proc.stop()
             tracker.stop()
@@ -927,7 +898,7 @@ class Bench:
                     assert times.children_at is not None
                     latencies.append(times.children_at - times.created)
             if not proc.running():
-                notes.append(f"{operator} exited during the run:\n{proc.tail()}")
+                notes.append(f"{operator} exited during the run:\n{proc.log_tail()}")
         finally:
             proc.stop()
             tracker.stop()

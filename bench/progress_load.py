@@ -67,7 +67,7 @@ from bench.operator_scale import (  # noqa: E402 - after the sys.path line above
     proc_stats,
 )
 from tests.controlplane.cluster import ControlPlane, Tools  # noqa: E402
-from tests.support import ports, waits  # noqa: E402
+from tests.support import ports, processes, waits  # noqa: E402
 
 Obj = dict[str, Any]
 NAMESPACE: Final = "bench-progress"
@@ -349,14 +349,15 @@ class Bench:
             f"--progress-cert-dir={self.certs}",
             f"--progress-status-writes={budget:g}",
         ]
-        operator = OperatorProcess(argv, env, self.workdir / f"operator-{budget:g}.log")
+        log = self.workdir / f"operator-{budget:g}.log"
+        operator = OperatorProcess(processes.spawn_logged(argv, log, env=env), log)
         waits.wait_until(
             lambda: waits.http_ok(f"http://127.0.0.1:{liveness}/healthz") or not operator.running(),
             timeout=120,
             what="the operator's liveness endpoint",
         )
         if not operator.running():
-            raise RuntimeError(f"the operator exited:\n{operator.tail()}")
+            raise RuntimeError(f"the operator exited:\n{operator.log_tail()}")
         self.operator = operator
         return operator
 

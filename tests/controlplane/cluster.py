@@ -20,8 +20,6 @@ or from a shell: ``python -m tests.controlplane up [--kwok] [--crds]``.
 from __future__ import annotations
 
 import base64
-import contextlib
-import ctypes
 import datetime
 import functools
 import ipaddress
@@ -30,7 +28,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import ssl
 import subprocess
 import tempfile
@@ -48,7 +45,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tests.support import ports, waits
+from tests.support import ports, processes, waits
 
 HERE: Final = Path(__file__).resolve().parent
 REPO_ROOT: Final = HERE.parent.parent
@@ -162,15 +159,7 @@ class Tools:
         return self
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def _set_parent_death_signal() -> None:
-    """In the child before exec: own process group, killed if the parent dies (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+# --------------------------------------------------------------------------- PKI
 
 
 def _pem_cert(cert: x509.Certificate) -> bytes:
@@ -322,49 +311,22 @@ class Pki:
 
 
 @dataclass
-class Component:
-    """One child process, in its own process group, logging to a file."""
+class Component(processes.LoggedProcess):
+    """One child process of the test bed (etcd, kube-apiserver, kwok, ...), named, with the
+    command line it started with (to start it again the same way)."""
 
     name: str
-    process: subprocess.Popen[bytes]
-    log: Path
     argv: tuple[str, ...] = ()
-
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
     def describe_failure(self) -> str:
         state = "running" if self.running() else f"exited with {self.process.returncode}"
         return f"\n{self.name} is {state}; last lines of {self.log}:\n{self.log_tail()}"
 
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
-        pgid = self.process.pid  # start_new_session: the child leads its own group
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=wait)
-            if not _group_alive(pgid):
-                return
-        raise ControlPlaneError(f"{self.name} (process group {pgid}) survived SIGKILL")
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    def stop(self, grace: float = 10.0) -> bool:
+        """Stop the process group (see LoggedProcess.stop); raise if anything of it is left."""
+        if not super().stop(grace):
+            raise ControlPlaneError(f"{self.name} (process group {self.pid}) survived SIGKILL")
         return True
-    return True
 
 
 # --------------------------------------------------------------------------- control plane
@@ -497,18 +459,8 @@ class ControlPlane:
 
     def _spawn(self, name: str, argv: Sequence[str | Path]) -> Component:
         log = self.root / "logs" / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as out:
-            process = subprocess.Popen(
-                [str(a) for a in argv],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.root,
-                start_new_session=True,
-                preexec_fn=_set_parent_death_signal,  # noqa: PLW1509 - only prctl, no locks
-            )
-        component = Component(name=name, process=process, log=log, argv=tuple(str(a) for a in argv))
+        process = processes.spawn_logged(argv, log, cwd=self.root, die_with_parent=True)
+        component = Component(process=process, log=log, name=name, argv=tuple(map(str, argv)))
         self.components.append(component)
         return component
 
@@ -522,10 +474,7 @@ class ControlPlane:
 
     def kill(self, name: str) -> None:
         """SIGKILL one component (its data, ports and flags stay for `revive`)."""
-        component = self.component(name)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(component.process.pid, signal.SIGKILL)
-        component.process.wait(timeout=30)
+        self.component(name).kill(timeout=30)
 
     def revive(self, name: str) -> None:
         """Start a killed component again with the same flags (same ports, same data) and

@@ -13,7 +13,6 @@ import copy
 import datetime
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import REPO_ROOT, Tools, ToolsMissingError
-from tests.support import ports, waits
+from tests.support import ports, processes, waits
 
 GROUP: Final = "trainjob.dev"
 VERSION: Final = "v1alpha1"
@@ -95,7 +94,12 @@ class Operator:
         self.args = args
         self.metrics_port = ports.free_port()
         self.liveness_port = ports.free_port()
-        self.process: subprocess.Popen[bytes] | None = None
+        self.child: processes.LoggedProcess | None = None
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        """The operator's process once started (its pid, its exit code)."""
+        return self.child.process if self.child is not None else None
 
     def start(self) -> Operator:
         env = {
@@ -114,14 +118,12 @@ class Operator:
             f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
             *self.args,
         ]
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        process = processes.spawn_logged(argv, self.log, env=env)
+        self.child = processes.LoggedProcess(process, self.log)
         return self
 
     def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.child is not None and self.child.running()
 
     def wait_serving(self, timeout: float = 30.0) -> Operator:
         """Wait until the liveness endpoint answers 200 (the operator has started up)."""
@@ -140,26 +142,15 @@ class Operator:
 
     def kill(self) -> None:
         """SIGKILL: no cleanup at all, as when a node dies under the operator."""
-        if self.process is not None and self.running():
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        if self.child is not None and self.running():
+            self.child.kill()
 
     def stop(self) -> None:
-        if self.process is None or not self.running():
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        if self.child is not None and self.running():
+            self.child.stop(grace=10.0)
 
     def log_tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return processes.log_tail(self.log, lines)
 
 
 def run_benchmark(
