@@ -42,7 +42,6 @@ import concurrent.futures
 import heapq
 import http.client
 import json
-import os
 import shutil
 import ssl
 import sys
@@ -59,7 +58,6 @@ if str(REPO_ROOT) not in sys.path:
 
 from bench.operator_scale import (  # noqa: E402 - after the sys.path line above
     Api,
-    OperatorProcess,
     bench_workdir,
     machine_info,
     metric_sum,
@@ -67,7 +65,7 @@ from bench.operator_scale import (  # noqa: E402 - after the sys.path line above
     proc_stats,
 )
 from tests.controlplane.cluster import ControlPlane, Tools  # noqa: E402
-from tests.support import ports, processes, waits  # noqa: E402
+from tests.support import operator_process, ports, waits  # noqa: E402
 
 Obj = dict[str, Any]
 NAMESPACE: Final = "bench-progress"
@@ -325,46 +323,26 @@ class Bench:
         shutil.copy(pki.serving_key, self.certs / "tls.key")
         shutil.copy(pki.ca_cert, self.certs / "ca.crt")
         self.port = ports.free_port()
-        self.metrics_port = ports.free_port()
-        self.operator: OperatorProcess | None = None
+        self.operator: operator_process.Operator | None = None
 
-    def start_operator(self, budget: float) -> OperatorProcess:
-        liveness = ports.free_port()
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.plane.kubeconfig),
-            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "operator")]),
-            "PYTHONUNBUFFERED": "1",
-        }
-        argv = [
-            sys.executable,
-            "-m",
-            "trainjob_operator",
-            "--standalone",
+    def start_operator(self, budget: float) -> operator_process.Operator:
+        operator = operator_process.Operator(
+            self.plane.kubeconfig,
+            self.workdir / f"operator-{budget:g}.log",
             f"--namespace={NAMESPACE}",
-            f"--metrics-port={self.metrics_port}",
-            f"--liveness=http://127.0.0.1:{liveness}/healthz",
             f"--progress-port={self.port}",
             f"--progress-url=https://127.0.0.1:{self.port}",
             f"--progress-cert-dir={self.certs}",
             f"--progress-status-writes={budget:g}",
-        ]
-        log = self.workdir / f"operator-{budget:g}.log"
-        operator = OperatorProcess(processes.spawn_logged(argv, log, env=env), log)
-        waits.wait_until(
-            lambda: waits.http_ok(f"http://127.0.0.1:{liveness}/healthz") or not operator.running(),
-            timeout=120,
-            what="the operator's liveness endpoint",
         )
-        if not operator.running():
-            raise RuntimeError(f"the operator exited:\n{operator.log_tail()}")
-        self.operator = operator
+        self.operator = operator.start().wait_serving(timeout=120)
         return operator
 
     def operator_metric(self, name: str, **labels: str) -> float:
         import urllib.request
 
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        assert self.operator is not None
+        url = f"http://127.0.0.1:{self.operator.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
             return metric_sum(response.read().decode(), name, **labels)
 
@@ -476,8 +454,8 @@ class Bench:
         load: Load | None,
         visibility: Visibility,
     ) -> Phase:
-        assert self.operator is not None
-        pid = self.operator.pid
+        assert self.operator is not None and self.operator.process is not None
+        pid = self.operator.process.pid
         if load is not None:
             # One round of reports first (each job's first costs a TokenReview and a TLS
             # handshake): the window measures the steady state.

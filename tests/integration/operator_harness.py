@@ -1,5 +1,5 @@
-"""Helpers for the operator tests: run `python -m trainjob_operator` as a subprocess against
-the test control plane, create TrainJobs, and play the kubelet by patching Pod status.
+"""Helpers for the operator tests: run the operator (tests/support/operator_process.py)
+against the test control plane, create TrainJobs, and play the kubelet by patching Pod status.
 
 There is no kubelet: test Pods name a scheduler that does not exist, so neither
 kube-scheduler nor kwok touches them, and deleting one removes it at once (an unbound Pod
@@ -12,10 +12,9 @@ import contextlib
 import copy
 import datetime
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar, cast
 
@@ -24,14 +23,13 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import REPO_ROOT, Tools, ToolsMissingError
-from tests.support import ports, processes, waits
+from tests.support import operator_process, waits
 
 GROUP: Final = "trainjob.dev"
 VERSION: Final = "v1alpha1"
 PLURAL: Final = "trainjobs"
 JOB_LABEL: Final = "trainjob.dev/job-name"
 NO_SCHEDULER: Final = "trainjob-test-no-scheduler"
-PYTHON: Final = sys.executable
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -76,83 +74,6 @@ def pod_status(pod: k8s.V1Pod) -> k8s.V1PodStatus:
     return pod.status
 
 
-class Operator:
-    """The operator as a subprocess (what a Deployment runs), logging to a file."""
-
-    def __init__(
-        self,
-        kubeconfig: Path,
-        log: Path,
-        *args: str,
-        standalone: bool = True,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.standalone = standalone
-        self.extra_env = env or {}
-        self.kubeconfig = kubeconfig
-        self.log = log
-        self.args = args
-        self.metrics_port = ports.free_port()
-        self.liveness_port = ports.free_port()
-        self.child: processes.LoggedProcess | None = None
-
-    @property
-    def process(self) -> subprocess.Popen[bytes] | None:
-        """The operator's process once started (its pid, its exit code)."""
-        return self.child.process if self.child is not None else None
-
-    def start(self) -> Operator:
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.kubeconfig),
-            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "operator")]),
-            "PYTHONUNBUFFERED": "1",
-            **self.extra_env,
-        }
-        argv = [
-            PYTHON,
-            "-m",
-            "trainjob_operator",
-            *(["--standalone"] if self.standalone else []),
-            f"--metrics-port={self.metrics_port}",
-            f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
-            *self.args,
-        ]
-        process = processes.spawn_logged(argv, self.log, env=env)
-        self.child = processes.LoggedProcess(process, self.log)
-        return self
-
-    def running(self) -> bool:
-        return self.child is not None and self.child.running()
-
-    def wait_serving(self, timeout: float = 30.0) -> Operator:
-        """Wait until the liveness endpoint answers 200 (the operator has started up)."""
-        url = f"http://127.0.0.1:{self.liveness_port}/healthz"
-        return self.wait_answering(
-            lambda: waits.http_ok(url), "the operator's liveness endpoint", timeout
-        )
-
-    def wait_answering(
-        self, probe: Callable[[], bool], what: str, timeout: float = 30.0
-    ) -> Operator:
-        """Wait until `probe` passes; fail with the operator's log if it exits first."""
-        waits.wait_until(lambda: probe() or not self.running(), timeout=timeout, what=what)
-        assert self.running(), self.log_tail()
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup at all, as when a node dies under the operator."""
-        if self.child is not None and self.running():
-            self.child.kill()
-
-    def stop(self) -> None:
-        if self.child is not None and self.running():
-            self.child.stop(grace=10.0)
-
-    def log_tail(self, lines: int = 60) -> str:
-        return processes.log_tail(self.log, lines)
-
-
 def run_benchmark(
     script: str, *args: str, json_out: Path, timeout: float
 ) -> tuple[str, dict[str, Any]]:
@@ -176,8 +97,10 @@ def run_benchmark(
 
 
 @contextlib.contextmanager
-def running_operator(kubeconfig: Path, log: Path, *args: str) -> Iterator[Operator]:
-    operator = Operator(kubeconfig, log, *args).start()
+def running_operator(
+    kubeconfig: Path, log: Path, *args: str
+) -> Iterator[operator_process.Operator]:
+    operator = operator_process.Operator(kubeconfig, log, *args).start()
     try:
         yield operator
     finally:
@@ -190,11 +113,11 @@ def module_operator(
     prefix: str,
     *args: str,
     timeout: float = 30.0,
-) -> Iterator[Operator]:
+) -> Iterator[operator_process.Operator]:
     """The operator of one test module, watching the namespaces its tests get (`<prefix>-*`:
     the namespace fixture names each after its test); for a module-scoped fixture."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = Operator(kubeconfig, log, f"--namespace={prefix}-*", *args).start()
+    op = operator_process.Operator(kubeconfig, log, f"--namespace={prefix}-*", *args).start()
     try:
         yield op.wait_serving(timeout)
     finally:
@@ -203,7 +126,7 @@ def module_operator(
 
 
 def module_cluster(
-    operator: Operator, api_client: k8s.ApiClient, namespace: str, prefix: str
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str, prefix: str
 ) -> Iterator[Cluster]:
     """One test's namespace, served by the module's operator (see `module_operator`)."""
     assert namespace.startswith(f"{prefix}-"), namespace

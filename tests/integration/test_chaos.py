@@ -51,7 +51,6 @@ from tests.integration.conftest import started_control_plane
 from tests.integration.operator_harness import (
     JOB_LABEL,
     Cluster,
-    Operator,
     attempt,
     meta,
     name_of,
@@ -59,7 +58,7 @@ from tests.integration.operator_harness import (
     uid_of,
 )
 from tests.reliability import save_figures
-from tests.support import waits
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -215,12 +214,14 @@ class Operators:
     kubeconfig: Path
     logs: Path
     namespace: str
-    started: list[Operator] = dataclasses.field(default_factory=list)
+    started: list[operator_process.Operator] = dataclasses.field(default_factory=list)
     kills: int = 0
 
-    def start(self) -> Operator:
+    def start(self) -> operator_process.Operator:
         log = self.logs / f"operator-{len(self.started)}.log"
-        operator = Operator(self.kubeconfig, log, f"--namespace={self.namespace}").start()
+        operator = operator_process.Operator(
+            self.kubeconfig, log, f"--namespace={self.namespace}"
+        ).start()
         self.started.append(operator)
         return operator
 
@@ -230,7 +231,7 @@ class Operators:
                 operator.kill()
                 self.kills += 1
 
-    def running(self) -> list[Operator]:
+    def running(self) -> list[operator_process.Operator]:
         return [op for op in self.started if op.running()]
 
     def tails(self) -> str:

@@ -31,13 +31,12 @@ from tests.controlplane.cluster import REPO_ROOT, ControlPlane
 from tests.integration.operator_harness import (
     GROUP,
     Cluster,
-    Operator,
     meta,
     pod_spec,
     running_operator,
     trainjob,
 )
-from tests.support import waits
+from tests.support import operator_process, waits
 from trainjob import cli, client
 from trainjob.core import spec
 
@@ -47,14 +46,18 @@ T = 30.0  # per-step deadline on a 2-core machine; steps take well under a secon
 
 
 @pytest.fixture(scope="module")
-def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(
+    kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_process.Operator]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     with running_operator(kubeconfig, log, "--namespace=test-cli-*") as op:
         yield op.wait_serving(T)
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
     assert namespace.startswith("test-cli-"), namespace
     yield Cluster(api_client, namespace)
     print(f"operator log, last lines:\n{operator.log_tail(25)}")

@@ -24,14 +24,13 @@ from kubernetes.client.exceptions import ApiException
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.operator_harness import (
     Cluster,
-    Operator,
     attempt,
     meta,
     module_cluster,
     module_operator,
     trainjob,
 )
-from tests.support import waits
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -42,12 +41,16 @@ POD_GC = 150.0
 
 
 @pytest.fixture(scope="module")
-def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(
+    kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_process.Operator]:
     yield from module_operator(kubeconfig, tmp_path_factory, "test-nodes", timeout=T)
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
     yield from module_cluster(operator, api_client, namespace, "test-nodes")
 
 

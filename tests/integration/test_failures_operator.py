@@ -15,13 +15,12 @@ from kubernetes import client as k8s
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.operator_harness import (
     Cluster,
-    Operator,
     attempt,
     module_cluster,
     module_operator,
     trainjob,
 )
-from tests.support import waits
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -29,12 +28,16 @@ T = 30.0  # generous per-step deadline on a 2-core machine; steps take well unde
 
 
 @pytest.fixture(scope="module")
-def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(
+    kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_process.Operator]:
     yield from module_operator(kubeconfig, tmp_path_factory, "test-fail", timeout=T)
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
     yield from module_cluster(operator, api_client, namespace, "test-fail")
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from tests.integration.operator_harness import Cluster, Operator, pod_spec, trainjob
-from tests.support import waits
+from tests.integration.operator_harness import Cluster, pod_spec, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,9 @@ def test_fail_pod_security_refusal_is_in_status_and_restricted_defaults_fix_it(
         namespace, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
     )
     cluster = Cluster(api_client, namespace)
-    operator = Operator(kubeconfig, tmp_path / "plain.log", f"--namespace={namespace}").start()
+    operator = operator_process.Operator(
+        kubeconfig, tmp_path / "plain.log", f"--namespace={namespace}"
+    ).start()
     try:
         cluster.create_job(trainjob("keras", chief=0, workers=2))
         cond = waits.wait_until(
@@ -59,7 +61,7 @@ def test_fail_pod_security_refusal_is_in_status_and_restricted_defaults_fix_it(
         operator.stop()
 
     # The platform team turns on the restricted defaults: the same job now runs.
-    fixed = Operator(
+    fixed = operator_process.Operator(
         kubeconfig, tmp_path / "fixed.log", f"--namespace={namespace}", "--restricted-pod-defaults"
     ).start()
     try:
@@ -87,7 +89,9 @@ def test_fail_quota_refusal_is_retried_until_the_quota_allows_it(
         ),
     )
     cluster = Cluster(api_client, namespace)
-    operator = Operator(kubeconfig, tmp_path / "operator.log", f"--namespace={namespace}").start()
+    operator = operator_process.Operator(
+        kubeconfig, tmp_path / "operator.log", f"--namespace={namespace}"
+    ).start()
     try:
         cluster.create_job(trainjob("quota", chief=0, workers=2))
         cond = waits.wait_until(

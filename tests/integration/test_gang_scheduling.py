@@ -26,7 +26,6 @@ from tests.controlplane.cluster import Component
 from tests.controlplane.gang import PODGROUP_GROUP, PODGROUP_VERSION, GangScheduler
 from tests.integration.operator_harness import (
     Cluster,
-    Operator,
     container,
     meta,
     module_cluster,
@@ -35,7 +34,7 @@ from tests.integration.operator_harness import (
     pod_status,
     trainjob,
 )
-from tests.support import waits
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -48,14 +47,16 @@ PRIORITY_LOW = "trainjob-test-gang-low"
 @pytest.fixture(scope="module")
 def operator(
     gang_scheduler: GangScheduler, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
+) -> Iterator[operator_process.Operator]:
     yield from module_operator(
         kubeconfig, tmp_path_factory, PREFIX, "--gang-scheduler=scheduler-plugins"
     )
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
     yield from module_cluster(operator, api_client, namespace, PREFIX)
 
 
@@ -136,7 +137,7 @@ def pool(cluster: Cluster, kwok: Component) -> Iterator[Pool]:
 
 
 @pytest.fixture(scope="module")
-def priority_classes(operator: Operator, api_client: k8s.ApiClient) -> None:
+def priority_classes(operator: operator_process.Operator, api_client: k8s.ApiClient) -> None:
     """Chiefs outrank workers, so that a scheduler that takes Pods one by one takes both
     jobs' chiefs first: the interleaving that splits two jobs (as many Pods created at
     once do in a busy cluster)."""

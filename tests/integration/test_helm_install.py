@@ -22,8 +22,8 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.controlplane.cluster import INSTALL_COMMAND, REPO_ROOT, ControlPlane
-from tests.integration.operator_harness import Cluster, Operator, meta, trainjob
-from tests.support import waits
+from tests.integration.operator_harness import Cluster, meta, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -107,14 +107,18 @@ def _start_as_service_account(
     service_account: str,
     args: tuple[str, ...],
     workdir: Path,
-) -> Operator:
+) -> operator_process.Operator:
     kubeconfig = control_plane.service_account_kubeconfig(
         namespace, service_account, path=workdir / "kubeconfig", duration="1h"
     )
-    return Operator(kubeconfig, workdir / "operator.log", *args).start().wait_serving(T)
+    return (
+        operator_process.Operator(kubeconfig, workdir / "operator.log", *args)
+        .start()
+        .wait_serving(T)
+    )
 
 
-def _permission_errors(operator: Operator) -> list[str]:
+def _permission_errors(operator: operator_process.Operator) -> list[str]:
     text = operator.log.read_text(encoding="utf-8", errors="replace")
     return [
         line
@@ -137,7 +141,9 @@ def release(control_plane: ControlPlane) -> Iterator[Release]:
 
 
 @pytest.fixture
-def operator(control_plane: ControlPlane, release: Release, tmp_path: Path) -> Iterator[Operator]:
+def operator(
+    control_plane: ControlPlane, release: Release, tmp_path: Path
+) -> Iterator[operator_process.Operator]:
     """The cluster-wide operator, for one test only: it would serve every later test's jobs."""
     op = _start_as_service_account(
         control_plane, release.namespace, release.service_account, release.operator_args, tmp_path
@@ -201,7 +207,7 @@ def test_helm_install_creates_the_chart_objects(
 
 
 def test_main_scenarios_under_the_chart_rbac(
-    operator: Operator, api_client: k8s.ApiClient, namespace: str
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
 ) -> None:
     cluster = Cluster(api_client, namespace)
     cluster.create_job(

@@ -22,8 +22,8 @@ from tests.integration.kueue_harness import (
     suspended,
     wait_admitted,
 )
-from tests.integration.operator_harness import Cluster, Obj, Operator, attempt, pod_spec
-from tests.support import waits
+from tests.integration.operator_harness import Cluster, Obj, attempt, pod_spec
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -34,9 +34,9 @@ PODS_READY_TIMEOUT = KUEUE_PODS_READY_TIMEOUT
 @pytest.fixture(scope="module")
 def operator(
     kueue: Kueue, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
+) -> Iterator[operator_process.Operator]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = Operator(kubeconfig, log, "--namespace=test-kq-*", "--kueue").start()
+    op = operator_process.Operator(kubeconfig, log, "--namespace=test-kq-*", "--kueue").start()
     try:
         yield op.wait_serving(T)
     finally:
@@ -44,7 +44,9 @@ def operator(
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
     assert namespace.startswith("test-kq-"), namespace
     yield Cluster(api_client, namespace)
     print(f"operator log, last lines:\n{operator.log_tail(40)}")
@@ -349,7 +351,7 @@ def test_kueue_manage_jobs_without_queue_name_in_selected_namespaces(
     other = f"{namespace[:50]}-free"
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=other)))
     queues = Queues(api_client, namespace)
-    operator = Operator(
+    operator = operator_process.Operator(
         kubeconfig,
         tmp_path / "operator.log",
         f"--namespace={namespace}",

@@ -24,8 +24,8 @@ from tests.controlplane.cluster import ControlPlane, ControlPlaneError
 from tests.controlplane.kueue import KUEUE_NAMESPACE, Kueue, start_kueue
 from tests.integration.conftest import started_control_plane
 from tests.integration.kueue_harness import KUEUE, KV, Queues, is_true, queued_job
-from tests.integration.operator_harness import Cluster, Obj, Operator
-from tests.support import waits
+from tests.integration.operator_harness import Cluster, Obj
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -151,8 +151,10 @@ def test_kueue_multikueue_runs_the_job_on_the_worker_and_mirrors_its_status(
     manager, worker = Cluster(api_client, namespace), Cluster(worker_api, namespace)
     manager_queues, worker_queues = Queues(api_client, namespace), Queues(worker_api, namespace)
     operators = [
-        Operator(kubeconfig, tmp_path / "manager.log", f"--namespace={namespace}", "--kueue"),
-        Operator(
+        operator_process.Operator(
+            kubeconfig, tmp_path / "manager.log", f"--namespace={namespace}", "--kueue"
+        ),
+        operator_process.Operator(
             worker_plane.kubeconfig, tmp_path / "worker.log", f"--namespace={namespace}", "--kueue"
         ),
     ]

@@ -21,16 +21,8 @@ from kubernetes import client as k8s
 from tests.controlplane.cluster import Component
 from tests.controlplane.kueue import Kueue
 from tests.integration.kueue_harness import QUEUE_LABEL, Queues
-from tests.integration.operator_harness import (
-    Cluster,
-    Obj,
-    Operator,
-    meta,
-    pod_status,
-    trainjob,
-    uid_of,
-)
-from tests.support import waits
+from tests.integration.operator_harness import Cluster, Obj, meta, pod_status, trainjob, uid_of
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -149,7 +141,9 @@ def test_kueue_storm_with_operator_kills_keeps_quota_and_admission(
     cluster = Cluster(api_client, namespace)
     queues = Queues(api_client, namespace)
     log = tmp_path / "operator.log"
-    operator = Operator(kubeconfig, log, f"--namespace={namespace}", "--kueue").start()
+    operator = operator_process.Operator(
+        kubeconfig, log, f"--namespace={namespace}", "--kueue"
+    ).start()
     watcher = Watcher(k8s.CoreV1Api(api_client), queues, namespace)
     try:
         operator.wait_serving(60)
@@ -219,7 +213,7 @@ def test_kueue_job_deleted_while_the_operator_is_down_releases_its_workload(
 ) -> None:
     cluster = Cluster(api_client, namespace)
     queues = Queues(api_client, namespace)
-    operator = Operator(
+    operator = operator_process.Operator(
         kubeconfig, tmp_path / "operator.log", f"--namespace={namespace}", "--kueue"
     )
     try:

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from tests.integration.operator_harness import Cluster, Operator, attempt, meta, trainjob
-from tests.support import waits
+from tests.integration.operator_harness import Cluster, attempt, meta, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -41,12 +41,14 @@ class Operators:
         self.kubeconfig = kubeconfig
         self.logs = logs
         self.namespace = namespace
-        self.started: list[Operator] = []
+        self.started: list[operator_process.Operator] = []
 
-    def start(self, crash_after: str | None = None) -> Operator:
+    def start(self, crash_after: str | None = None) -> operator_process.Operator:
         env = {"TRAINJOB_TEST_CRASH_AFTER": crash_after} if crash_after else {}
         log = self.logs / f"operator-{len(self.started)}.log"
-        operator = Operator(self.kubeconfig, log, f"--namespace={self.namespace}", env=env).start()
+        operator = operator_process.Operator(
+            self.kubeconfig, log, f"--namespace={self.namespace}", env=env
+        ).start()
         self.started.append(operator)
         return operator
 
@@ -68,7 +70,7 @@ def operators(kubeconfig: Path, tmp_path: Path, namespace: str) -> Iterator[Oper
         print(ops.tails())
 
 
-def crashed(operator: Operator) -> None:
+def crashed(operator: operator_process.Operator) -> None:
     """Wait until the operator has killed itself at its crash point."""
     waits.wait_until(lambda: not operator.running(), timeout=T, what="the operator's crash")
     assert operator.process is not None and operator.process.returncode == -9, operator.log_tail()
@@ -175,7 +177,7 @@ def test_an_event_posted_for_a_decision_never_recorded_is_not_posted_again(
     assert reasons.count("Created") == 1, reasons
 
 
-def stopped(operator: Operator) -> None:
+def stopped(operator: operator_process.Operator) -> None:
     """Wait until the operator has paused itself (SIGSTOP) at its chosen point."""
 
     def state() -> bool:

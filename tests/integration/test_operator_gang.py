@@ -19,15 +19,8 @@ from tests.controlplane.gang import GangScheduler
 from tests.controlplane.kueue import Kueue
 from tests.integration.conftest import started_control_plane
 from tests.integration.kueue_harness import Queues, queued_job
-from tests.integration.operator_harness import (
-    Cluster,
-    Operator,
-    container,
-    meta,
-    pod_spec,
-    trainjob,
-)
-from tests.support import waits
+from tests.integration.operator_harness import Cluster, container, meta, pod_spec, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +97,7 @@ def test_gang_podgroup_and_pod_references(
     body["spec"]["runPolicy"] = {
         "schedulingPolicy": {"minAvailable": 3, "queue": "research", "scheduleTimeoutSeconds": 60}
     }
-    operator = Operator(
+    operator = operator_process.Operator(
         kubeconfig,
         tmp_path / "operator.log",
         f"--namespace={namespace}",
@@ -163,7 +156,7 @@ def test_gang_podgroup_of_a_kueue_job_is_made_only_after_admission(
     lq = queues.local_queue(cq)
     body = queued_job("gq", lq)
     body["spec"]["runPolicy"] = {"schedulingPolicy": {"minAvailable": 3}}
-    operator = Operator(
+    operator = operator_process.Operator(
         kubeconfig,
         tmp_path / "operator.log",
         f"--namespace={namespace}",
@@ -239,7 +232,7 @@ def test_gang_operator_refuses_to_start_without_the_podgroup_crd(tmp_path: Path)
     # A control plane of its own: no test has added a PodGroup CRD there.
     with contextlib.closing(started_control_plane()) as planes:
         plane = next(planes)
-        operator = Operator(
+        operator = operator_process.Operator(
             plane.kubeconfig, tmp_path / "operator.log", "--gang-scheduler=volcano"
         ).start()
         try:

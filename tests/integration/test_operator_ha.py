@@ -13,8 +13,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import REPO_ROOT
-from tests.integration.operator_harness import Cluster, Operator, trainjob
-from tests.support import waits
+from tests.integration.operator_harness import Cluster, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +59,7 @@ def _peers(api_client: k8s.ApiClient, namespace: str) -> dict[str, Any]:
     return {k: v for k, v in (peering.get("status") or {}).items() if v}
 
 
-def _healthy(op: Operator) -> bool:
+def _healthy(op: operator_process.Operator) -> bool:
     try:
         url = f"http://127.0.0.1:{op.liveness_port}/healthz"
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -74,10 +74,10 @@ def test_ha_only_the_leader_acts_and_the_other_takes_over(
     _install_peering(api_client, namespace)
     cluster = Cluster(api_client, namespace)
     args = (f"--namespace={namespace}", f"--peering={PEERING}")
-    leader = Operator(
+    leader = operator_process.Operator(
         kubeconfig, tmp_path / "leader.log", *args, "--priority=200", standalone=False
     )
-    standby = Operator(
+    standby = operator_process.Operator(
         kubeconfig, tmp_path / "standby.log", *args, "--priority=100", standalone=False
     )
     leader.start()

@@ -13,7 +13,6 @@ from kubernetes import client as k8s
 
 from tests.integration.operator_harness import (
     Cluster,
-    Operator,
     attempt,
     env_of,
     meta,
@@ -23,7 +22,7 @@ from tests.integration.operator_harness import (
     pod_status,
     trainjob,
 )
-from tests.support import waits
+from tests.support import operator_process, waits
 from trainjob_operator import writes
 
 pytestmark = pytest.mark.integration
@@ -32,16 +31,20 @@ T = 30.0  # generous per-step deadline on a 2-core machine; steps take well unde
 
 
 @pytest.fixture(scope="module")
-def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(
+    kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_process.Operator]:
     yield from module_operator(kubeconfig, tmp_path_factory, "test-op", timeout=T)
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
     yield from module_cluster(operator, api_client, namespace, "test-op")
 
 
-def test_op_create_then_running(cluster: Cluster, operator: Operator) -> None:
+def test_op_create_then_running(cluster: Cluster, operator: operator_process.Operator) -> None:
     created = cluster.create_job(trainjob("mnist", chief=1, workers=2))
     names = {"mnist-chief-0", "mnist-worker-0", "mnist-worker-1"}
     pods = cluster.wait_pods("mnist", names)

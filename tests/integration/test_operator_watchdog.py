@@ -15,8 +15,8 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.controlplane.cluster import ControlPlane
-from tests.integration.operator_harness import Cluster, Operator, trainjob
-from tests.support import waits
+from tests.integration.operator_harness import Cluster, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ def test_a_job_that_cannot_be_served_is_logged_counted_and_fails_liveness(
     _grant_trainjobs_only(api_client, namespace)
     kubeconfig = control_plane.service_account_kubeconfig(namespace, "limited")
     cluster = Cluster(api_client, namespace)
-    operator = Operator(
+    operator = operator_process.Operator(
         kubeconfig,
         tmp_path / "operator.log",
         f"--namespace={namespace}",

@@ -27,8 +27,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, utils
 from kubernetes import client as k8s
 
 from tests.controlplane.cluster import ControlPlane
-from tests.integration.operator_harness import Cluster, Operator, meta, pod_spec, trainjob
-from tests.support import ports, waits
+from tests.integration.operator_harness import Cluster, meta, pod_spec, trainjob
+from tests.support import operator_process, ports, waits
 from trainjob.core import constants
 from trainjob.core import progress as core_progress
 
@@ -41,7 +41,7 @@ BUDGET = 2.0  # status writes a second
 @pytest.fixture(scope="module")
 def progress_operator(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
+) -> Iterator[operator_process.Operator]:
     root = tmp_path_factory.mktemp("progress-operator")
     certs = root / "certs"
     certs.mkdir()
@@ -50,7 +50,7 @@ def progress_operator(
     shutil.copy(pki.serving_key, certs / "tls.key")
     shutil.copy(pki.ca_cert, certs / "ca.crt")
     port = ports.free_port()
-    op = Operator(
+    op = operator_process.Operator(
         control_plane.kubeconfig,
         root / "operator.log",
         "--namespace=test-progress-*",
@@ -77,7 +77,7 @@ def _reachable(port: int) -> bool:
 
 @pytest.fixture
 def cluster(
-    progress_operator: Operator, api_client: k8s.ApiClient, namespace: str
+    progress_operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
 ) -> Iterator[Cluster]:
     assert namespace.startswith("test-progress-"), namespace
     yield Cluster(api_client, namespace)
@@ -127,7 +127,9 @@ def _post(
 class Reporter:
     """Posts reports for one job, as a Pod would."""
 
-    def __init__(self, plane: ControlPlane, op: Operator, namespace: str, job: str) -> None:
+    def __init__(
+        self, plane: ControlPlane, op: operator_process.Operator, namespace: str, job: str
+    ) -> None:
         self.ca = plane.pki.ca_cert
         self.port: int = op.progress_port  # type: ignore[attr-defined]
         self.path = core_progress.report_path(namespace, job)
@@ -197,7 +199,7 @@ def _progress(cluster: Cluster, job: str) -> dict[str, Any]:
     return dict(status.get("progress") or {})
 
 
-def _metric(op: Operator, name: str) -> float:
+def _metric(op: operator_process.Operator, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5) as r:
         text = r.read().decode()
     return sum(
@@ -239,7 +241,7 @@ def test_progress_pods_get_a_job_token_and_the_ca(
 
 
 def test_progress_accepted_refused_and_written_within_budget(
-    cluster: Cluster, control_plane: ControlPlane, progress_operator: Operator
+    cluster: Cluster, control_plane: ControlPlane, progress_operator: operator_process.Operator
 ) -> None:
     ns = cluster.namespace
     _start_job(cluster, "a")

@@ -29,10 +29,10 @@ from kubernetes import config as k8s_config
 
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.conftest import started_control_plane
-from tests.integration.operator_harness import Cluster, Operator, trainjob
+from tests.integration.operator_harness import Cluster, trainjob
 from tests.integration.tcp_proxy import TcpProxy
 from tests.reliability import save_figures
-from tests.support import waits
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +96,9 @@ def test_a_partition_past_a_compaction_lists_again_and_decides_from_the_list(
 ) -> None:
     kubeconfig = kubeconfig_through(plane, proxy, tmp_path / "kubeconfig")
     log = tmp_path / "operator.log"
-    operator = Operator(kubeconfig, log, f"--namespace={cluster.namespace}").start()
+    operator = operator_process.Operator(
+        kubeconfig, log, f"--namespace={cluster.namespace}"
+    ).start()
     try:
         pods = running_job(cluster, "cut")
         proxy.cut()
@@ -130,7 +132,7 @@ def test_a_stalled_stream_is_noticed_and_watched_again(
 ) -> None:
     kubeconfig = kubeconfig_through(plane, proxy, tmp_path / "kubeconfig")
     log = tmp_path / "operator.log"
-    operator = Operator(
+    operator = operator_process.Operator(
         kubeconfig, log, f"--namespace={cluster.namespace}", f"--watch-idle-seconds={IDLE}"
     ).start()
     try:
