@@ -80,7 +80,7 @@ from tests.controlplane.gang import (  # noqa: E402
     plugins_version,
     start_gang_scheduler,
 )
-from tests.support import waits  # noqa: E402
+from tests.support import manifests, waits  # noqa: E402
 
 Obj = dict[str, Any]
 JOB_LABEL: Final = "trainjob.dev/job-name"
@@ -194,29 +194,14 @@ def job_body(name: str, replicas: int, run_seconds: float) -> Obj:
             if chief
             else {}
         )
-        container = {
-            "name": "tensorflow",
-            "image": scale.IMAGE,
-            "resources": {"requests": {"cpu": "1"}},
-        }
-        return {
-            "replicas": count,
-            "restartPolicy": "Never",
-            "template": {
-                "metadata": {"annotations": annotations},
-                "spec": {"containers": [container]},
-            },
-        }
+        container = manifests.container(scale.IMAGE, resources={"requests": {"cpu": "1"}})
+        template = {"metadata": {"annotations": annotations}, "spec": {"containers": [container]}}
+        return manifests.replica(count, template)
 
     specs = {"chief": replica(1, True)}
     if replicas > 1:
         specs["worker"] = replica(replicas - 1, False)
-    return {
-        "apiVersion": "trainjob.dev/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": name},
-        "spec": {"replicaSpecs": specs, "runPolicy": {"cleanPodPolicy": "Running"}},
-    }
+    return manifests.trainjob(name, specs, {"cleanPodPolicy": "Running"})
 
 
 # --------------------------------------------------------------------------- watching

@@ -72,7 +72,7 @@ from tests.controlplane.cluster import (  # noqa: E402 - after the sys.path line
     Tools,
     tools_dir,
 )
-from tests.support import ports, processes, waits  # noqa: E402
+from tests.support import manifests, ports, processes, waits  # noqa: E402
 
 Obj = dict[str, Any]
 
@@ -130,36 +130,23 @@ def _template(chief: bool, finishes: bool = True) -> Obj:
     annotations = {EXIT_CODE_ANNOTATION: "0"} if chief and finishes else {}
     return {
         "metadata": {"annotations": annotations},
-        "spec": {"containers": [{"name": "tensorflow", "image": IMAGE}]},
+        "spec": {"containers": [manifests.container(IMAGE)]},
     }
 
 
 def trainjob_body(name: str, replicas: int, finishes: bool = True) -> Obj:
     specs = {
-        rtype: {
-            "replicas": n,
-            "restartPolicy": "Never",
-            "template": _template(rtype == "chief", finishes),
-        }
+        rtype: manifests.replica(n, _template(rtype == "chief", finishes))
         for rtype, n in replica_counts(replicas).items()
         if n
     }
-    return {
-        "apiVersion": "trainjob.dev/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": name},
-        "spec": {"replicaSpecs": specs, "runPolicy": {"cleanPodPolicy": "Running"}},
-    }
+    return manifests.trainjob(name, specs, {"cleanPodPolicy": "Running"})
 
 
 def tfjob_body(name: str, replicas: int, finishes: bool = True) -> Obj:
     kinds = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
     specs = {
-        kinds[rtype]: {
-            "replicas": n,
-            "restartPolicy": "Never",
-            "template": _template(rtype == "chief", finishes),
-        }
+        kinds[rtype]: manifests.replica(n, _template(rtype == "chief", finishes))
         for rtype, n in replica_counts(replicas).items()
         if n
     }

@@ -65,13 +65,14 @@ from bench.operator_scale import (  # noqa: E402 - after the sys.path line above
     proc_stats,
 )
 from tests.controlplane.cluster import ControlPlane, Tools  # noqa: E402
-from tests.support import operator_process, ports, waits  # noqa: E402
+from tests.support import kubelet, manifests, operator_process, ports, waits  # noqa: E402
 
 Obj = dict[str, Any]
 NAMESPACE: Final = "bench-progress"
 NO_SCHEDULER: Final = "trainjob-bench-no-scheduler"
 GROUP_PATH: Final = f"/apis/trainjob.dev/v1alpha1/namespaces/{NAMESPACE}/trainjobs"
 CLIENT_THREADS: Final = 8
+IMAGE: Final = "bench:none"  # never pulled: the benchmark plays the kubelet
 
 
 def job_name(i: int) -> str:
@@ -79,24 +80,8 @@ def job_name(i: int) -> str:
 
 
 def trainjob_body(name: str) -> Obj:
-    return {
-        "apiVersion": "trainjob.dev/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicaSpecs": {
-                "worker": {
-                    "replicas": 1,
-                    "template": {
-                        "spec": {
-                            "schedulerName": NO_SCHEDULER,
-                            "containers": [{"name": "tensorflow", "image": "bench:none"}],
-                        }
-                    },
-                }
-            }
-        },
-    }
+    template = {"spec": {"schedulerName": NO_SCHEDULER, "containers": [manifests.container(IMAGE)]}}
+    return manifests.trainjob(name, {"worker": manifests.replica(1, template, None)})
 
 
 def vm_rss_kib(pid: int) -> int:
@@ -381,22 +366,7 @@ class Bench:
             pod = pods[job]
             name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
             path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/status"
-            body = {
-                "status": {
-                    "phase": "Running",
-                    "startTime": now,
-                    "containerStatuses": [
-                        {
-                            "name": "tensorflow",
-                            "image": "bench:none",
-                            "imageID": "",
-                            "ready": True,
-                            "restartCount": 0,
-                            "state": {"running": {"startedAt": now}},
-                        }
-                    ],
-                }
-            }
+            body = kubelet.pod_status("Running", kubelet.running(IMAGE, now), startTime=now)
             status, data = self._patch(path, body)
             if status != 200:
                 raise RuntimeError(f"PATCH {path} -> {status}: {data[:300]!r}")

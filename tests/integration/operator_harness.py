@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import datetime
 import json
 import subprocess
 import sys
@@ -23,13 +22,14 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import REPO_ROOT, Tools, ToolsMissingError
-from tests.support import operator_process, waits
+from tests.support import kubelet, manifests, operator_process, waits
 
-GROUP: Final = "trainjob.dev"
-VERSION: Final = "v1alpha1"
+GROUP: Final = manifests.GROUP
+VERSION: Final = manifests.VERSION
 PLURAL: Final = "trainjobs"
 JOB_LABEL: Final = "trainjob.dev/job-name"
 NO_SCHEDULER: Final = "trainjob-test-no-scheduler"
+TEST_IMAGE: Final = "example.com/trainjob:test"  # never pulled: no Pod here runs
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -139,7 +139,7 @@ def module_cluster(
 
 
 def container(**extra: Any) -> Obj:
-    return {"name": "tensorflow", "image": "example.com/trainjob:test", **extra}
+    return manifests.container(TEST_IMAGE, **extra)
 
 
 def template(**extra: Any) -> Obj:
@@ -159,23 +159,12 @@ def trainjob(
     tpl = template()
     if template_spec is not None:
         tpl = {"spec": {**tpl["spec"], **template_spec}}
-    replica_specs: Obj = {}
-    for rtype, count in (("chief", chief), ("worker", workers), ("ps", ps)):
-        if count:
-            replica_specs[rtype] = {
-                "replicas": count,
-                "restartPolicy": restart_policy,
-                "template": copy.deepcopy(tpl),
-            }
-    body: Obj = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainJob",
-        "metadata": {"name": name},
-        "spec": {"replicaSpecs": replica_specs},
+    replica_specs = {
+        rtype: manifests.replica(count, copy.deepcopy(tpl), restart_policy)
+        for rtype, count in (("chief", chief), ("worker", workers), ("ps", ps))
+        if count
     }
-    if run_policy:
-        body["spec"]["runPolicy"] = run_policy
-    return body
+    return manifests.trainjob(name, replica_specs, run_policy)
 
 
 class Cluster:
@@ -270,59 +259,18 @@ class Cluster:
     # -- playing the kubelet ----------------------------------------------------------------
 
     def set_running(self, pod: str) -> None:
-        now = _now()
-        self.core.patch_namespaced_pod_status(
-            pod,
-            self.namespace,
-            {
-                "status": {
-                    "phase": "Running",
-                    "startTime": now,
-                    "containerStatuses": [
-                        {
-                            "name": "tensorflow",
-                            "image": "example.com/trainjob:test",
-                            "imageID": "",
-                            "ready": True,
-                            "restartCount": 0,
-                            "state": {"running": {"startedAt": now}},
-                        }
-                    ],
-                }
-            },
-        )
+        now = kubelet.now()
+        status = kubelet.pod_status("Running", kubelet.running(TEST_IMAGE, now), startTime=now)
+        self.core.patch_namespaced_pod_status(pod, self.namespace, status)
 
     def set_exited(self, pod: str, exit_code: int, reason: str | None = None) -> None:
-        now = _now()
-        terminated: Obj = {"exitCode": exit_code, "startedAt": now, "finishedAt": now}
-        terminated["reason"] = reason or ("Completed" if exit_code == 0 else "Error")
-        self.core.patch_namespaced_pod_status(
-            pod,
-            self.namespace,
-            {
-                "status": {
-                    "phase": "Succeeded" if exit_code == 0 else "Failed",
-                    "containerStatuses": [
-                        {
-                            "name": "tensorflow",
-                            "image": "example.com/trainjob:test",
-                            "imageID": "",
-                            "ready": False,
-                            "restartCount": 0,
-                            "state": {"terminated": terminated},
-                        }
-                    ],
-                }
-            },
-        )
+        container = kubelet.exited(TEST_IMAGE, exit_code, kubelet.now(), reason)
+        status = kubelet.pod_status(kubelet.exit_phase(exit_code), container)
+        self.core.patch_namespaced_pod_status(pod, self.namespace, status)
 
     def run_all(self, job: str, names: set[str]) -> None:
         for name in sorted(self.wait_pods(job, names)):
             self.set_running(name)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def attempt(pod: k8s.V1Pod) -> int:

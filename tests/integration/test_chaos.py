@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import datetime
 import os
 import random
 import threading
@@ -50,6 +49,7 @@ from tests.controlplane.cluster import ControlPlane
 from tests.integration.conftest import started_control_plane
 from tests.integration.operator_harness import (
     JOB_LABEL,
+    TEST_IMAGE,
     Cluster,
     attempt,
     meta,
@@ -58,7 +58,7 @@ from tests.integration.operator_harness import (
     uid_of,
 )
 from tests.reliability import save_figures
-from tests.support import operator_process, waits
+from tests.support import kubelet, operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -184,26 +184,12 @@ class Kubelet(threading.Thread):
         )
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def running() -> dict[str, Any]:
-    return {
-        "name": "tensorflow",
-        "image": "example.com/trainjob:test",
-        "imageID": "",
-        "ready": True,
-        "restartCount": 0,
-        "state": {"running": {"startedAt": _now()}},
-    }
+    return kubelet.running(TEST_IMAGE, kubelet.now())
 
 
 def exited(code: int) -> dict[str, Any]:
-    now = _now()
-    reason = "Completed" if code == 0 else "Error"
-    terminated = {"exitCode": code, "startedAt": now, "finishedAt": now, "reason": reason}
-    return {**running(), "ready": False, "state": {"terminated": terminated}}
+    return kubelet.exited(TEST_IMAGE, code, kubelet.now())
 
 
 # -- faults ---------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from tests.integration.operator_harness import (
     running_operator,
     trainjob,
 )
-from tests.support import operator_process, waits
+from tests.support import kubelet, operator_process, waits
 from trainjob import cli, client
 from trainjob.core import spec
 
@@ -677,30 +677,11 @@ def test_cli_tensorboard_pod_is_admitted_as_restricted_says_why_it_cannot_start_
         )
         assert pod.metadata.owner_references[0].name == "board"
         name = pod.metadata.name
-        cluster.core.patch_namespaced_pod_status(
-            name,
-            ns,
-            {
-                "status": {
-                    "phase": "Pending",
-                    "containerStatuses": [
-                        {
-                            "name": "tensorboard",
-                            "image": "trainjob/trainjob:0.1.0",
-                            "imageID": "",
-                            "ready": False,
-                            "restartCount": 0,
-                            "state": {
-                                "waiting": {
-                                    "reason": "ErrImagePull",
-                                    "message": "trainjob/trainjob:0.1.0: not found",
-                                }
-                            },
-                        }
-                    ],
-                }
-            },
+        waiting = {"reason": "ErrImagePull", "message": "trainjob/trainjob:0.1.0: not found"}
+        container = kubelet.container_status(
+            {"waiting": waiting}, image="trainjob/trainjob:0.1.0", ready=False, name="tensorboard"
         )
+        cluster.core.patch_namespaced_pod_status(name, ns, kubelet.pod_status("Pending", container))
         out, err = process.communicate(timeout=T)
     finally:
         if process.poll() is None:

@@ -14,13 +14,14 @@ from kubernetes import client as k8s
 
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.operator_harness import (
+    TEST_IMAGE,
     Cluster,
     attempt,
     module_cluster,
     module_operator,
     trainjob,
 )
-from tests.support import operator_process, waits
+from tests.support import kubelet, operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -68,29 +69,10 @@ def test_fail_image_pull_backoff_shows_in_status_event_and_column(
     cluster.create_job(trainjob("pull", chief=0, workers=2))
     cluster.wait_pods("pull", {"pull-worker-0", "pull-worker-1"})
     cluster.set_running("pull-worker-0")
+    waiting = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}
+    container = kubelet.container_status({"waiting": waiting}, image="nope:1", ready=False)
     cluster.core.patch_namespaced_pod_status(
-        "pull-worker-1",
-        cluster.namespace,
-        {
-            "status": {
-                "phase": "Pending",
-                "containerStatuses": [
-                    {
-                        "name": "tensorflow",
-                        "image": "nope:1",
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {
-                            "waiting": {
-                                "reason": "ImagePullBackOff",
-                                "message": 'Back-off pulling image "nope:1"',
-                            }
-                        },
-                    }
-                ],
-            }
-        },
+        "pull-worker-1", cluster.namespace, kubelet.pod_status("Pending", container)
     )
     condition = waits.wait_until(
         lambda: (c := running_condition(cluster, "pull")).get("reason") == "ImagePullBackOff" and c,
@@ -179,31 +161,14 @@ def test_fail_the_failed_condition_quotes_the_termination_message(cluster: Clust
     cluster.create_job(trainjob("cause", chief=0, workers=1))
     cluster.run_all("cause", {"cause-worker-0"})
     cluster.wait_condition("cause", "Running")
+    terminated = {
+        "exitCode": 1,
+        "reason": "Error",
+        "message": "Traceback (most recent call last):\nValueError: learning rate must be > 0\n",
+    }
+    container = kubelet.container_status({"terminated": terminated}, image=TEST_IMAGE, ready=False)
     cluster.core.patch_namespaced_pod_status(
-        "cause-worker-0",
-        cluster.namespace,
-        {
-            "status": {
-                "phase": "Failed",
-                "containerStatuses": [
-                    {
-                        "name": "tensorflow",
-                        "image": "example.com/trainjob:test",
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {
-                            "terminated": {
-                                "exitCode": 1,
-                                "reason": "Error",
-                                "message": "Traceback (most recent call last):\n"
-                                "ValueError: learning rate must be > 0\n",
-                            }
-                        },
-                    }
-                ],
-            }
-        },
+        "cause-worker-0", cluster.namespace, kubelet.pod_status("Failed", container)
     )
     failed = cluster.wait_condition("cause", "Failed")
     assert failed["message"].endswith("; cause: worker-0: ValueError: learning rate must be > 0")

@@ -27,8 +27,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, utils
 from kubernetes import client as k8s
 
 from tests.controlplane.cluster import ControlPlane
-from tests.integration.operator_harness import Cluster, meta, pod_spec, trainjob
-from tests.support import operator_process, ports, waits
+from tests.integration.operator_harness import TEST_IMAGE, Cluster, meta, pod_spec, trainjob
+from tests.support import kubelet, operator_process, ports, waits
 from trainjob.core import constants
 from trainjob.core import progress as core_progress
 
@@ -393,32 +393,16 @@ def test_progress_final_figures_from_the_termination_message(
         time=time.time(),
     )
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    terminated = {
+        "exitCode": 0,
+        "reason": "Completed",
+        "startedAt": now,
+        "finishedAt": now,
+        "message": core_progress.termination_message(final),
+    }
+    container = kubelet.container_status({"terminated": terminated}, image=TEST_IMAGE, ready=False)
     cluster.core.patch_namespaced_pod_status(
-        "term-chief-0",
-        cluster.namespace,
-        {
-            "status": {
-                "phase": "Succeeded",
-                "containerStatuses": [
-                    {
-                        "name": "tensorflow",
-                        "image": "example.com/trainjob:test",
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {
-                            "terminated": {
-                                "exitCode": 0,
-                                "reason": "Completed",
-                                "startedAt": now,
-                                "finishedAt": now,
-                                "message": core_progress.termination_message(final),
-                            }
-                        },
-                    }
-                ],
-            }
-        },
+        "term-chief-0", cluster.namespace, kubelet.pod_status("Succeeded", container)
     )
     waits.wait_until(
         lambda: _progress(cluster, "term").get("summary") == "100% (5/5)",
