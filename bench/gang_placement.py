@@ -73,13 +73,14 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench import operator_scale as scale  # noqa: E402 - after the sys.path line above
-from tests.controlplane.cluster import KWOK_NODES, ControlPlane, Tools  # noqa: E402
+from tests.controlplane.cluster import KWOK_NODES, ControlPlane  # noqa: E402
 from tests.controlplane.gang import (  # noqa: E402
     PERMIT_WAITING_SECONDS,
     GangScheduler,
     plugins_version,
     start_gang_scheduler,
 )
+from tests.controlplane.tools import Tools  # noqa: E402
 from tests.support import manifests, waits  # noqa: E402
 
 Obj = dict[str, Any]

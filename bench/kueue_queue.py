@@ -41,8 +41,9 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench import operator_scale as scale  # noqa: E402 - after the sys.path line above
-from tests.controlplane.cluster import ControlPlane, Tools  # noqa: E402
+from tests.controlplane.cluster import ControlPlane  # noqa: E402
 from tests.controlplane.kueue import EXTERNAL_FRAMEWORK, KUEUE_GROUP, start_kueue  # noqa: E402
+from tests.controlplane.tools import Tools  # noqa: E402
 
 Obj = dict[str, Any]
 QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"

@@ -59,7 +59,8 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench import operator_scale as scale  # noqa: E402 - after the sys.path line above
-from tests.controlplane.cluster import ControlPlane, Tools  # noqa: E402
+from tests.controlplane.cluster import ControlPlane  # noqa: E402
+from tests.controlplane.tools import Tools  # noqa: E402
 
 Obj = dict[str, Any]
 NAMESPACES: Final = 20

@@ -66,12 +66,8 @@ REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tests.controlplane.cluster import (  # noqa: E402 - after the sys.path line above
-    KWOK_CONFIG,
-    ControlPlane,
-    Tools,
-    tools_dir,
-)
+from tests.controlplane.cluster import KWOK_CONFIG, ControlPlane  # noqa: E402 - after the sys.path line above
+from tests.controlplane.tools import Tools, tools_dir  # noqa: E402
 from tests.support import manifests, ports, processes, waits  # noqa: E402
 
 Obj = dict[str, Any]

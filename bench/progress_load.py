@@ -64,7 +64,8 @@ from bench.operator_scale import (  # noqa: E402 - after the sys.path line above
     percentile,
     proc_stats,
 )
-from tests.controlplane.cluster import ControlPlane, Tools  # noqa: E402
+from tests.controlplane.cluster import ControlPlane  # noqa: E402
+from tests.controlplane.tools import Tools  # noqa: E402
 from tests.support import kubelet, manifests, operator_process, ports, waits  # noqa: E402
 
 Obj = dict[str, Any]

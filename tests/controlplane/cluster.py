@@ -20,12 +20,9 @@ or from a shell: ``python -m tests.controlplane up [--kwok] [--crds]``.
 from __future__ import annotations
 
 import base64
-import datetime
 import functools
-import ipaddress
 import json
 import os
-import re
 import secrets
 import shutil
 import ssl
@@ -40,274 +37,20 @@ from types import TracebackType
 from typing import Final
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tests.controlplane.pki import Pki
+from tests.controlplane.tools import HERE, Tools
 from tests.support import ports, processes, waits
 
-HERE: Final = Path(__file__).resolve().parent
-REPO_ROOT: Final = HERE.parent.parent
-INSTALL_COMMAND: Final = "bash tests/controlplane/install.sh"
 KWOK_CONFIG: Final = HERE / "kwok" / "kwok.yaml"
 KWOK_NODES: Final = HERE / "kwok" / "nodes.yaml"
 
 SERVICE_CLUSTER_IP_RANGE: Final = "10.0.0.0/24"
-LOOPBACK: Final = "127.0.0.1"
 ADMIN_USER: Final = "trainjob-admin"
-
-
-class ToolsMissingError(RuntimeError):
-    """The control-plane binaries are not installed."""
 
 
 class ControlPlaneError(RuntimeError):
     """A component failed to start or to become healthy in time."""
-
-
-# --------------------------------------------------------------------------- tools
-
-
-def _go_mod_version(gomod: Path, module: str) -> str:
-    """The version of ``module`` that a go.mod requires (single-line or block form)."""
-    pattern = re.compile(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", re.MULTILINE)
-    match = pattern.search(gomod.read_text(encoding="utf-8"))
-    if match is None:
-        raise ToolsMissingError(f"{gomod} does not require {module}")
-    return match.group(1)
-
-
-def _install_sh_version(name: str) -> str:
-    """A ``NAME="vX"`` assignment in install.sh (the one place kwok/helm versions live)."""
-    text = (HERE / "install.sh").read_text(encoding="utf-8")
-    match = re.search(rf'^{name}="(v[^"]+)"', text, re.MULTILINE)
-    if match is None:
-        raise ToolsMissingError(f"{name} not found in {HERE / 'install.sh'}")
-    return match.group(1)
-
-
-def tools_dir() -> Path:
-    """Where install.sh caches the binaries."""
-    env = os.environ.get("TRAINJOB_TOOLS_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "trainjob-tools"
-
-
-@dataclass(frozen=True)
-class Tools:
-    """Paths of the binaries built by install.sh, keyed by the versions pinned in the repo."""
-
-    kubernetes_version: str
-    etcd_version: str
-    kwok_version: str
-    helm_version: str
-    etcd: Path
-    kube_apiserver: Path
-    kube_controller_manager: Path
-    kube_scheduler: Path
-    kubectl: Path
-    kwok: Path
-    helm: Path
-
-    @classmethod
-    def locate(cls, root: Path | None = None) -> Tools:
-        base = root if root is not None else tools_dir()
-        k8s = _go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
-        etcd = _go_mod_version(HERE / "etcd" / "go.mod", "go.etcd.io/etcd/server/v3")
-        kwok = _install_sh_version("KWOK_VERSION")
-        helm = _install_sh_version("HELM_VERSION")
-        kdir = base / f"kubernetes-{k8s}"
-        return cls(
-            kubernetes_version=k8s,
-            etcd_version=etcd,
-            kwok_version=kwok,
-            helm_version=helm,
-            etcd=base / f"etcd-{etcd}" / "etcd",
-            kube_apiserver=kdir / "kube-apiserver",
-            kube_controller_manager=kdir / "kube-controller-manager",
-            kube_scheduler=kdir / "kube-scheduler",
-            kubectl=kdir / "kubectl",
-            kwok=base / f"kwok-{kwok}" / "kwok",
-            helm=base / f"helm-{helm}" / "helm",
-        )
-
-    def all_paths(self) -> list[Path]:
-        return [
-            self.etcd,
-            self.kube_apiserver,
-            self.kube_controller_manager,
-            self.kube_scheduler,
-            self.kubectl,
-            self.kwok,
-            self.helm,
-        ]
-
-    def missing(self) -> list[Path]:
-        return [p for p in self.all_paths() if not os.access(p, os.X_OK)]
-
-    def require(self) -> Tools:
-        """Raise ToolsMissingError, naming the install command, unless every binary exists."""
-        missing = self.missing()
-        if missing:
-            listed = "\n  ".join(str(p) for p in missing)
-            raise ToolsMissingError(
-                f"control-plane binaries are missing:\n  {listed}\n"
-                f"Build them once (10-20 min cold, cached afterwards) with:\n"
-                f"  {INSTALL_COMMAND}\n"
-                f"(set TRAINJOB_TOOLS_DIR to use another cache directory)"
-            )
-        return self
-
-
-# --------------------------------------------------------------------------- PKI
-
-
-def _pem_cert(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-@dataclass(frozen=True)
-class Pki:
-    """Files of the throw-away PKI: a CA, the API server's serving cert, service-account keys."""
-
-    ca_cert: Path
-    ca_key: Path
-    serving_cert: Path
-    serving_key: Path
-    sa_key: Path
-    sa_pub: Path
-    # The API server's client certificate towards kubelets (logs, exec, port-forward).
-    kubelet_client_cert: Path
-    kubelet_client_key: Path
-
-    @classmethod
-    def generate(cls, directory: Path, extra_ips: Sequence[str] = ()) -> Pki:
-        directory.mkdir(parents=True, exist_ok=True)
-        now = datetime.datetime.now(datetime.timezone.utc)
-        start = now - datetime.timedelta(hours=1)
-        end = now + datetime.timedelta(days=7)
-
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "trainjob-test-ca")])
-        ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(ca_name)
-            .issuer_name(ca_name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start)
-            .not_valid_after(end)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(ca_key, hashes.SHA256())
-        )
-
-        serving_key = ec.generate_private_key(ec.SECP256R1())
-        first_service_ip = next(ipaddress.IPv4Network(SERVICE_CLUSTER_IP_RANGE).hosts())
-        sans: list[x509.GeneralName] = [
-            x509.DNSName("localhost"),
-            x509.DNSName("kubernetes"),
-            x509.DNSName("kubernetes.default"),
-            x509.DNSName("kubernetes.default.svc"),
-            x509.DNSName("kubernetes.default.svc.cluster.local"),
-            x509.IPAddress(ipaddress.IPv4Address(LOOPBACK)),
-            x509.IPAddress(first_service_ip),
-            *(x509.IPAddress(ipaddress.IPv4Address(ip)) for ip in extra_ips),
-        ]
-        serving_cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-            .issuer_name(ca_name)
-            .public_key(serving_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start)
-            .not_valid_after(end)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
-
-        sa_key = ec.generate_private_key(ec.SECP256R1())
-        sa_pub = sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-
-        pki = cls(
-            ca_cert=directory / "ca.crt",
-            ca_key=directory / "ca.key",
-            serving_cert=directory / "apiserver.crt",
-            serving_key=directory / "apiserver.key",
-            sa_key=directory / "sa.key",
-            sa_pub=directory / "sa.pub",
-            kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
-            kubelet_client_key=directory / "apiserver-kubelet-client.key",
-        )
-        pki.ca_cert.write_bytes(_pem_cert(ca_cert))
-        pki.ca_key.write_bytes(_pem_key(ca_key))
-        pki.serving_cert.write_bytes(_pem_cert(serving_cert))
-        pki.serving_key.write_bytes(_pem_key(serving_key))
-        pki.sa_key.write_bytes(_pem_key(sa_key))
-        pki.sa_pub.write_bytes(sa_pub)
-        for key_file in (pki.ca_key, pki.serving_key, pki.sa_key):
-            key_file.chmod(0o600)
-        pki.client_cert(
-            "kube-apiserver-kubelet-client",
-            "system:masters",
-            pki.kubelet_client_cert,
-            pki.kubelet_client_key,
-        )
-        return pki
-
-    def client_cert(self, common_name: str, organization: str, cert: Path, key: Path) -> None:
-        """Write a client certificate signed by the CA: the API server maps CN to the user
-        and O to the group (a kubelet is CN=system:node:<name>, O=system:nodes)."""
-        ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), password=None)
-        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-            raise ControlPlaneError(f"{self.ca_key} is not an EC key")
-        ca_cert = x509.load_pem_x509_certificate(self.ca_cert.read_bytes())
-        now = datetime.datetime.now(datetime.timezone.utc)
-        client_key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization),
-                x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-            ]
-        )
-        signed = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(ca_cert.subject)
-            .public_key(client_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=7))
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
-        cert.write_bytes(_pem_cert(signed))
-        key.write_bytes(_pem_key(client_key))
-        key.chmod(0o600)
 
 
 @dataclass
@@ -347,7 +90,7 @@ class ControlPlane:
     # The API server's address. A real node's pods reach the API server through the
     # `kubernetes` Service, whose endpoint is this address: it must not be loopback then
     # (tests/controlplane/node.py puts the node's address on an interface of its own).
-    address: str = LOOPBACK
+    address: str = ports.LOOPBACK
     # Extra kube-apiserver flags (e.g. --watch-cache=false to make watches read etcd).
     apiserver_flags: Sequence[str] = ()
 
@@ -406,8 +149,8 @@ class ControlPlane:
         else:
             self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            extra_ips = [self.address] if self.address != LOOPBACK else []
-            self._pki = Pki.generate(self.root / "pki", extra_ips)
+            extra_ips = [self.address] if self.address != ports.LOOPBACK else []
+            self._pki = Pki.generate(self.root / "pki", SERVICE_CLUSTER_IP_RANGE, extra_ips)
             self._with_port_retry(self._start_etcd)
             self._with_port_retry(self._start_apiserver)
             self._write_kubeconfig()
@@ -457,11 +200,17 @@ class ControlPlane:
                     self.components.remove(component)
                     component.log.rename(component.log.with_suffix(f".attempt{attempt}.log"))
 
-    def _spawn(self, name: str, argv: Sequence[str | Path]) -> Component:
+    def spawn(
+        self, name: str, argv: Sequence[str | Path], *, stopped_with_plane: bool = True
+    ) -> Component:
+        """Start a process beside the control plane (Kueue, a scheduler, a node's parts),
+        logging to `<root>/logs/<name>.log`. `stopped_with_plane`: `stop()` stops it too;
+        otherwise the caller owns it."""
         log = self.root / "logs" / f"{name}.log"
         process = processes.spawn_logged(argv, log, cwd=self.root, die_with_parent=True)
         component = Component(process=process, log=log, name=name, argv=tuple(map(str, argv)))
-        self.components.append(component)
+        if stopped_with_plane:
+            self.components.append(component)
         return component
 
     # -- faults (reliability tests) -------------------------------------------------------
@@ -483,15 +232,13 @@ class ControlPlane:
         if component.running():
             raise ControlPlaneError(f"{name} is still running")
         index = self.components.index(component)
-        self.components.remove(component)
-        revived = self._spawn(name, component.argv)
-        self.components.remove(revived)
-        self.components.insert(index, revived)
+        revived = self.spawn(name, component.argv, stopped_with_plane=False)
+        self.components[index] = revived
         checks: dict[str, Callable[[], bool]] = {
             "etcd": lambda: waits.http_ok(f"{self.etcd_url}/health"),
-            "kube-apiserver": lambda: self._https_ok(f"{self.apiserver_url}/readyz"),
+            "kube-apiserver": lambda: self.https_ok(f"{self.apiserver_url}/readyz"),
         }
-        self._wait_healthy(revived, checks.get(name, revived.running))
+        self.wait_healthy(revived, checks.get(name, revived.running))
 
     def compact_etcd(self) -> int:
         """Compact etcd's history up to its current revision (what etcd and the API server do
@@ -513,7 +260,10 @@ class ControlPlane:
             resp.read()
         return revision
 
-    def _wait_healthy(self, component: Component, check: Callable[[], bool]) -> None:
+    def wait_healthy(self, component: Component, check: Callable[[], bool]) -> None:
+        """Wait until `check` passes; fail with the component's log if it exits first or
+        the start timeout passes (a ControlPlaneError)."""
+
         def ready() -> bool:
             if not component.running():
                 raise ControlPlaneError(f"{component.name} exited{component.describe_failure()}")
@@ -533,9 +283,9 @@ class ControlPlane:
     def _start_etcd(self) -> None:
         shutil.rmtree(self.root / "etcd", ignore_errors=True)
         client, peer = ports.free_port(), ports.free_port()
-        self.etcd_url = f"http://{LOOPBACK}:{client}"
-        peer_url = f"http://{LOOPBACK}:{peer}"
-        etcd = self._spawn(
+        self.etcd_url = f"http://{ports.LOOPBACK}:{client}"
+        peer_url = f"http://{ports.LOOPBACK}:{peer}"
+        etcd = self.spawn(
             "etcd",
             [
                 self.tools.etcd,
@@ -560,7 +310,7 @@ class ControlPlane:
                 return False
             return bool(body.get("health") == "true")
 
-        self._wait_healthy(etcd, healthy)
+        self.wait_healthy(etcd, healthy)
 
     # -- kube-apiserver ------------------------------------------------------------------
 
@@ -574,7 +324,7 @@ class ControlPlane:
             f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n', encoding="utf-8"
         )
         tokens.chmod(0o600)
-        apiserver = self._spawn(
+        apiserver = self.spawn(
             "kube-apiserver",
             [
                 self.tools.kube_apiserver,
@@ -603,14 +353,15 @@ class ControlPlane:
                 "--disable-admission-plugins=TaintNodesByCondition",
                 # The 'kubernetes' Service endpoints cannot point at loopback: don't reconcile
                 # unless the API server has a real address (a node's pods reach it there).
-                "--endpoint-reconciler-type=" + ("none" if self.address == LOOPBACK else "lease"),
+                "--endpoint-reconciler-type="
+                + ("none" if self.address == ports.LOOPBACK else "lease"),
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
                 *self.apiserver_flags,
             ],
         )
-        self._wait_healthy(apiserver, lambda: self._https_ok(f"{self.apiserver_url}/readyz"))
+        self.wait_healthy(apiserver, lambda: self.https_ok(f"{self.apiserver_url}/readyz"))
 
     @property
     def pki(self) -> Pki:
@@ -622,7 +373,9 @@ class ControlPlane:
             raise ControlPlaneError("PKI not generated")
         return self._pki
 
-    def _https_ok(self, url: str, *, verify_ca: bool = True) -> bool:
+    def https_ok(self, url: str, *, verify_ca: bool = True) -> bool:
+        """Whether an HTTPS endpoint answers 200 to the admin token right now; `verify_ca`
+        False for the self-signed serving certificates of the controllers and schedulers."""
         if verify_ca:
             context = ssl.create_default_context(cafile=str(self._require_pki().ca_cert))
         else:  # self-signed serving certs of kube-controller-manager / kube-scheduler
@@ -693,7 +446,7 @@ class ControlPlane:
             f"--kubeconfig={self.kubeconfig}",
             f"--authentication-kubeconfig={self.kubeconfig}",
             f"--authorization-kubeconfig={self.kubeconfig}",
-            f"--bind-address={LOOPBACK}",
+            f"--bind-address={ports.LOOPBACK}",
             f"--secure-port={port}",
             f"--cert-dir={self.root / (name + '-certs')}",
             "--leader-elect=false",
@@ -703,7 +456,7 @@ class ControlPlane:
     def _start_controller_manager(self) -> None:
         pki = self._require_pki()
         flags = self._component_flags("kube-controller-manager")
-        kcm = self._spawn(
+        kcm = self.spawn(
             "kube-controller-manager",
             [
                 self.tools.kube_controller_manager,
@@ -720,17 +473,17 @@ class ControlPlane:
             ],
         )
         port = _flag_value(flags, "--secure-port")
-        self._wait_healthy(
-            kcm, lambda: self._https_ok(f"https://{LOOPBACK}:{port}/healthz", verify_ca=False)
+        self.wait_healthy(
+            kcm, lambda: self.https_ok(f"https://{ports.LOOPBACK}:{port}/healthz", verify_ca=False)
         )
 
     def _start_scheduler(self) -> None:
         flags = self._component_flags("kube-scheduler")
-        scheduler = self._spawn("kube-scheduler", [self.tools.kube_scheduler, *flags])
+        scheduler = self.spawn("kube-scheduler", [self.tools.kube_scheduler, *flags])
         port = _flag_value(flags, "--secure-port")
-        self._wait_healthy(
+        self.wait_healthy(
             scheduler,
-            lambda: self._https_ok(f"https://{LOOPBACK}:{port}/healthz", verify_ca=False),
+            lambda: self.https_ok(f"https://{ports.LOOPBACK}:{port}/healthz", verify_ca=False),
         )
 
     def _wait_default_service_account(self, namespace: str) -> None:
@@ -814,17 +567,17 @@ class ControlPlane:
             if existing.name == "kwok" and existing.running():
                 return existing
         port = ports.free_port()
-        kwok = self._spawn(
+        kwok = self.spawn(
             "kwok",
             [
                 self.tools.kwok,
                 f"--kubeconfig={self.kubeconfig}",
                 f"--config={config}",
-                f"--server-address={LOOPBACK}:{port}",
+                f"--server-address={ports.LOOPBACK}:{port}",
                 "--v=WARN",
             ],
         )
-        self._wait_healthy(kwok, lambda: waits.http_ok(f"http://{LOOPBACK}:{port}/healthz"))
+        self.wait_healthy(kwok, lambda: waits.http_ok(f"http://{ports.LOOPBACK}:{port}/healthz"))
         if nodes is not None:
             self.kubectl("apply", "-f", nodes)
             self.kubectl(

@@ -41,16 +41,12 @@ from typing import Final
 import yaml
 
 from tests.controlplane.cluster import (
-    HERE,
-    LOOPBACK,
-    REPO_ROOT,
+    SERVICE_CLUSTER_IP_RANGE,
     Component,
     ControlPlane,
     ControlPlaneError,
-    ToolsMissingError,
-    _go_mod_version,
-    tools_dir,
 )
+from tests.controlplane.tools import HERE, REPO_ROOT, ToolsMissingError, go_mod_version, tools_dir
 from tests.support import ports, waits
 
 NODE_NAME: Final = "trainjob-node"
@@ -58,7 +54,6 @@ NODE_IP: Final = "10.243.0.1"
 NODE_LINK: Final = "tj-node0"
 BRIDGE: Final = "tj-cni0"
 POD_CIDR: Final = "10.244.0.0/24"
-SERVICE_CIDR: Final = "10.0.0.0/24"
 CLUSTER_DOMAIN: Final = "cluster.local"
 FORWARD_CHAIN: Final = "TRAINJOB-NODE"
 PAUSE_IMAGE: Final = "localhost/trainjob/pause:3.10"
@@ -80,11 +75,11 @@ PRODUCT_IMAGES: Final = (
 
 
 def coredns_version() -> str:
-    return _go_mod_version(HERE / "coredns" / "go.mod", "github.com/coredns/coredns")
+    return go_mod_version(HERE / "coredns" / "go.mod", "github.com/coredns/coredns")
 
 
 def kubernetes_version() -> str:
-    return _go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
+    return go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
 
 
 @dataclass(frozen=True)
@@ -375,8 +370,8 @@ class Node:
         return next((c for c in self.components if c.name == name), None)
 
     def _spawn(self, name: str, argv: Sequence[str | Path]) -> Component:
-        component = self.plane._spawn(name, argv)  # logs next to the control plane's
-        self.plane.components.remove(component)  # the node stops its own processes
+        # Logs next to the control plane's; the node stops its own processes.
+        component = self.plane.spawn(name, argv, stopped_with_plane=False)
         self.components.append(component)
         return component
 
@@ -417,7 +412,7 @@ class Node:
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{"subnet": POD_CIDR}]],
-                        "routes": [{"dst": SERVICE_CIDR}, {"dst": f"{NODE_IP}/32"}],
+                        "routes": [{"dst": SERVICE_CLUSTER_IP_RANGE}, {"dst": f"{NODE_IP}/32"}],
                         "dataDir": str(self.root / "cni" / "ipam"),
                     },
                 },
@@ -473,7 +468,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         containerd = self._spawn(
             "containerd", [self.tools.containerd, f"--config={config}", "--log-level=warn"]
         )
-        self.plane._wait_healthy(
+        self.plane.wait_healthy(
             containerd,
             lambda: self._ctr("version", check=False) is not None,
         )
@@ -627,7 +622,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         corefile.write_text(
             f""".:53 {{
     bind {NODE_IP}
-    ready {LOOPBACK}:{ready_port}
+    ready {ports.LOOPBACK}:{ready_port}
     errors
     kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
         kubeconfig {self.plane.kubeconfig} trainjob-test
@@ -639,8 +634,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             encoding="utf-8",
         )
         coredns = self._spawn("coredns", [self.tools.coredns, "-conf", corefile])
-        self.plane._wait_healthy(
-            coredns, lambda: waits.http_ok(f"http://{LOOPBACK}:{ready_port}/ready")
+        self.plane.wait_healthy(
+            coredns, lambda: waits.http_ok(f"http://{ports.LOOPBACK}:{ready_port}/ready")
         )
 
     def _start_kube_proxy(self) -> None:
@@ -655,8 +650,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                     "mode": "iptables",
                     "clusterCIDR": POD_CIDR,
                     "bindAddress": NODE_IP,
-                    "healthzBindAddress": f"{LOOPBACK}:{ports.free_port()}",
-                    "metricsBindAddress": f"{LOOPBACK}:{ports.free_port()}",
+                    "healthzBindAddress": f"{ports.LOOPBACK}:{ports.free_port()}",
+                    "metricsBindAddress": f"{ports.LOOPBACK}:{ports.free_port()}",
                     # The host's conntrack sysctls stay as they are.
                     "conntrack": {"maxPerCore": 0, "min": 0},
                     # NodePorts only on the node's address; no route_localnet sysctl.
@@ -692,7 +687,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                     "address": NODE_IP,
                     "port": 10250,
                     "readOnlyPort": 0,
-                    "healthzBindAddress": LOOPBACK,
+                    "healthzBindAddress": ports.LOOPBACK,
                     "healthzPort": ports.free_port(),
                     "authentication": {
                         "anonymous": {"enabled": False},

@@ -38,7 +38,8 @@ IMAGE_TAG = os.environ.get("TRAINJOB_E2E_IMAGE_TAG", "0.1.0")
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    from tests.controlplane.cluster import ControlPlaneError, ToolsMissingError
+    from tests.controlplane.cluster import ControlPlaneError
+    from tests.controlplane.tools import ToolsMissingError
 
     workdir = os.environ.get("TRAINJOB_E2E_WORKDIR")
     try:

@@ -22,16 +22,10 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import (
-    REPO_ROOT,
-    Component,
-    ControlPlane,
-    ControlPlaneError,
-    Tools,
-    ToolsMissingError,
-)
+from tests.controlplane.cluster import Component, ControlPlane, ControlPlaneError
 from tests.controlplane.gang import GangScheduler, start_gang_scheduler
 from tests.controlplane.kueue import Kueue, start_kueue
+from tests.controlplane.tools import REPO_ROOT, Tools, ToolsMissingError
 from tests.integration.kueue_harness import KUEUE_PODS_READY_TIMEOUT
 from tests.support import waits
 

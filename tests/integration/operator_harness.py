@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import REPO_ROOT, Tools, ToolsMissingError
+from tests.controlplane.tools import REPO_ROOT, Tools, ToolsMissingError
 from tests.support import kubelet, manifests, operator_process, waits
 
 GROUP: Final = manifests.GROUP

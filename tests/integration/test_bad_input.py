@@ -25,7 +25,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import REPO_ROOT
+from tests.controlplane.tools import REPO_ROOT
 from tests.integration.operator_harness import GROUP, PLURAL, VERSION, Cluster, trainjob
 from tests.reliability import save_figures
 from tests.support import operator_process, waits

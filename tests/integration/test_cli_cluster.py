@@ -27,7 +27,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import REPO_ROOT, ControlPlane
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.tools import REPO_ROOT
 from tests.integration.operator_harness import (
     GROUP,
     Cluster,

@@ -16,7 +16,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import REPO_ROOT, ControlPlane
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.tools import REPO_ROOT
 from tests.support import waits
 
 pytestmark = pytest.mark.integration

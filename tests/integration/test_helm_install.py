@@ -21,7 +21,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from tests.controlplane.cluster import INSTALL_COMMAND, REPO_ROOT, ControlPlane
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.tools import INSTALL_COMMAND, REPO_ROOT
 from tests.integration.operator_harness import Cluster, meta, trainjob
 from tests.support import operator_process, waits
 

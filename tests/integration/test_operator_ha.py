@@ -12,7 +12,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import REPO_ROOT
+from tests.controlplane.tools import REPO_ROOT
 from tests.integration.operator_harness import Cluster, trainjob
 from tests.support import operator_process, waits
 

@@ -8,7 +8,10 @@ import functools
 import random
 import socket
 from pathlib import Path
+from typing import Final
 
+# Where the tests' servers listen (the node's API server excepted: its pods reach it elsewhere).
+LOOPBACK: Final = "127.0.0.1"
 # Ports this process has handed out: never handed out twice.
 _HANDED_OUT_PORTS: set[int] = set()
 # Listening ports for the tests come from below the kernel's ephemeral range (and below
