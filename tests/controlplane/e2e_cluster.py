@@ -1,4 +1,5 @@
-"""The cluster the e2e tier runs on, and small helpers to drive it with kubectl and helm.
+"""The cluster the e2e tier and bench/e2e_timings.py run on, and small helpers to drive it
+with kubectl and helm.
 
 Two kinds of cluster, chosen by ``TRAINJOB_E2E_CLUSTER``:
 
