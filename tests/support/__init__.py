@@ -1,2 +1,3 @@
-"""What every test tier and every benchmark shares: free ports, waits with a deadline, child
-processes with a log, and the manifests and Pod statuses tests and benchmarks write."""
+"""What every test tier and every benchmark share, knowing nothing of the test bed or the tiers:
+free ports, waits with a deadline, logged child processes (the operator among them), and the
+TrainJob manifests and Pod statuses that tests and benchmarks write."""
