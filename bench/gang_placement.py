@@ -741,8 +741,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with scale.bench_workdir(args.workdir) as workdir:
         plane = ControlPlane(tools=tools, workdir=workdir / "cp")
         with plane:
-            for crd in sorted((REPO_ROOT / "crds").glob("*.yaml")):
-                scale.apply_crd(plane, crd)
+            plane.apply_crds(sorted((REPO_ROOT / "crds").glob("*.yaml")))
             plane.start_kwok(nodes=None)  # the test bed's two 1000-CPU nodes would fit all
             create_nodes(scale.Bench(plane, workdir, plan.replicas, 0), plan.nodes, plan.node_cpu)
             info = scale.machine_info(plane)

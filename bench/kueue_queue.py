@@ -296,8 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with scale.bench_workdir(args.workdir) as workdir:
         plane = ControlPlane(tools=tools, workdir=workdir / "cp")
         with plane:
-            for crd in sorted((REPO_ROOT / "crds").glob("*.yaml")):
-                scale.apply_crd(plane, crd)
+            plane.apply_crds(sorted((REPO_ROOT / "crds").glob("*.yaml")))
             frameworks = ["batch/job"]
             groups = [KUEUE_GROUP]
             if scale.KUBEFLOW in operators:

@@ -499,8 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with scale.bench_workdir(args.workdir) as workdir:
         plane = ControlPlane(tools=tools, workdir=workdir / "cp")
         with plane:
-            for crd in sorted((scale.REPO_ROOT / "crds").glob("*.yaml")):
-                scale.apply_crd(plane, crd)
+            plane.apply_crds(sorted((scale.REPO_ROOT / "crds").glob("*.yaml")))
             plane.start_kwok(config=scale.kwok_config(workdir))
             info = scale.machine_info(plane)
             print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), flush=True)

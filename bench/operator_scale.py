@@ -67,7 +67,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tests.controlplane.cluster import KWOK_CONFIG, ControlPlane  # noqa: E402 - after the sys.path line above
-from tests.controlplane.tools import Tools, tools_dir  # noqa: E402
+from tests.controlplane.tools import Tools, go_mod_version, tools_dir  # noqa: E402
 from tests.support import manifests, ports, processes, waits  # noqa: E402
 
 Obj = dict[str, Any]
@@ -473,13 +473,10 @@ class OperatorProcess(processes.LoggedProcess):
 
 
 def kubeflow_dir() -> Path:
-    gomod = (BENCH_DIR / "kubeflow" / "go.mod").read_text(encoding="utf-8")
-    match = re.search(
-        rf"^\s*(?:require\s+)?{re.escape(KUBEFLOW_MODULE)}\s+(v\S+)", gomod, re.MULTILINE
-    )
-    if match is None:
-        raise BenchError(f"bench/kubeflow/go.mod does not require {KUBEFLOW_MODULE}")
-    return tools_dir() / f"training-operator-{match.group(1)}"
+    """Where bench/kubeflow/install.sh caches the baseline, keyed by the version its go.mod
+    requires."""
+    version = go_mod_version(BENCH_DIR / "kubeflow" / "go.mod", KUBEFLOW_MODULE)
+    return tools_dir() / f"training-operator-{version}"
 
 
 def kubeflow_version() -> str:
@@ -644,7 +641,7 @@ class Bench:
         crd = kubeflow_dir() / "kubeflow.org_tfjobs.yaml"
         if not crd.is_file():
             raise BenchError(f"{crd} is missing: run `bash bench/kubeflow/install.sh`")
-        apply_crd(self.plane, crd)
+        self.plane.apply_crds([crd])
         self.namespace(SYSTEM_NS)
         self.kubectl_apply(
             [
@@ -895,26 +892,6 @@ class Bench:
             children_max=max(latencies, default=float("nan")),
             notes=notes,
         )
-
-
-def apply_crd(plane: ControlPlane, path: Path, timeout: float = 60.0) -> None:
-    """kubectl apply a CRD and poll until it is Established. (``kubectl wait`` fails at once
-    when the CRD has no status.conditions yet, which happens on a loaded machine.)"""
-    name = plane.kubectl(
-        "apply", "--server-side", "--force-conflicts", "-f", path, "-o", "name"
-    ).stdout.strip()
-
-    def established() -> bool:
-        out = plane.kubectl(
-            "get",
-            name,
-            "-o",
-            'jsonpath={.status.conditions[?(@.type=="Established")].status}',
-            check=False,
-        ).stdout
-        return out.strip() == "True"
-
-    waits.wait_until(established, timeout=timeout, what=f"{name} to be Established", interval=0.2)
 
 
 def flow_schema(operator: str) -> str:
@@ -1183,8 +1160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with bench_workdir(args.workdir) as workdir:
         plane = ControlPlane(tools=tools, workdir=workdir / "cp")
         with plane:
-            for crd in crds:
-                apply_crd(plane, crd)
+            plane.apply_crds(crds)
             plane.start_kwok(config=kwok_config(workdir))
             info = machine_info(plane)
             print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), flush=True)
