@@ -260,9 +260,18 @@ class ControlPlane:
             resp.read()
         return revision
 
-    def wait_healthy(self, component: Component, check: Callable[[], bool]) -> None:
-        """Wait until `check` passes; fail with the component's log if it exits first or
-        the start timeout passes (a ControlPlaneError)."""
+    def wait_healthy(
+        self,
+        component: Component,
+        check: Callable[[], bool],
+        *,
+        what: str | None = None,
+        timeout: float | None = None,
+        interval: float = 0.2,
+    ) -> None:
+        """Wait until `check` passes (`what`: by default the component healthy); fail with
+        the component's log if it exits first or `timeout` (by default the control plane's
+        start timeout) passes, as a ControlPlaneError."""
 
         def ready() -> bool:
             if not component.running():
@@ -271,9 +280,9 @@ class ControlPlane:
 
         waits.wait_until(
             ready,
-            timeout=self.start_timeout,
-            what=f"{component.name} to become healthy",
-            interval=0.2,
+            timeout=self.start_timeout if timeout is None else timeout,
+            what=what or f"{component.name} to become healthy",
+            interval=interval,
             on_timeout=component.describe_failure,
             error=ControlPlaneError,
         )

@@ -737,8 +737,6 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         )
 
         def ready() -> bool:
-            if not kubelet.running():
-                raise ControlPlaneError(f"kubelet exited{kubelet.describe_failure()}")
             out = self.plane.kubectl(
                 "get",
                 "node",
@@ -749,13 +747,12 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             )
             return out.returncode == 0 and out.stdout.strip() == "True"
 
-        waits.wait_until(
+        self.plane.wait_healthy(
+            kubelet,
             ready,
-            timeout=self.start_timeout,
             what=f"node {NODE_NAME} Ready",
+            timeout=self.start_timeout,
             interval=0.5,
-            on_timeout=kubelet.describe_failure,
-            error=ControlPlaneError,
         )
 
     # -- storage -------------------------------------------------------------------------
