@@ -93,14 +93,6 @@ class HistoryResult:
     notes: list[str] = field(default_factory=list)
 
 
-def vm_rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def scrape(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as resp:
         text: str = resp.read().decode()
@@ -248,7 +240,7 @@ class History:
             result.rest_requests_per_minute = (
                 (after.operator_requests - before.operator_requests) / elapsed * 60
             )
-            result.steady_rss_mib = vm_rss_mib(proc.pid)
+            result.steady_rss_mib = scale.status_kib(proc.pid, "VmRSS") / 1024
             print(f"   at rest: {result}", flush=True)
             trace = os.environ.get("BENCH_TRACEMALLOC")
             if trace and operator == scale.OURS:

@@ -448,13 +448,19 @@ class ProcStats:
     cpu_seconds: float
 
 
-def proc_stats(pid: int) -> ProcStats:
-    """Peak resident set (VmHWM) and user+system CPU seconds of a live process."""
-    hwm = 0
+def status_kib(pid: int, field: str) -> int:
+    """A memory figure of a live process from /proc/<pid>/status (VmRSS, VmHWM), in KiB; 0
+    when the kernel shows none (a zombie)."""
     with open(f"/proc/{pid}/status", encoding="ascii") as status:
         for line in status:
-            if line.startswith("VmHWM:"):
-                hwm = int(line.split()[1])
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+    return 0
+
+
+def proc_stats(pid: int) -> ProcStats:
+    """Peak resident set (VmHWM) and user+system CPU seconds of a live process."""
+    hwm = status_kib(pid, "VmHWM")
     with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")

@@ -63,6 +63,7 @@ from bench.operator_scale import (  # noqa: E402 - after the sys.path line above
     metric_sum,
     percentile,
     proc_stats,
+    status_kib,
 )
 from tests.controlplane.cluster import ControlPlane  # noqa: E402
 from tests.controlplane.tools import Tools  # noqa: E402
@@ -83,14 +84,6 @@ def job_name(i: int) -> str:
 def trainjob_body(name: str) -> Obj:
     template = {"spec": {"schedulerName": NO_SCHEDULER, "containers": [manifests.container(IMAGE)]}}
     return manifests.trainjob(name, {"worker": manifests.replica(1, template, None)})
-
-
-def vm_rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 @dataclass
@@ -445,7 +438,7 @@ class Bench:
         cpu = proc_stats(pid).cpu_seconds - cpu0
         phase = Phase(name, elapsed)
         phase.cpu_cores = cpu / elapsed
-        phase.rss_mib = vm_rss_kib(pid) / 1024
+        phase.rss_mib = status_kib(pid, "VmRSS") / 1024
         phase.hwm_mib = proc_stats(pid).peak_rss_kib / 1024
         phase.status_patches_per_s = (self.status_patches() - patches0) / elapsed
         written = self.operator_metric("trainjob_progress_status_writes_total", result="written")

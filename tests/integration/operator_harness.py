@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar, cast
+from typing import Any, Final, Protocol, cast
 
 import pytest
 from kubernetes import client as k8s
@@ -32,7 +32,6 @@ NO_SCHEDULER: Final = "trainjob-test-no-scheduler"
 TEST_IMAGE: Final = "example.com/trainjob:test"  # never pulled: no Pod here runs
 
 Obj = dict[str, Any]
-T = TypeVar("T")
 
 
 class HasMetadata(Protocol):
