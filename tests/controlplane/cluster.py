@@ -421,6 +421,13 @@ class ControlPlane:
         self, path: Path, user: str, token: str, namespace: str = "default"
     ) -> Path:
         """Write a kubeconfig for this API server (CA embedded) with a bearer token."""
+        return self.write_kubeconfig_as(path, user, {"token": token}, namespace)
+
+    def write_kubeconfig_as(
+        self, path: Path, user: str, credentials: dict[str, str], namespace: str = "default"
+    ) -> Path:
+        """Write a kubeconfig for this API server (CA embedded) in which `user` authenticates
+        with `credentials` (a token; or client-certificate and client-key files, a node's)."""
         ca = self._require_pki().ca_cert.read_bytes()
         config = {
             "apiVersion": "v1",
@@ -434,7 +441,7 @@ class ControlPlane:
                     },
                 }
             ],
-            "users": [{"name": user, "user": {"token": token}}],
+            "users": [{"name": user, "user": credentials}],
             "contexts": [
                 {
                     "name": "trainjob-test",

@@ -591,30 +591,6 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
     # -- CoreDNS, kube-proxy, kubelet ----------------------------------------------------
 
-    def _node_kubeconfig(self, user: str, cert: Path, key: Path, path: Path) -> Path:
-        ca = self.plane.pki.ca_cert
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "trainjob-test",
-                    "cluster": {
-                        "server": self.plane.apiserver_url,
-                        "certificate-authority": str(ca),
-                    },
-                }
-            ],
-            "users": [
-                {"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}
-            ],
-            "contexts": [{"name": "node", "context": {"cluster": "trainjob-test", "user": user}}],
-            "current-context": "node",
-        }
-        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        path.chmod(0o600)
-        return path
-
     def _start_coredns(self) -> None:
         ready_port = ports.free_port()
         corefile = self.root / "Corefile"
@@ -668,8 +644,10 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         pki_dir.mkdir(parents=True, exist_ok=True)
         cert, key = pki_dir / "kubelet-client.crt", pki_dir / "kubelet-client.key"
         self.plane.pki.client_cert(f"system:node:{NODE_NAME}", "system:nodes", cert, key)
-        kubeconfig = self._node_kubeconfig(
-            f"system:node:{NODE_NAME}", cert, key, self.root / "kubelet.kubeconfig"
+        kubeconfig = self.plane.write_kubeconfig_as(
+            self.root / "kubelet.kubeconfig",
+            f"system:node:{NODE_NAME}",
+            {"client-certificate": str(cert), "client-key": str(key)},
         )
         self.kubelet_root.mkdir(parents=True, exist_ok=True)
         config = self.root / "kubelet.yaml"
