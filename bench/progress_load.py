@@ -56,7 +56,7 @@ REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.operator_scale import (  # noqa: E402 - after the sys.path line above
+from bench.operator_bench import (  # noqa: E402 - after the sys.path line above
     Api,
     bench_workdir,
     machine_info,
