@@ -55,7 +55,6 @@ Needs ``bash tests/controlplane/install.sh`` (control plane, kwok, scheduler-plu
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import copy
 import json
 import math
@@ -428,19 +427,6 @@ def start_scheduler(plane: ControlPlane, arm: Arm, plan: Plan) -> GangScheduler 
     )
 
 
-def create_all(
-    bench: operator_bench.Bench, tracker: BindTracker, path: str, bodies: Mapping[str, Obj]
-) -> None:
-    def create(name: str) -> None:
-        with tracker.lock:
-            tracker.job(name).created = time.monotonic()
-        bench.api.create(path, bodies[name])
-
-    # Four clients, as the other benchmarks: the burst arrives interleaved, as from users.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-        list(pool.map(create, bodies))
-
-
 def quiesce(bench: operator_bench.Bench, namespace: str, finished: bool) -> str | None:
     """Leave the nodes empty for the next arm, while the operator still runs (its finalizers):
     stop unfinished jobs, then wait until no Pod of the namespace is Pending or Running."""
@@ -518,7 +504,7 @@ def run_arm(plane: ControlPlane, workdir: Path, arm: Arm, plan: Plan) -> ArmResu
         cpu_before = operator_bench.proc_stats(scheduler.process.pid).cpu_seconds
         log_offset = scheduler.log.stat().st_size
         start = time.monotonic()
-        create_all(bench, tracker, path, bodies)
+        tracker.create_timed(path, bodies)
         outcome = wait_for_jobs(tracker, names, start + plan.timeout, plan.stall_seconds)
         horizon = time.monotonic()
         cpu = operator_bench.proc_stats(scheduler.process.pid).cpu_seconds - cpu_before

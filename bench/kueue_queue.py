@@ -26,7 +26,6 @@ baseline, ``bash bench/kubeflow/install.sh`` (training-operator v1.9.4).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import sys
 import threading
@@ -199,13 +198,7 @@ def run(bench: operator_bench.Bench, operator: str, jobs: int, fit: int) -> Queu
         bodies = {n: queued(base.body(n, bench.replicas, True), "queue") for n in names}
         start = time.monotonic()
 
-        def create(name: str) -> None:
-            with tracker.lock:
-                tracker.job(name).created = time.monotonic()
-            bench.api.create(jobs_path, bodies[name])
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-            list(pool.map(create, names))
+        tracker.create_timed(jobs_path, bodies)
         finished = tracker.wait(names, succeeded=True, deadline=start + bench.timeout)
         stats = operator_bench.proc_stats(proc.pid)
         after = operator_bench.api_counts(bench.api, operator_bench.flow_schema(operator))

@@ -39,7 +39,6 @@ shared with the other operator benchmarks.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import math
 import sys
@@ -62,6 +61,7 @@ from bench.operator_bench import (  # noqa: E402 - after the sys.path line above
     BenchError,
     JobTimes,
     Kind,
+    Obj,
     OperatorProcess,
     Tracker,
     api_counts,
@@ -160,13 +160,7 @@ class ScaleBench(Bench):
             bodies = {n: kind.body(n, self.replicas, True) for n in names}
             start = time.monotonic()
 
-            def create(name: str) -> None:
-                with tracker.lock:
-                    tracker.job(name).created = time.monotonic()
-                self.api.create(jobs_path, bodies[name])
-
-            with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-                list(pool.map(create, names))
+            tracker.create_timed(jobs_path, bodies)
             create_seconds = time.monotonic() - start
             deadline = start + self.timeout
             finished = tracker.wait(names, succeeded=True, deadline=deadline)
@@ -222,19 +216,16 @@ class ScaleBench(Bench):
         try:
             background = [f"load-{i:05d}" for i in range(jobs)]
 
-            def create(name: str) -> None:
-                with tracker.lock:
-                    tracker.job(name).created = time.monotonic()
-                self.api.create(jobs_path, kind.body(name, self.replicas, False))
+            def never_ending(names: Sequence[str]) -> dict[str, Obj]:
+                return {name: kind.body(name, self.replicas, False) for name in names}
 
-            with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-                list(pool.map(create, background))
+            tracker.create_timed(jobs_path, never_ending(background))
             deadline = time.monotonic() + self.timeout
             if not tracker.wait(background, succeeded=False, running=True, deadline=deadline):
                 notes.append(f"the {jobs} background jobs were not all Running in time")
             for i in range(probes if not notes else 0):
                 name = f"probe-{i:03d}"
-                create(name)
+                tracker.create_timed(jobs_path, never_ending([name]))
                 if not tracker.wait([name], succeeded=False, deadline=time.monotonic() + 120):
                     notes.append(f"{name}: children incomplete after 120 s")
                     break
