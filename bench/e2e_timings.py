@@ -33,7 +33,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.e2e.kube import (  # noqa: E402 - the repository root is put on sys.path above
+from tests.controlplane.e2e_cluster import (  # noqa: E402 - the repository root is put on sys.path above
     Cluster,
     create_job_namespace,
     install_operator,

@@ -55,7 +55,6 @@ Needs ``bash tests/controlplane/install.sh`` (control plane, kwok, scheduler-plu
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import copy
 import json
 import math
@@ -72,20 +71,16 @@ REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench import operator_scale as scale  # noqa: E402 - after the sys.path line above
-from tests.controlplane.cluster import (  # noqa: E402
-    KWOK_NODES,
-    ControlPlane,
-    ControlPlaneError,
-    Tools,
-    wait_for,
-)
+from bench import operator_bench  # noqa: E402 - after the sys.path line above
+from tests.controlplane.cluster import KWOK_NODES, ControlPlane  # noqa: E402
 from tests.controlplane.gang import (  # noqa: E402
     PERMIT_WAITING_SECONDS,
     GangScheduler,
     plugins_version,
     start_gang_scheduler,
 )
+from tests.controlplane.tools import Tools  # noqa: E402
+from tests.support import manifests, waits  # noqa: E402
 
 Obj = dict[str, Any]
 JOB_LABEL: Final = "trainjob.dev/job-name"
@@ -179,7 +174,7 @@ def node_manifests(count: int, cpu: int) -> list[Obj]:
     return nodes
 
 
-def create_nodes(bench: scale.Bench, count: int, cpu: int) -> None:
+def create_nodes(bench: operator_bench.Bench, count: int, cpu: int) -> None:
     nodes = node_manifests(count, cpu)
     bench.kubectl_apply(nodes)
     names = [n["metadata"]["name"] for n in nodes]
@@ -195,44 +190,29 @@ def job_body(name: str, replicas: int, run_seconds: float) -> Obj:
 
     def replica(count: int, chief: bool) -> Obj:
         annotations = (
-            {scale.EXIT_CODE_ANNOTATION: "0", RUN_DURATION_ANNOTATION: f"{run_seconds:g}s"}
+            {operator_bench.EXIT_CODE_ANNOTATION: "0", RUN_DURATION_ANNOTATION: f"{run_seconds:g}s"}
             if chief
             else {}
         )
-        container = {
-            "name": "tensorflow",
-            "image": scale.IMAGE,
-            "resources": {"requests": {"cpu": "1"}},
-        }
-        return {
-            "replicas": count,
-            "restartPolicy": "Never",
-            "template": {
-                "metadata": {"annotations": annotations},
-                "spec": {"containers": [container]},
-            },
-        }
+        container = manifests.container(operator_bench.IMAGE, resources={"requests": {"cpu": "1"}})
+        template = {"metadata": {"annotations": annotations}, "spec": {"containers": [container]}}
+        return manifests.replica(count, template)
 
     specs = {"chief": replica(1, True)}
     if replicas > 1:
         specs["worker"] = replica(replicas - 1, False)
-    return {
-        "apiVersion": "trainjob.dev/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": name},
-        "spec": {"replicaSpecs": specs, "runPolicy": {"cleanPodPolicy": "Running"}},
-    }
+    return manifests.trainjob(name, specs, {"cleanPodPolicy": "Running"})
 
 
 # --------------------------------------------------------------------------- watching
 
 
-class BindTracker(scale.Tracker):
+class BindTracker(operator_bench.Tracker):
     """The operator benchmark's Tracker (children, Succeeded), plus, per job and Pod, the
     arrival time of the first watch event that shows the Pod with a node."""
 
-    def __init__(self, api: scale.Api, namespace: str, replicas: int) -> None:
-        super().__init__(api, namespace, scale.KINDS[scale.OURS], replicas)
+    def __init__(self, api: operator_bench.Api, namespace: str, replicas: int) -> None:
+        super().__init__(api, namespace, operator_bench.KINDS[operator_bench.OURS], replicas)
         self.binds: dict[str, dict[str, float]] = {}
         self.unschedulable: dict[tuple[str, str], float] = {}  # (job, Pod) -> first seen
 
@@ -397,7 +377,7 @@ def summarize(
         replicas=tracker.replicas,
         makespan=(max(done.values()) - start) if len(done) == len(names) else float("nan"),
         ideal=ideal,
-        spread_p50=scale.percentile(spreads, 50),
+        spread_p50=operator_bench.percentile(spreads, 50),
         spread_max=max(spreads, default=float("nan")),
         partial_over_limit=sum(1 for s in spreads if s > PARTIAL_LIMIT_SECONDS),
         max_partial_at_once=max_overlap((p.first, p.partial_until) for p in placed.values()),
@@ -447,20 +427,7 @@ def start_scheduler(plane: ControlPlane, arm: Arm, plan: Plan) -> GangScheduler 
     )
 
 
-def create_all(
-    bench: scale.Bench, tracker: BindTracker, path: str, bodies: Mapping[str, Obj]
-) -> None:
-    def create(name: str) -> None:
-        with tracker.lock:
-            tracker.job(name).created = time.monotonic()
-        bench.api.create(path, bodies[name])
-
-    # Four clients, as the other benchmarks: the burst arrives interleaved, as from users.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-        list(pool.map(create, bodies))
-
-
-def quiesce(bench: scale.Bench, namespace: str, finished: bool) -> str | None:
+def quiesce(bench: operator_bench.Bench, namespace: str, finished: bool) -> str | None:
     """Leave the nodes empty for the next arm, while the operator still runs (its finalizers):
     stop unfinished jobs, then wait until no Pod of the namespace is Pending or Running."""
     if not finished:
@@ -480,8 +447,8 @@ def quiesce(bench: scale.Bench, namespace: str, finished: bool) -> str | None:
         return not out.strip()
 
     try:
-        wait_for(idle, timeout=120, what=f"the Pods of {namespace} to finish", interval=1.0)
-    except ControlPlaneError as exc:  # reported: the next arm starts on busy nodes
+        waits.wait_until(idle, timeout=120, what=f"the Pods of {namespace} to finish", interval=1.0)
+    except waits.WaitTimeoutError as exc:  # reported: the next arm starts on busy nodes
         return f"Pods still active after the arm: {exc}"
     return None
 
@@ -505,7 +472,9 @@ def wait_for_jobs(tracker: BindTracker, names: Sequence[str], deadline: float, s
             return "stalled"
 
 
-def warm_up(bench: scale.Bench, tracker: BindTracker, path: str, arm: Arm, plan: Plan) -> None:
+def warm_up(
+    bench: operator_bench.Bench, tracker: BindTracker, path: str, arm: Arm, plan: Plan
+) -> None:
     """One unmeasured job: the operator's caches are synced, and the scheduler has placed a
     gang, before the clock starts."""
     name = f"{arm.slug}-warmup"
@@ -515,34 +484,34 @@ def warm_up(bench: scale.Bench, tracker: BindTracker, path: str, arm: Arm, plan:
 
 
 def run_arm(plane: ControlPlane, workdir: Path, arm: Arm, plan: Plan) -> ArmResult:
-    flags = {scale.OURS: ["--gang-scheduler=scheduler-plugins"]} if arm.gang else {}
-    bench = scale.Bench(plane, workdir, plan.replicas, plan.timeout, operator_args=flags)
+    flags = {operator_bench.OURS: ["--gang-scheduler=scheduler-plugins"]} if arm.gang else {}
+    bench = operator_bench.Bench(plane, workdir, plan.replicas, plan.timeout, operator_args=flags)
     gang = start_scheduler(plane, arm, plan)
     scheduler = gang.scheduler if gang is not None else plane.component("kube-scheduler")
     namespace = f"gang-{arm.slug}-{plan.jobs}x{plan.replicas}"
-    kubeconfig = bench.operator_identity(scale.OURS)
+    kubeconfig = bench.operator_identity(operator_bench.OURS)
     bench.namespace(namespace)
     tracker = BindTracker(bench.api, namespace, plan.replicas)
     tracker.start()
     path = f"/apis/trainjob.dev/v1alpha1/namespaces/{namespace}/trainjobs"
-    proc = bench.start_operator(scale.OURS, namespace, kubeconfig)
+    proc = bench.start_operator(operator_bench.OURS, namespace, kubeconfig)
     problems: list[str] = []
     # Job names unique across arms: scheduler-plugins' PodGroup controller pools equal names.
     names = [f"{arm.slug}-{i:04d}" for i in range(plan.jobs)]
     bodies = {n: job_body(n, plan.replicas, plan.run_seconds) for n in names}
     try:
         warm_up(bench, tracker, path, arm, plan)
-        cpu_before = scale.proc_stats(scheduler.process.pid).cpu_seconds
+        cpu_before = operator_bench.proc_stats(scheduler.process.pid).cpu_seconds
         log_offset = scheduler.log.stat().st_size
         start = time.monotonic()
-        create_all(bench, tracker, path, bodies)
+        tracker.create_timed(path, bodies)
         outcome = wait_for_jobs(tracker, names, start + plan.timeout, plan.stall_seconds)
         horizon = time.monotonic()
-        cpu = scale.proc_stats(scheduler.process.pid).cpu_seconds - cpu_before
+        cpu = operator_bench.proc_stats(scheduler.process.pid).cpu_seconds - cpu_before
         log_end = scheduler.log.stat().st_size
         problems.extend(n for n in [quiesce(bench, namespace, outcome == "finished")] if n)
         if not proc.running():
-            problems.append(f"the operator exited during the run:\n{proc.tail()}")
+            problems.append(f"the operator exited during the run:\n{proc.log_tail()}")
     finally:
         proc.stop()
         tracker.stop()
@@ -613,9 +582,9 @@ def cell(result: ArmResult, attr: str) -> str:
     if value is None:
         return "-"
     if attr in ("makespan", "ideal", "spread_p50", "spread_max"):
-        return scale.fmt(value, "s")
+        return operator_bench.fmt(value, "s")
     if isinstance(value, float):
-        return scale.fmt(value, "")
+        return operator_bench.fmt(value, "")
     return str(value)
 
 
@@ -757,14 +726,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shown_command(sys.argv[1:] if argv is None else argv)
     tools = Tools.locate().require()
     results: list[ArmResult] = []
-    with scale.bench_workdir(args.workdir) as workdir:
+    with operator_bench.bench_workdir(args.workdir) as workdir:
         plane = ControlPlane(tools=tools, workdir=workdir / "cp")
         with plane:
-            for crd in sorted((REPO_ROOT / "crds").glob("*.yaml")):
-                scale.apply_crd(plane, crd)
+            plane.apply_crds(sorted((REPO_ROOT / "crds").glob("*.yaml")))
             plane.start_kwok(nodes=None)  # the test bed's two 1000-CPU nodes would fit all
-            create_nodes(scale.Bench(plane, workdir, plan.replicas, 0), plan.nodes, plan.node_cpu)
-            info = scale.machine_info(plane)
+            create_nodes(
+                operator_bench.Bench(plane, workdir, plan.replicas, 0), plan.nodes, plan.node_cpu
+            )
+            info = operator_bench.machine_info(plane)
             info.pop("training-operator", None)
             print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), flush=True)
             for arm in args.arms:

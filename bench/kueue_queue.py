@@ -26,7 +26,6 @@ baseline, ``bash bench/kubeflow/install.sh`` (training-operator v1.9.4).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import sys
 import threading
@@ -40,9 +39,10 @@ REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench import operator_scale as scale  # noqa: E402 - after the sys.path line above
-from tests.controlplane.cluster import ControlPlane, Tools  # noqa: E402
+from bench import operator_bench  # noqa: E402 - after the sys.path line above
+from tests.controlplane.cluster import ControlPlane  # noqa: E402
 from tests.controlplane.kueue import EXTERNAL_FRAMEWORK, KUEUE_GROUP, start_kueue  # noqa: E402
+from tests.controlplane.tools import Tools  # noqa: E402
 
 Obj = dict[str, Any]
 QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
@@ -60,11 +60,13 @@ def queued(body: Obj, queue: str) -> Obj:
     return body
 
 
-class AdmissionTracker(scale.Tracker):
+class AdmissionTracker(operator_bench.Tracker):
     """The operator benchmark's Tracker, plus the Workloads of the namespace: when each job's
     Workload was first seen Admitted."""
 
-    def __init__(self, api: scale.Api, namespace: str, kind: scale.Kind, replicas: int) -> None:
+    def __init__(
+        self, api: operator_bench.Api, namespace: str, kind: operator_bench.Kind, replicas: int
+    ) -> None:
         super().__init__(api, namespace, kind, replicas)
         self.admitted: dict[str, float] = {}
 
@@ -129,7 +131,7 @@ ROWS: Final[list[tuple[str, str, str]]] = [
 ]
 
 
-def cluster_queue(bench: scale.Bench, name: str, cpu: int) -> None:
+def cluster_queue(bench: operator_bench.Bench, name: str, cpu: int) -> None:
     bench.kubectl_apply(
         [
             {
@@ -161,10 +163,10 @@ def cluster_queue(bench: scale.Bench, name: str, cpu: int) -> None:
     )
 
 
-def run(bench: scale.Bench, operator: str, jobs: int, fit: int) -> QueueResult:
+def run(bench: operator_bench.Bench, operator: str, jobs: int, fit: int) -> QueueResult:
     namespace = f"bench-kueue-{operator}-{jobs}x{bench.replicas}"
-    base = scale.KINDS[operator]
-    if operator == scale.KUBEFLOW:
+    base = operator_bench.KINDS[operator]
+    if operator == operator_bench.KUBEFLOW:
         bench.prepare_kubeflow()
     kubeconfig = bench.operator_identity(operator)
     bench.namespace(namespace)
@@ -190,26 +192,20 @@ def run(bench: scale.Bench, operator: str, jobs: int, fit: int) -> QueueResult:
         tracker.job("warmup").created = time.monotonic()
         bench.api.create(jobs_path, queued(base.body("warmup", bench.replicas, True), "queue"))
         if not tracker.wait(["warmup"], succeeded=True, deadline=time.monotonic() + 180):
-            raise scale.BenchError(f"{operator}: the warm-up job did not succeed in 180 s")
-        before = scale.api_counts(bench.api, scale.flow_schema(operator))
-        cpu_before = scale.proc_stats(proc.pid).cpu_seconds
+            raise operator_bench.BenchError(f"{operator}: the warm-up job did not succeed in 180 s")
+        before = operator_bench.api_counts(bench.api, operator_bench.flow_schema(operator))
+        cpu_before = operator_bench.proc_stats(proc.pid).cpu_seconds
         bodies = {n: queued(base.body(n, bench.replicas, True), "queue") for n in names}
         start = time.monotonic()
 
-        def create(name: str) -> None:
-            with tracker.lock:
-                tracker.job(name).created = time.monotonic()
-            bench.api.create(jobs_path, bodies[name])
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-            list(pool.map(create, names))
+        tracker.create_timed(jobs_path, bodies)
         finished = tracker.wait(names, succeeded=True, deadline=start + bench.timeout)
-        stats = scale.proc_stats(proc.pid)
-        after = scale.api_counts(bench.api, scale.flow_schema(operator))
+        stats = operator_bench.proc_stats(proc.pid)
+        after = operator_bench.api_counts(bench.api, operator_bench.flow_schema(operator))
         if not finished:
             notes.append("timed out before every job Succeeded")
         if not proc.running():
-            notes.append(f"{operator} exited during the run:\n{proc.tail()}")
+            notes.append(f"{operator} exited during the run:\n{proc.log_tail()}")
     finally:
         proc.stop()
         tracker.stop()
@@ -229,12 +225,12 @@ def run(bench: scale.Bench, operator: str, jobs: int, fit: int) -> QueueResult:
         jobs=jobs,
         replicas=bench.replicas,
         fit=fit,
-        admitted_p50=scale.percentile(admitted, 50),
-        admitted_p99=scale.percentile(admitted, 99),
-        children_p50=scale.percentile(children, 50),
-        children_p99=scale.percentile(children, 99),
-        admitted_to_children_p50=scale.percentile(after_admission, 50),
-        admitted_to_children_p99=scale.percentile(after_admission, 99),
+        admitted_p50=operator_bench.percentile(admitted, 50),
+        admitted_p99=operator_bench.percentile(admitted, 99),
+        children_p50=operator_bench.percentile(children, 50),
+        children_p99=operator_bench.percentile(children, 99),
+        admitted_to_children_p50=operator_bench.percentile(after_admission, 50),
+        admitted_to_children_p99=operator_bench.percentile(after_admission, 99),
         drain_seconds=(last - start) if last is not None else float("nan"),
         operator_requests_per_job=(after.operator_requests - before.operator_requests) / jobs,
         peak_rss_mib=stats.peak_rss_kib / 1024,
@@ -246,7 +242,7 @@ def run(bench: scale.Bench, operator: str, jobs: int, fit: int) -> QueueResult:
 
 def table(results: Sequence[QueueResult]) -> str:
     by_op = {r.operator: r for r in results}
-    ours, theirs = by_op.get(scale.OURS), by_op.get(scale.KUBEFLOW)
+    ours, theirs = by_op.get(operator_bench.OURS), by_op.get(operator_bench.KUBEFLOW)
     any_r = ours or theirs
     assert any_r is not None
     title = (
@@ -262,7 +258,8 @@ def table(results: Sequence[QueueResult]) -> str:
     ]
     for label, attr, unit in ROWS:
         cells = [
-            scale.fmt(getattr(r, attr), unit) if r is not None else "-" for r in (ours, theirs)
+            operator_bench.fmt(getattr(r, attr), unit) if r is not None else "-"
+            for r in (ours, theirs)
         ]
         lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
     for r in (ours, theirs):
@@ -277,7 +274,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=200)
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--fit", type=int, default=10, help="jobs the ClusterQueue's quota fits")
-    p.add_argument("--operator", choices=[*scale.OPERATORS, "both"], default="both")
+    p.add_argument("--operator", choices=[*operator_bench.OPERATORS, "both"], default="both")
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
@@ -287,25 +284,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    operators = list(scale.OPERATORS) if args.operator == "both" else [args.operator]
-    if scale.KUBEFLOW in operators:
-        scale.kubeflow_binary()
+    operators = list(operator_bench.OPERATORS) if args.operator == "both" else [args.operator]
+    if operator_bench.KUBEFLOW in operators:
+        operator_bench.kubeflow_binary()
     tools = Tools.locate().require()
     results: list[QueueResult] = []
-    with scale.bench_workdir(args.workdir) as workdir:
+    with operator_bench.bench_workdir(args.workdir) as workdir:
         plane = ControlPlane(tools=tools, workdir=workdir / "cp")
         with plane:
-            for crd in sorted((REPO_ROOT / "crds").glob("*.yaml")):
-                scale.apply_crd(plane, crd)
+            plane.apply_crds(sorted((REPO_ROOT / "crds").glob("*.yaml")))
             frameworks = ["batch/job"]
             groups = [KUEUE_GROUP]
-            if scale.KUBEFLOW in operators:
+            if operator_bench.KUBEFLOW in operators:
                 # Kueue's TFJob integration needs the TFJob CRD before it starts.
-                bench = scale.Bench(plane, workdir, args.replicas, 60)
+                bench = operator_bench.Bench(plane, workdir, args.replicas, 60)
                 bench.prepare_kubeflow()
                 frameworks.append(TFJOB_FRAMEWORK)
                 groups.append("kubeflow.org")
-            plane.start_kwok(config=scale.kwok_config(workdir))
+            plane.start_kwok(config=operator_bench.kwok_config(workdir))
             kueue = start_kueue(
                 plane,
                 pods_ready_timeout="30m",
@@ -317,11 +313,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 },
                 webhook_groups=groups,
             )
-            info = scale.machine_info(plane)
+            info = operator_bench.machine_info(plane)
             print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), flush=True)
             timeout = args.timeout if args.timeout is not None else 180 + 3 * args.jobs
-            bench = scale.Bench(
-                plane, workdir, args.replicas, timeout, operator_args={scale.OURS: ["--kueue"]}
+            bench = operator_bench.Bench(
+                plane,
+                workdir,
+                args.replicas,
+                timeout,
+                operator_args={operator_bench.OURS: ["--kueue"]},
             )
             for operator in operators:
                 print(

@@ -58,8 +58,9 @@ REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench import operator_scale as scale  # noqa: E402 - after the sys.path line above
-from tests.controlplane.cluster import ControlPlane, Tools  # noqa: E402
+from bench import operator_bench  # noqa: E402 - after the sys.path line above
+from tests.controlplane.cluster import ControlPlane  # noqa: E402
+from tests.controlplane.tools import Tools  # noqa: E402
 
 Obj = dict[str, Any]
 NAMESPACES: Final = 20
@@ -92,14 +93,6 @@ class HistoryResult:
     notes: list[str] = field(default_factory=list)
 
 
-def vm_rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def scrape(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as resp:
         text: str = resp.read().decode()
@@ -108,10 +101,10 @@ def scrape(url: str) -> str:
 
 def looked_at(operator: str, metrics: str) -> tuple[float, bool]:
     """How many jobs the operator has looked at, and whether it is idle (nothing queued)."""
-    if operator == scale.OURS:
-        return scale.metric_sum(metrics, "trainjob_jobs"), True
-    total = scale.metric_sum(metrics, "controller_runtime_reconcile_total")
-    depth = scale.metric_sum(metrics, "workqueue_depth")
+    if operator == operator_bench.OURS:
+        return operator_bench.metric_sum(metrics, "trainjob_jobs"), True
+    total = operator_bench.metric_sum(metrics, "controller_runtime_reconcile_total")
+    depth = operator_bench.metric_sum(metrics, "workqueue_depth")
     return total, depth == 0
 
 
@@ -123,7 +116,7 @@ def finished_status(template: Obj, failed: bool, operator: str) -> Obj:
             if condition.get("type") == "Succeeded":
                 condition["type"] = "Failed"
                 condition["reason"] = (
-                    "BackoffLimitExceeded" if operator == scale.OURS else ("TFJobFailed")
+                    "BackoffLimitExceeded" if operator == operator_bench.OURS else ("TFJobFailed")
                 )
                 condition["message"] = "seeded by the history benchmark"
     return status
@@ -134,13 +127,13 @@ class History:
         self.plane = plane
         self.workdir = workdir
         self.replicas = replicas
-        self.api = scale.Api(plane)
-        self.bench = scale.Bench(plane, workdir, replicas, timeout=3600)
+        self.api = operator_bench.Api(plane)
+        self.bench = operator_bench.Bench(plane, workdir, replicas, timeout=3600)
 
     def namespaces(self, operator: str, jobs: int) -> list[str]:
         return [f"hist-{operator}-{jobs}-{i:02d}" for i in range(NAMESPACES)]
 
-    def jobs_path(self, kind: scale.Kind, namespace: str) -> str:
+    def jobs_path(self, kind: operator_bench.Kind, namespace: str) -> str:
         return f"{kind.api_path}/namespaces/{namespace}/{kind.plural}"
 
     def create_all(self, make: Callable[[str], None], names: Sequence[str]) -> None:
@@ -148,8 +141,8 @@ class History:
             list(pool.map(make, names))
 
     def run(self, operator: str, jobs: int, rest: float, probes: int, burst: int) -> HistoryResult:
-        kind = scale.KINDS[operator]
-        if operator == scale.KUBEFLOW:
+        kind = operator_bench.KINDS[operator]
+        if operator == operator_bench.KUBEFLOW:
             self.bench.prepare_kubeflow()
         running = max(1, jobs // RUNNING_SHARE)
         result = HistoryResult(operator, jobs, running, self.replicas, rest_seconds=rest)
@@ -157,7 +150,7 @@ class History:
         spaces = self.namespaces(operator, jobs)
         for ns in spaces:
             self.bench.namespace(ns)
-        trackers = {ns: scale.Tracker(self.api, ns, kind, self.replicas) for ns in spaces}
+        trackers = {ns: operator_bench.Tracker(self.api, ns, kind, self.replicas) for ns in spaces}
         for tracker in trackers.values():
             tracker.start()
         proc = self.bench.start_operator(operator, None, kubeconfig)
@@ -169,7 +162,9 @@ class History:
                 self.jobs_path(kind, spaces[0]), kind.body("warmup", self.replicas, True)
             )
             if not first.wait(["warmup"], succeeded=True, deadline=time.monotonic() + 120):
-                raise scale.BenchError(f"{operator}: the warm-up job did not succeed in 120 s")
+                raise operator_bench.BenchError(
+                    f"{operator}: the warm-up job did not succeed in 120 s"
+                )
             warm = self._get(f"{self.jobs_path(kind, spaces[0])}/warmup")
             template = warm.get("status") or {}
 
@@ -211,7 +206,9 @@ class History:
                     "PATCH", f"{path}/{name}/status", {"status": status}, STATUS_PATCH
                 )
                 if code != 200:
-                    raise scale.BenchError(f"status of {ns}/{name} -> {code}: {data[:300]!r}")
+                    raise operator_bench.BenchError(
+                        f"status of {ns}/{name} -> {code}: {data[:300]!r}"
+                    )
 
             self.create_all(seed, range(finished))  # type: ignore[arg-type]
             result.seed_seconds = time.monotonic() - start
@@ -223,7 +220,7 @@ class History:
             seen = 0.0
             while time.monotonic() - start < 900:
                 if not proc.running():
-                    raise scale.BenchError(f"{operator} exited:\n{proc.tail()}")
+                    raise operator_bench.BenchError(f"{operator} exited:\n{proc.log_tail()}")
                 try:
                     seen, idle = looked_at(operator, scrape(proc.metrics_url))
                 except OSError:
@@ -234,23 +231,25 @@ class History:
                 time.sleep(0.2)
             else:
                 result.notes.append(f"start-up: {seen:.0f} of {want} jobs looked at in 900 s")
-            result.startup_peak_rss_mib = scale.proc_stats(proc.pid).peak_rss_kib / 1024
+            result.startup_peak_rss_mib = operator_bench.proc_stats(proc.pid).peak_rss_kib / 1024
 
             # 4. At rest.
-            before = scale.api_counts(self.api, scale.flow_schema(operator))
-            cpu_before = scale.proc_stats(proc.pid).cpu_seconds
+            before = operator_bench.api_counts(self.api, operator_bench.flow_schema(operator))
+            cpu_before = operator_bench.proc_stats(proc.pid).cpu_seconds
             t0 = time.monotonic()
             time.sleep(rest)
             elapsed = time.monotonic() - t0
-            after = scale.api_counts(self.api, scale.flow_schema(operator))
-            result.rest_cpu_cores = (scale.proc_stats(proc.pid).cpu_seconds - cpu_before) / elapsed
+            after = operator_bench.api_counts(self.api, operator_bench.flow_schema(operator))
+            result.rest_cpu_cores = (
+                operator_bench.proc_stats(proc.pid).cpu_seconds - cpu_before
+            ) / elapsed
             result.rest_requests_per_minute = (
                 (after.operator_requests - before.operator_requests) / elapsed * 60
             )
-            result.steady_rss_mib = vm_rss_mib(proc.pid)
+            result.steady_rss_mib = operator_bench.status_kib(proc.pid, "VmRSS") / 1024
             print(f"   at rest: {result}", flush=True)
             trace = os.environ.get("BENCH_TRACEMALLOC")
-            if trace and operator == scale.OURS:
+            if trace and operator == operator_bench.OURS:
                 os.kill(proc.pid, signal.SIGUSR1)
                 time.sleep(30)
 
@@ -271,8 +270,8 @@ class History:
                     times = tracker.jobs[name]
                     assert times.children_at is not None
                     latencies.append(times.children_at - times.created)
-            result.probe_p50 = scale.percentile(latencies, 50)
-            result.probe_p99 = scale.percentile(latencies, 99)
+            result.probe_p50 = operator_bench.percentile(latencies, 50)
+            result.probe_p99 = operator_bench.percentile(latencies, 99)
 
             names = [f"burst-{i:03d}" for i in range(burst)]
             start = time.monotonic()
@@ -291,8 +290,8 @@ class History:
                 done = [tracker.jobs[n] for n in names if tracker.jobs[n].children_at is not None]
             result.burst = len(done)
             waits = [t.children_at - t.created for t in done if t.children_at is not None]
-            result.burst_p50 = scale.percentile(waits, 50)
-            result.burst_p99 = scale.percentile(waits, 99)
+            result.burst_p50 = operator_bench.percentile(waits, 50)
+            result.burst_p99 = operator_bench.percentile(waits, 99)
             last = max((t.children_at for t in done if t.children_at is not None), default=None)
             result.burst_total = (last - start) if last is not None else float("nan")
 
@@ -314,7 +313,7 @@ class History:
             else:
                 result.notes.append("relist: a new job had no children 600 s after the restart")
             if not proc.running():
-                result.notes.append(f"{operator} exited during the run:\n{proc.tail()}")
+                result.notes.append(f"{operator} exited during the run:\n{proc.log_tail()}")
             print(f"   {result}", flush=True)
             # While the operator runs: it removes its own finalizers from deleted jobs.
             self.delete_namespaces(kind, spaces, result)
@@ -327,12 +326,12 @@ class History:
     def _get(self, path: str) -> Obj:
         code, data = self.api.request("GET", path)
         if code != 200:
-            raise scale.BenchError(f"GET {path} -> {code}: {data[:300]!r}")
+            raise operator_bench.BenchError(f"GET {path} -> {code}: {data[:300]!r}")
         obj: Obj = json.loads(data)
         return obj
 
     def delete_namespaces(
-        self, kind: scale.Kind, spaces: Sequence[str], result: HistoryResult
+        self, kind: operator_bench.Kind, spaces: Sequence[str], result: HistoryResult
     ) -> None:
         """Empty the namespaces ourselves, then delete them: the namespace controller and
         the garbage collector work at kube-controller-manager's 20 requests per second,
@@ -390,7 +389,7 @@ def cell(value: float, unit: str) -> str:
         return f"{value:.1f}"
     if unit == "MiB":
         return f"{value:.0f} MiB"
-    return scale.fmt(value)
+    return operator_bench.fmt(value)
 
 
 def history_table(results: Sequence[HistoryResult]) -> str:
@@ -399,7 +398,7 @@ def history_table(results: Sequence[HistoryResult]) -> str:
         f"**{first.jobs} jobs: {first.jobs - first.running} finished, {first.running} running "
         f"x {first.replicas} replicas, {NAMESPACES} namespaces** (rest {first.rest_seconds:.0f} s)"
     )
-    columns = [scale.KINDS[r.operator].label for r in results]
+    columns = [operator_bench.KINDS[r.operator].label for r in results]
     lines = [head, "", "| metric | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
     for label, attr, unit in ROWS:
         values = [cell(getattr(r, attr), unit) for r in results]
@@ -420,7 +419,7 @@ def plot(results: Sequence[HistoryResult], path: Path) -> None:
     figure, (rss, startup) = pyplot.subplots(1, 2, figsize=(10, 4))
     for operator in dict.fromkeys(r.operator for r in results):
         mine = sorted((r for r in results if r.operator == operator), key=lambda r: r.jobs)
-        label = scale.KINDS[operator].label
+        label = operator_bench.KINDS[operator].label
         jobs = [r.jobs for r in mine]
         rss.plot(jobs, [r.steady_rss_mib for r in mine], marker="o", label=f"{label}, steady")
         rss.plot(
@@ -447,7 +446,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--sizes", default="1000,3000,10000", help="job counts (default 1000,3000,10000)"
     )
     p.add_argument("--replicas", type=int, default=8, help="replicas per running job (default 8)")
-    p.add_argument("--operator", choices=[*scale.OPERATORS, "both"], default="both")
+    p.add_argument("--operator", choices=[*operator_bench.OPERATORS, "both"], default="both")
     p.add_argument("--rest", type=float, default=600.0, help="seconds at rest (default 600)")
     p.add_argument("--probes", type=int, default=20, help="new jobs timed one at a time")
     p.add_argument("--burst", type=int, default=100, help="new jobs created together")
@@ -487,21 +486,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.from_json:
         return report(args)
     sizes = [int(s) for s in args.sizes.split(",")]
-    operators = list(scale.OPERATORS) if args.operator == "both" else [args.operator]
+    operators = list(operator_bench.OPERATORS) if args.operator == "both" else [args.operator]
     # training-operator first: its Pod cache is cluster-wide, ours is by label.
-    operators.sort(key=lambda op: op != scale.KUBEFLOW)
-    if scale.KUBEFLOW in operators:
-        scale.kubeflow_binary()
+    operators.sort(key=lambda op: op != operator_bench.KUBEFLOW)
+    if operator_bench.KUBEFLOW in operators:
+        operator_bench.kubeflow_binary()
     tools = Tools.locate().require()
     results: list[HistoryResult] = []
     tables: list[str] = []
-    with scale.bench_workdir(args.workdir) as workdir:
+    with operator_bench.bench_workdir(args.workdir) as workdir:
         plane = ControlPlane(tools=tools, workdir=workdir / "cp")
         with plane:
-            for crd in sorted((scale.REPO_ROOT / "crds").glob("*.yaml")):
-                scale.apply_crd(plane, crd)
-            plane.start_kwok(config=scale.kwok_config(workdir))
-            info = scale.machine_info(plane)
+            plane.apply_crds(sorted((operator_bench.REPO_ROOT / "crds").glob("*.yaml")))
+            plane.start_kwok(config=operator_bench.kwok_config(workdir))
+            info = operator_bench.machine_info(plane)
             print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), flush=True)
             history = History(plane, workdir, args.replicas)
             for jobs in sizes:

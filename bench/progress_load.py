@@ -42,7 +42,6 @@ import concurrent.futures
 import heapq
 import http.client
 import json
-import os
 import shutil
 import ssl
 import sys
@@ -57,28 +56,25 @@ REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.operator_scale import (  # noqa: E402 - after the sys.path line above
+from bench.operator_bench import (  # noqa: E402 - after the sys.path line above
     Api,
-    OperatorProcess,
     bench_workdir,
     machine_info,
     metric_sum,
     percentile,
     proc_stats,
+    status_kib,
 )
-from tests.controlplane.cluster import (  # noqa: E402
-    ControlPlane,
-    Tools,
-    free_port,
-    http_ok,
-    wait_for,
-)
+from tests.controlplane.cluster import ControlPlane  # noqa: E402
+from tests.controlplane.tools import Tools  # noqa: E402
+from tests.support import kubelet, manifests, operator_process, ports, waits  # noqa: E402
 
 Obj = dict[str, Any]
 NAMESPACE: Final = "bench-progress"
 NO_SCHEDULER: Final = "trainjob-bench-no-scheduler"
 GROUP_PATH: Final = f"/apis/trainjob.dev/v1alpha1/namespaces/{NAMESPACE}/trainjobs"
 CLIENT_THREADS: Final = 8
+IMAGE: Final = "bench:none"  # never pulled: the benchmark plays the kubelet
 
 
 def job_name(i: int) -> str:
@@ -86,32 +82,8 @@ def job_name(i: int) -> str:
 
 
 def trainjob_body(name: str) -> Obj:
-    return {
-        "apiVersion": "trainjob.dev/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicaSpecs": {
-                "worker": {
-                    "replicas": 1,
-                    "template": {
-                        "spec": {
-                            "schedulerName": NO_SCHEDULER,
-                            "containers": [{"name": "tensorflow", "image": "bench:none"}],
-                        }
-                    },
-                }
-            }
-        },
-    }
-
-
-def vm_rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+    template = {"spec": {"schedulerName": NO_SCHEDULER, "containers": [manifests.container(IMAGE)]}}
+    return manifests.trainjob(name, {"worker": manifests.replica(1, template, None)})
 
 
 @dataclass
@@ -329,46 +301,27 @@ class Bench:
         shutil.copy(pki.serving_cert, self.certs / "tls.crt")
         shutil.copy(pki.serving_key, self.certs / "tls.key")
         shutil.copy(pki.ca_cert, self.certs / "ca.crt")
-        self.port = free_port()
-        self.metrics_port = free_port()
-        self.operator: OperatorProcess | None = None
+        self.port = ports.free_port()
+        self.operator: operator_process.Operator | None = None
 
-    def start_operator(self, budget: float) -> OperatorProcess:
-        liveness = free_port()
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.plane.kubeconfig),
-            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "operator")]),
-            "PYTHONUNBUFFERED": "1",
-        }
-        argv = [
-            sys.executable,
-            "-m",
-            "trainjob_operator",
-            "--standalone",
+    def start_operator(self, budget: float) -> operator_process.Operator:
+        operator = operator_process.Operator(
+            self.plane.kubeconfig,
+            self.workdir / f"operator-{budget:g}.log",
             f"--namespace={NAMESPACE}",
-            f"--metrics-port={self.metrics_port}",
-            f"--liveness=http://127.0.0.1:{liveness}/healthz",
             f"--progress-port={self.port}",
             f"--progress-url=https://127.0.0.1:{self.port}",
             f"--progress-cert-dir={self.certs}",
             f"--progress-status-writes={budget:g}",
-        ]
-        operator = OperatorProcess(argv, env, self.workdir / f"operator-{budget:g}.log")
-        wait_for(
-            lambda: http_ok(f"http://127.0.0.1:{liveness}/healthz") or not operator.running(),
-            timeout=120,
-            what="the operator's liveness endpoint",
         )
-        if not operator.running():
-            raise RuntimeError(f"the operator exited:\n{operator.tail()}")
-        self.operator = operator
+        self.operator = operator.start().wait_serving(timeout=120)
         return operator
 
     def operator_metric(self, name: str, **labels: str) -> float:
         import urllib.request
 
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        assert self.operator is not None
+        url = f"http://127.0.0.1:{self.operator.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
             return metric_sum(response.read().decode(), name, **labels)
 
@@ -399,7 +352,7 @@ class Bench:
                 pods[pod["metadata"]["labels"]["trainjob.dev/job-name"]] = pod
             return len(pods) >= len(names)
 
-        wait_for(all_pods, timeout=120 + self.jobs, what="every job's Pod", interval=2.0)
+        waits.wait_until(all_pods, timeout=120 + self.jobs, what="every job's Pod", interval=2.0)
         print(f"   {len(pods)} Pods exist", flush=True)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -407,22 +360,7 @@ class Bench:
             pod = pods[job]
             name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
             path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/status"
-            body = {
-                "status": {
-                    "phase": "Running",
-                    "startTime": now,
-                    "containerStatuses": [
-                        {
-                            "name": "tensorflow",
-                            "image": "bench:none",
-                            "imageID": "",
-                            "ready": True,
-                            "restartCount": 0,
-                            "state": {"running": {"startedAt": now}},
-                        }
-                    ],
-                }
-            }
+            body = kubelet.pod_status("Running", kubelet.running(IMAGE, now), startTime=now)
             status, data = self._patch(path, body)
             if status != 200:
                 raise RuntimeError(f"PATCH {path} -> {status}: {data[:300]!r}")
@@ -450,7 +388,9 @@ class Bench:
             states = [(i.get("status") or {}).get("state") for i in items]
             return states.count("Running") >= len(names)
 
-        wait_for(all_running, timeout=120 + self.jobs, what="every job Running", interval=2.0)
+        waits.wait_until(
+            all_running, timeout=120 + self.jobs, what="every job Running", interval=2.0
+        )
         print("   every job Running", flush=True)
         return tokens
 
@@ -478,8 +418,8 @@ class Bench:
         load: Load | None,
         visibility: Visibility,
     ) -> Phase:
-        assert self.operator is not None
-        pid = self.operator.pid
+        assert self.operator is not None and self.operator.process is not None
+        pid = self.operator.process.pid
         if load is not None:
             # One round of reports first (each job's first costs a TokenReview and a TLS
             # handshake): the window measures the steady state.
@@ -498,7 +438,7 @@ class Bench:
         cpu = proc_stats(pid).cpu_seconds - cpu0
         phase = Phase(name, elapsed)
         phase.cpu_cores = cpu / elapsed
-        phase.rss_mib = vm_rss_kib(pid) / 1024
+        phase.rss_mib = status_kib(pid, "VmRSS") / 1024
         phase.hwm_mib = proc_stats(pid).peak_rss_kib / 1024
         phase.status_patches_per_s = (self.status_patches() - patches0) / elapsed
         written = self.operator_metric("trainjob_progress_status_writes_total", result="written")

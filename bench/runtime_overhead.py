@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,17 +28,12 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tests.support import ports  # noqa: E402 - after the sys.path line above
+
 PLAIN = "--plain-replica"
-
-
-def _free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    for sock in socks:
-        sock.bind(("", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for sock in socks:
-        sock.close()
-    return ports
 
 
 def _env(config: dict[str, Any], workdir: Path, index: int, cluster: list[str]) -> dict[str, str]:
@@ -64,7 +58,7 @@ def _env(config: dict[str, Any], workdir: Path, index: int, cluster: list[str]) 
 
 
 def _launch(args: list[str], config: dict[str, Any], workdir: Path, workers: int) -> None:
-    cluster = [f"127.0.0.1:{p}" for p in _free_ports(workers)] if workers > 1 else []
+    cluster = [f"127.0.0.1:{ports.free_port()}" for _ in range(workers)] if workers > 1 else []
     procs = [
         subprocess.Popen(
             [sys.executable, *args],

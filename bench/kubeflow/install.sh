@@ -36,15 +36,9 @@ if [[ -x "$DEST/training-operator" && -s "$DEST/kubeflow.org_tfjobs.yaml" ]]; th
     exit 0
 fi
 
-GO="$(command -v go || true)"
-if [[ -z "$GO" && -x /usr/local/go/bin/go ]]; then
-    GO=/usr/local/go/bin/go
-fi
-if [[ -z "$GO" ]]; then
-    echo "install.sh: Go toolchain not found (PATH or /usr/local/go/bin/go); Go >= 1.26 is required" >&2
-    exit 1
-fi
-export GOTOOLCHAIN=local CGO_ENABLED=0
+# shellcheck source=tests/controlplane/go.sh
+source "$HERE/../../tests/controlplane/go.sh"
+require_go 26 "training-operator's module needs it"
 
 mkdir -p "$TOOLS_DIR"
 TMP="$(mktemp -d "$TOOLS_DIR/.training-operator-$VERSION.XXXXXX")"

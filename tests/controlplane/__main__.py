@@ -17,9 +17,10 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from tests.controlplane.cluster import REPO_ROOT, ControlPlane, ControlPlaneError, ToolsMissingError
+from tests.controlplane.cluster import ControlPlane, ControlPlaneError
 from tests.controlplane.gang import start_gang_scheduler
 from tests.controlplane.node import NODE_NAME, running_node
+from tests.controlplane.tools import REPO_ROOT, ToolsMissingError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,24 +20,14 @@ or from a shell: ``python -m tests.controlplane up [--kwok] [--crds]``.
 from __future__ import annotations
 
 import base64
-import contextlib
-import ctypes
-import datetime
-import errno
 import functools
-import ipaddress
 import json
 import os
-import random
-import re
 import secrets
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -47,404 +37,39 @@ from types import TracebackType
 from typing import Final
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-HERE: Final = Path(__file__).resolve().parent
-REPO_ROOT: Final = HERE.parent.parent
-INSTALL_COMMAND: Final = "bash tests/controlplane/install.sh"
+from tests.controlplane.pki import Pki
+from tests.controlplane.tools import HERE, Tools
+from tests.support import ports, processes, waits
+
 KWOK_CONFIG: Final = HERE / "kwok" / "kwok.yaml"
 KWOK_NODES: Final = HERE / "kwok" / "nodes.yaml"
 
 SERVICE_CLUSTER_IP_RANGE: Final = "10.0.0.0/24"
-LOOPBACK: Final = "127.0.0.1"
 ADMIN_USER: Final = "trainjob-admin"
-
-
-class ToolsMissingError(RuntimeError):
-    """The control-plane binaries are not installed."""
 
 
 class ControlPlaneError(RuntimeError):
     """A component failed to start or to become healthy in time."""
 
 
-# --------------------------------------------------------------------------- tools
-
-
-def _go_mod_version(gomod: Path, module: str) -> str:
-    """The version of ``module`` that a go.mod requires (single-line or block form)."""
-    pattern = re.compile(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", re.MULTILINE)
-    match = pattern.search(gomod.read_text(encoding="utf-8"))
-    if match is None:
-        raise ToolsMissingError(f"{gomod} does not require {module}")
-    return match.group(1)
-
-
-def _install_sh_version(name: str) -> str:
-    """A ``NAME="vX"`` assignment in install.sh (the one place kwok/helm versions live)."""
-    text = (HERE / "install.sh").read_text(encoding="utf-8")
-    match = re.search(rf'^{name}="(v[^"]+)"', text, re.MULTILINE)
-    if match is None:
-        raise ToolsMissingError(f"{name} not found in {HERE / 'install.sh'}")
-    return match.group(1)
-
-
-def tools_dir() -> Path:
-    """Where install.sh caches the binaries."""
-    env = os.environ.get("TRAINJOB_TOOLS_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "trainjob-tools"
-
-
-@dataclass(frozen=True)
-class Tools:
-    """Paths of the binaries built by install.sh, keyed by the versions pinned in the repo."""
-
-    kubernetes_version: str
-    etcd_version: str
-    kwok_version: str
-    helm_version: str
-    etcd: Path
-    kube_apiserver: Path
-    kube_controller_manager: Path
-    kube_scheduler: Path
-    kubectl: Path
-    kwok: Path
-    helm: Path
-
-    @classmethod
-    def locate(cls, root: Path | None = None) -> Tools:
-        base = root if root is not None else tools_dir()
-        k8s = _go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
-        etcd = _go_mod_version(HERE / "etcd" / "go.mod", "go.etcd.io/etcd/server/v3")
-        kwok = _install_sh_version("KWOK_VERSION")
-        helm = _install_sh_version("HELM_VERSION")
-        kdir = base / f"kubernetes-{k8s}"
-        return cls(
-            kubernetes_version=k8s,
-            etcd_version=etcd,
-            kwok_version=kwok,
-            helm_version=helm,
-            etcd=base / f"etcd-{etcd}" / "etcd",
-            kube_apiserver=kdir / "kube-apiserver",
-            kube_controller_manager=kdir / "kube-controller-manager",
-            kube_scheduler=kdir / "kube-scheduler",
-            kubectl=kdir / "kubectl",
-            kwok=base / f"kwok-{kwok}" / "kwok",
-            helm=base / f"helm-{helm}" / "helm",
-        )
-
-    def all_paths(self) -> list[Path]:
-        return [
-            self.etcd,
-            self.kube_apiserver,
-            self.kube_controller_manager,
-            self.kube_scheduler,
-            self.kubectl,
-            self.kwok,
-            self.helm,
-        ]
-
-    def missing(self) -> list[Path]:
-        return [p for p in self.all_paths() if not os.access(p, os.X_OK)]
-
-    def require(self) -> Tools:
-        """Raise ToolsMissingError, naming the install command, unless every binary exists."""
-        missing = self.missing()
-        if missing:
-            listed = "\n  ".join(str(p) for p in missing)
-            raise ToolsMissingError(
-                f"control-plane binaries are missing:\n  {listed}\n"
-                f"Build them once (10-20 min cold, cached afterwards) with:\n"
-                f"  {INSTALL_COMMAND}\n"
-                f"(set TRAINJOB_TOOLS_DIR to use another cache directory)"
-            )
-        return self
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-# Ports this test process has handed out: never handed out twice.
-_HANDED_OUT_PORTS: set[int] = set()
-# Listening ports for the tests come from below the kernel's ephemeral range (and below
-# Kubernetes' NodePort range, 30000-32767). A port asked of the kernel with bind(0) comes
-# from the ephemeral range, where (a) two consecutive asks can return the same port (3 in
-# 20,000 pairs here: an operator got one port for metrics and liveness and died on it) and
-# (b) every outgoing connection also takes its local port, so a port free when chosen can be
-# taken before its server binds.
-_LISTEN_PORTS = range(10000, 30000)
-
-
-@functools.cache
-def _ephemeral_ports() -> range:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return range(int(low), int(high) + 1)
-    except (OSError, ValueError):
-        return range(32768, 61000)
-
-
-def _bindable_everywhere(port: int) -> bool:
-    """Whether nothing listens on `port` on any address (TF servers bind all interfaces)."""
-    families = [(socket.AF_INET, "")] + ([(socket.AF_INET6, "::")] if socket.has_ipv6 else [])
-    for family, host in families:
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as sock:
-                sock.bind((host, port))
-        except OSError as error:
-            if error.errno == errno.EADDRINUSE:
-                return False
-            # No IPv6 on this machine (EADDRNOTAVAIL, EAFNOSUPPORT): IPv4 decides.
-    return True
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now, outside the kernel's ephemeral range,
-    and never handed out before by this process."""
-    for _ in range(1000):
-        port = random.choice(_LISTEN_PORTS)
-        if (
-            port in _HANDED_OUT_PORTS
-            or port in _ephemeral_ports()
-            or not _bindable_everywhere(port)
-        ):
-            continue
-        _HANDED_OUT_PORTS.add(port)
-        return port
-    raise ControlPlaneError("no free TCP port below the ephemeral range on 127.0.0.1")
-
-
-def http_ok(url: str) -> bool:
-    """Whether a plain-HTTP endpoint answers 200 right now."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:  # URLError is an OSError
-        return False
-
-
-def wait_for(
-    condition: Callable[[], bool],
-    *,
-    timeout: float,
-    what: str,
-    interval: float = 0.1,
-    on_timeout: Callable[[], str] | None = None,
-) -> None:
-    """Poll ``condition`` until it returns True; raise ControlPlaneError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if condition():
-            return
-        if time.monotonic() >= deadline:
-            detail = on_timeout() if on_timeout is not None else ""
-            raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
-        time.sleep(interval)
-
-
-def _set_parent_death_signal() -> None:
-    """In the child before exec: own process group, killed if the parent dies (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
-def _pem_cert(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-@dataclass(frozen=True)
-class Pki:
-    """Files of the throw-away PKI: a CA, the API server's serving cert, service-account keys."""
-
-    ca_cert: Path
-    ca_key: Path
-    serving_cert: Path
-    serving_key: Path
-    sa_key: Path
-    sa_pub: Path
-    # The API server's client certificate towards kubelets (logs, exec, port-forward).
-    kubelet_client_cert: Path
-    kubelet_client_key: Path
-
-    @classmethod
-    def generate(cls, directory: Path, extra_ips: Sequence[str] = ()) -> Pki:
-        directory.mkdir(parents=True, exist_ok=True)
-        now = datetime.datetime.now(datetime.timezone.utc)
-        start = now - datetime.timedelta(hours=1)
-        end = now + datetime.timedelta(days=7)
-
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "trainjob-test-ca")])
-        ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(ca_name)
-            .issuer_name(ca_name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start)
-            .not_valid_after(end)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(ca_key, hashes.SHA256())
-        )
-
-        serving_key = ec.generate_private_key(ec.SECP256R1())
-        first_service_ip = next(ipaddress.IPv4Network(SERVICE_CLUSTER_IP_RANGE).hosts())
-        sans: list[x509.GeneralName] = [
-            x509.DNSName("localhost"),
-            x509.DNSName("kubernetes"),
-            x509.DNSName("kubernetes.default"),
-            x509.DNSName("kubernetes.default.svc"),
-            x509.DNSName("kubernetes.default.svc.cluster.local"),
-            x509.IPAddress(ipaddress.IPv4Address(LOOPBACK)),
-            x509.IPAddress(first_service_ip),
-            *(x509.IPAddress(ipaddress.IPv4Address(ip)) for ip in extra_ips),
-        ]
-        serving_cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-            .issuer_name(ca_name)
-            .public_key(serving_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start)
-            .not_valid_after(end)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
-
-        sa_key = ec.generate_private_key(ec.SECP256R1())
-        sa_pub = sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-
-        pki = cls(
-            ca_cert=directory / "ca.crt",
-            ca_key=directory / "ca.key",
-            serving_cert=directory / "apiserver.crt",
-            serving_key=directory / "apiserver.key",
-            sa_key=directory / "sa.key",
-            sa_pub=directory / "sa.pub",
-            kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
-            kubelet_client_key=directory / "apiserver-kubelet-client.key",
-        )
-        pki.ca_cert.write_bytes(_pem_cert(ca_cert))
-        pki.ca_key.write_bytes(_pem_key(ca_key))
-        pki.serving_cert.write_bytes(_pem_cert(serving_cert))
-        pki.serving_key.write_bytes(_pem_key(serving_key))
-        pki.sa_key.write_bytes(_pem_key(sa_key))
-        pki.sa_pub.write_bytes(sa_pub)
-        for key_file in (pki.ca_key, pki.serving_key, pki.sa_key):
-            key_file.chmod(0o600)
-        pki.client_cert(
-            "kube-apiserver-kubelet-client",
-            "system:masters",
-            pki.kubelet_client_cert,
-            pki.kubelet_client_key,
-        )
-        return pki
-
-    def client_cert(self, common_name: str, organization: str, cert: Path, key: Path) -> None:
-        """Write a client certificate signed by the CA: the API server maps CN to the user
-        and O to the group (a kubelet is CN=system:node:<name>, O=system:nodes)."""
-        ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), password=None)
-        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-            raise ControlPlaneError(f"{self.ca_key} is not an EC key")
-        ca_cert = x509.load_pem_x509_certificate(self.ca_cert.read_bytes())
-        now = datetime.datetime.now(datetime.timezone.utc)
-        client_key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization),
-                x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-            ]
-        )
-        signed = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(ca_cert.subject)
-            .public_key(client_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=7))
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
-        cert.write_bytes(_pem_cert(signed))
-        key.write_bytes(_pem_key(client_key))
-        key.chmod(0o600)
-
-
 @dataclass
-class Component:
-    """One child process, in its own process group, logging to a file."""
+class Component(processes.LoggedProcess):
+    """One child process of the test bed (etcd, kube-apiserver, kwok, ...), named, with the
+    command line it started with (to start it again the same way)."""
 
     name: str
-    process: subprocess.Popen[bytes]
-    log: Path
     argv: tuple[str, ...] = ()
-
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
     def describe_failure(self) -> str:
         state = "running" if self.running() else f"exited with {self.process.returncode}"
         return f"\n{self.name} is {state}; last lines of {self.log}:\n{self.log_tail()}"
 
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
-        pgid = self.process.pid  # start_new_session: the child leads its own group
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=wait)
-            if not _group_alive(pgid):
-                return
-        raise ControlPlaneError(f"{self.name} (process group {pgid}) survived SIGKILL")
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    def stop(self, grace: float = 10.0) -> bool:
+        """Stop the process group (see LoggedProcess.stop); raise if anything of it is left."""
+        if not super().stop(grace):
+            raise ControlPlaneError(f"{self.name} (process group {self.pid}) survived SIGKILL")
         return True
-    return True
 
 
 # --------------------------------------------------------------------------- control plane
@@ -465,7 +90,7 @@ class ControlPlane:
     # The API server's address. A real node's pods reach the API server through the
     # `kubernetes` Service, whose endpoint is this address: it must not be loopback then
     # (tests/controlplane/node.py puts the node's address on an interface of its own).
-    address: str = LOOPBACK
+    address: str = ports.LOOPBACK
     # Extra kube-apiserver flags (e.g. --watch-cache=false to make watches read etcd).
     apiserver_flags: Sequence[str] = ()
 
@@ -524,8 +149,8 @@ class ControlPlane:
         else:
             self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            extra_ips = [self.address] if self.address != LOOPBACK else []
-            self._pki = Pki.generate(self.root / "pki", extra_ips)
+            extra_ips = [self.address] if self.address != ports.LOOPBACK else []
+            self._pki = Pki.generate(self.root / "pki", SERVICE_CLUSTER_IP_RANGE, extra_ips)
             self._with_port_retry(self._start_etcd)
             self._with_port_retry(self._start_apiserver)
             self._write_kubeconfig()
@@ -575,21 +200,17 @@ class ControlPlane:
                     self.components.remove(component)
                     component.log.rename(component.log.with_suffix(f".attempt{attempt}.log"))
 
-    def _spawn(self, name: str, argv: Sequence[str | Path]) -> Component:
+    def spawn(
+        self, name: str, argv: Sequence[str | Path], *, stopped_with_plane: bool = True
+    ) -> Component:
+        """Start a process beside the control plane (Kueue, a scheduler, a node's parts),
+        logging to `<root>/logs/<name>.log`. `stopped_with_plane`: `stop()` stops it too;
+        otherwise the caller owns it."""
         log = self.root / "logs" / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as out:
-            process = subprocess.Popen(
-                [str(a) for a in argv],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.root,
-                start_new_session=True,
-                preexec_fn=_set_parent_death_signal,  # noqa: PLW1509 - only prctl, no locks
-            )
-        component = Component(name=name, process=process, log=log, argv=tuple(str(a) for a in argv))
-        self.components.append(component)
+        process = processes.spawn_logged(argv, log, cwd=self.root, die_with_parent=True)
+        component = Component(process=process, log=log, name=name, argv=tuple(map(str, argv)))
+        if stopped_with_plane:
+            self.components.append(component)
         return component
 
     # -- faults (reliability tests) -------------------------------------------------------
@@ -602,10 +223,7 @@ class ControlPlane:
 
     def kill(self, name: str) -> None:
         """SIGKILL one component (its data, ports and flags stay for `revive`)."""
-        component = self.component(name)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(component.process.pid, signal.SIGKILL)
-        component.process.wait(timeout=30)
+        self.component(name).kill(timeout=30)
 
     def revive(self, name: str) -> None:
         """Start a killed component again with the same flags (same ports, same data) and
@@ -614,15 +232,13 @@ class ControlPlane:
         if component.running():
             raise ControlPlaneError(f"{name} is still running")
         index = self.components.index(component)
-        self.components.remove(component)
-        revived = self._spawn(name, component.argv)
-        self.components.remove(revived)
-        self.components.insert(index, revived)
+        revived = self.spawn(name, component.argv, stopped_with_plane=False)
+        self.components[index] = revived
         checks: dict[str, Callable[[], bool]] = {
-            "etcd": lambda: http_ok(f"{self.etcd_url}/health"),
-            "kube-apiserver": lambda: self._https_ok(f"{self.apiserver_url}/readyz"),
+            "etcd": lambda: waits.http_ok(f"{self.etcd_url}/health"),
+            "kube-apiserver": lambda: self.https_ok(f"{self.apiserver_url}/readyz"),
         }
-        self._wait_healthy(revived, checks.get(name, revived.running))
+        self.wait_healthy(revived, checks.get(name, revived.running))
 
     def compact_etcd(self) -> int:
         """Compact etcd's history up to its current revision (what etcd and the API server do
@@ -644,28 +260,41 @@ class ControlPlane:
             resp.read()
         return revision
 
-    def _wait_healthy(self, component: Component, check: Callable[[], bool]) -> None:
+    def wait_healthy(
+        self,
+        component: Component,
+        check: Callable[[], bool],
+        *,
+        what: str | None = None,
+        timeout: float | None = None,
+        interval: float = 0.2,
+    ) -> None:
+        """Wait until `check` passes (`what`: by default the component healthy); fail with
+        the component's log if it exits first or `timeout` (by default the control plane's
+        start timeout) passes, as a ControlPlaneError."""
+
         def ready() -> bool:
             if not component.running():
                 raise ControlPlaneError(f"{component.name} exited{component.describe_failure()}")
             return check()
 
-        wait_for(
+        waits.wait_until(
             ready,
-            timeout=self.start_timeout,
-            what=f"{component.name} to become healthy",
-            interval=0.2,
+            timeout=self.start_timeout if timeout is None else timeout,
+            what=what or f"{component.name} to become healthy",
+            interval=interval,
             on_timeout=component.describe_failure,
+            error=ControlPlaneError,
         )
 
     # -- etcd ----------------------------------------------------------------------------
 
     def _start_etcd(self) -> None:
         shutil.rmtree(self.root / "etcd", ignore_errors=True)
-        client, peer = free_port(), free_port()
-        self.etcd_url = f"http://{LOOPBACK}:{client}"
-        peer_url = f"http://{LOOPBACK}:{peer}"
-        etcd = self._spawn(
+        client, peer = ports.free_port(), ports.free_port()
+        self.etcd_url = f"http://{ports.LOOPBACK}:{client}"
+        peer_url = f"http://{ports.LOOPBACK}:{peer}"
+        etcd = self.spawn(
             "etcd",
             [
                 self.tools.etcd,
@@ -690,13 +319,13 @@ class ControlPlane:
                 return False
             return bool(body.get("health") == "true")
 
-        self._wait_healthy(etcd, healthy)
+        self.wait_healthy(etcd, healthy)
 
     # -- kube-apiserver ------------------------------------------------------------------
 
     def _start_apiserver(self) -> None:
         pki = self._require_pki()
-        port = free_port()
+        port = ports.free_port()
         self.apiserver_url = f"https://{self.address}:{port}"
         tokens = self.root / "tokens.csv"
         # token,user,uid,"group1,group2"
@@ -704,7 +333,7 @@ class ControlPlane:
             f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n', encoding="utf-8"
         )
         tokens.chmod(0o600)
-        apiserver = self._spawn(
+        apiserver = self.spawn(
             "kube-apiserver",
             [
                 self.tools.kube_apiserver,
@@ -733,14 +362,15 @@ class ControlPlane:
                 "--disable-admission-plugins=TaintNodesByCondition",
                 # The 'kubernetes' Service endpoints cannot point at loopback: don't reconcile
                 # unless the API server has a real address (a node's pods reach it there).
-                "--endpoint-reconciler-type=" + ("none" if self.address == LOOPBACK else "lease"),
+                "--endpoint-reconciler-type="
+                + ("none" if self.address == ports.LOOPBACK else "lease"),
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
                 *self.apiserver_flags,
             ],
         )
-        self._wait_healthy(apiserver, lambda: self._https_ok(f"{self.apiserver_url}/readyz"))
+        self.wait_healthy(apiserver, lambda: self.https_ok(f"{self.apiserver_url}/readyz"))
 
     @property
     def pki(self) -> Pki:
@@ -752,7 +382,9 @@ class ControlPlane:
             raise ControlPlaneError("PKI not generated")
         return self._pki
 
-    def _https_ok(self, url: str, *, verify_ca: bool = True) -> bool:
+    def https_ok(self, url: str, *, verify_ca: bool = True) -> bool:
+        """Whether an HTTPS endpoint answers 200 to the admin token right now; `verify_ca`
+        False for the self-signed serving certificates of the controllers and schedulers."""
         if verify_ca:
             context = ssl.create_default_context(cafile=str(self._require_pki().ca_cert))
         else:  # self-signed serving certs of kube-controller-manager / kube-scheduler
@@ -789,6 +421,13 @@ class ControlPlane:
         self, path: Path, user: str, token: str, namespace: str = "default"
     ) -> Path:
         """Write a kubeconfig for this API server (CA embedded) with a bearer token."""
+        return self.write_kubeconfig_as(path, user, {"token": token}, namespace)
+
+    def write_kubeconfig_as(
+        self, path: Path, user: str, credentials: dict[str, str], namespace: str = "default"
+    ) -> Path:
+        """Write a kubeconfig for this API server (CA embedded) in which `user` authenticates
+        with `credentials` (a token; or client-certificate and client-key files, a node's)."""
         ca = self._require_pki().ca_cert.read_bytes()
         config = {
             "apiVersion": "v1",
@@ -802,7 +441,7 @@ class ControlPlane:
                     },
                 }
             ],
-            "users": [{"name": user, "user": {"token": token}}],
+            "users": [{"name": user, "user": credentials}],
             "contexts": [
                 {
                     "name": "trainjob-test",
@@ -818,12 +457,12 @@ class ControlPlane:
     # -- controllers ---------------------------------------------------------------------
 
     def _component_flags(self, name: str) -> list[str | Path]:
-        port = free_port()
+        port = ports.free_port()
         return [
             f"--kubeconfig={self.kubeconfig}",
             f"--authentication-kubeconfig={self.kubeconfig}",
             f"--authorization-kubeconfig={self.kubeconfig}",
-            f"--bind-address={LOOPBACK}",
+            f"--bind-address={ports.LOOPBACK}",
             f"--secure-port={port}",
             f"--cert-dir={self.root / (name + '-certs')}",
             "--leader-elect=false",
@@ -833,7 +472,7 @@ class ControlPlane:
     def _start_controller_manager(self) -> None:
         pki = self._require_pki()
         flags = self._component_flags("kube-controller-manager")
-        kcm = self._spawn(
+        kcm = self.spawn(
             "kube-controller-manager",
             [
                 self.tools.kube_controller_manager,
@@ -850,17 +489,17 @@ class ControlPlane:
             ],
         )
         port = _flag_value(flags, "--secure-port")
-        self._wait_healthy(
-            kcm, lambda: self._https_ok(f"https://{LOOPBACK}:{port}/healthz", verify_ca=False)
+        self.wait_healthy(
+            kcm, lambda: self.https_ok(f"https://{ports.LOOPBACK}:{port}/healthz", verify_ca=False)
         )
 
     def _start_scheduler(self) -> None:
         flags = self._component_flags("kube-scheduler")
-        scheduler = self._spawn("kube-scheduler", [self.tools.kube_scheduler, *flags])
+        scheduler = self.spawn("kube-scheduler", [self.tools.kube_scheduler, *flags])
         port = _flag_value(flags, "--secure-port")
-        self._wait_healthy(
+        self.wait_healthy(
             scheduler,
-            lambda: self._https_ok(f"https://{LOOPBACK}:{port}/healthz", verify_ca=False),
+            lambda: self.https_ok(f"https://{ports.LOOPBACK}:{port}/healthz", verify_ca=False),
         )
 
     def _wait_default_service_account(self, namespace: str) -> None:
@@ -868,7 +507,7 @@ class ControlPlane:
 
     def wait_service_account(self, namespace: str, name: str = "default") -> None:
         """Wait until the serviceaccount controller has created ``namespace/name``."""
-        wait_for(
+        waits.wait_until(
             lambda: (
                 self.kubectl("get", "serviceaccount", name, "-n", namespace, check=False).returncode
                 == 0
@@ -876,6 +515,7 @@ class ControlPlane:
             timeout=self.start_timeout,
             what=f"service account {namespace}/{name}",
             interval=0.2,
+            error=ControlPlaneError,
         )
 
     # -- kubectl -------------------------------------------------------------------------
@@ -921,11 +561,12 @@ class ControlPlane:
             return result.returncode == 0 and result.stdout.strip() == "True"
 
         for name in names:
-            wait_for(
+            waits.wait_until(
                 functools.partial(established, name),
                 timeout=timeout,
                 what=f"{name} to be Established",
                 interval=0.2,
+                error=ControlPlaneError,
             )
         return names
 
@@ -941,18 +582,18 @@ class ControlPlane:
         for existing in self.components:
             if existing.name == "kwok" and existing.running():
                 return existing
-        port = free_port()
-        kwok = self._spawn(
+        port = ports.free_port()
+        kwok = self.spawn(
             "kwok",
             [
                 self.tools.kwok,
                 f"--kubeconfig={self.kubeconfig}",
                 f"--config={config}",
-                f"--server-address={LOOPBACK}:{port}",
+                f"--server-address={ports.LOOPBACK}:{port}",
                 "--v=WARN",
             ],
         )
-        self._wait_healthy(kwok, lambda: http_ok(f"http://{LOOPBACK}:{port}/healthz"))
+        self.wait_healthy(kwok, lambda: waits.http_ok(f"http://{ports.LOOPBACK}:{port}/healthz"))
         if nodes is not None:
             self.kubectl("apply", "-f", nodes)
             self.kubectl(

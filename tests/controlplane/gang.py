@@ -19,17 +19,15 @@ from typing import Any, Final
 
 import yaml
 
-from tests.controlplane.cluster import (
+from tests.controlplane.cluster import Component, ControlPlane
+from tests.controlplane.tools import (
     HERE,
     INSTALL_COMMAND,
-    LOOPBACK,
-    Component,
-    ControlPlane,
     ToolsMissingError,
-    _go_mod_version,
-    free_port,
+    go_mod_version,
     tools_dir,
 )
+from tests.support import ports
 
 SCHEDULER_NAME: Final = "scheduler-plugins-scheduler"
 PODGROUP_GROUP: Final = "scheduling.x-k8s.io"
@@ -40,7 +38,7 @@ PERMIT_WAITING_SECONDS: Final = 10
 
 
 def plugins_version() -> str:
-    return _go_mod_version(HERE / "scheduler-plugins" / "go.mod", "sigs.k8s.io/scheduler-plugins")
+    return go_mod_version(HERE / "scheduler-plugins" / "go.mod", "sigs.k8s.io/scheduler-plugins")
 
 
 def plugins_dir() -> Path:
@@ -141,25 +139,25 @@ def start_gang_scheduler(
         ),
         encoding="utf-8",
     )
-    port = free_port()
-    scheduler = plane._spawn(
+    port = ports.free_port()
+    scheduler = plane.spawn(
         f"{name}-scheduler",
         [
             directory / "scheduler",
             f"--config={config_file}",
             f"--authentication-kubeconfig={plane.kubeconfig}",
             f"--authorization-kubeconfig={plane.kubeconfig}",
-            f"--bind-address={LOOPBACK}",
+            f"--bind-address={ports.LOOPBACK}",
             f"--secure-port={port}",
             f"--cert-dir={plane.root / (name + '-certs')}",
             "--v=2",
         ],
     )
-    plane._wait_healthy(
+    plane.wait_healthy(
         scheduler,
-        lambda: plane._https_ok(f"https://{LOOPBACK}:{port}/healthz", verify_ca=False),
+        lambda: plane.https_ok(f"https://{ports.LOOPBACK}:{port}/healthz", verify_ca=False),
     )
-    controller = plane._spawn(
+    controller = plane.spawn(
         f"{name}-controller",
         [
             directory / "controller",

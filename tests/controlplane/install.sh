@@ -72,22 +72,9 @@ if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" ]]; then
     exit 1
 fi
 
-GO="$(command -v go || true)"
-if [[ -z "$GO" && -x /usr/local/go/bin/go ]]; then
-    GO=/usr/local/go/bin/go
-fi
-if [[ -z "$GO" ]]; then
-    echo "install.sh: Go toolchain not found (PATH or /usr/local/go/bin/go); Go >= 1.25 is required" >&2
-    exit 1
-fi
-# Never download another toolchain behind our back; static binaries need no C compiler.
-export GOTOOLCHAIN=local CGO_ENABLED=0
-GO_VERSION="$("$GO" env GOVERSION)"  # e.g. go1.26.8
-GO_MINOR="$(echo "$GO_VERSION" | sed -E 's/^go1\.([0-9]+).*/\1/')"
-if [[ ! "$GO_MINOR" =~ ^[0-9]+$ ]] || ((GO_MINOR < 26)); then
-    echo "install.sh: $GO is $GO_VERSION; Go >= 1.26 is required (kwok v0.8.0 and etcd 3.6 need it)" >&2
-    exit 1
-fi
+# shellcheck source=tests/controlplane/go.sh
+source "$HERE/go.sh"
+require_go 26 "kwok v0.8.0 and etcd 3.6 need it"
 
 mkdir -p "$TOOLS_DIR"
 SUMMARY=()

@@ -29,19 +29,15 @@ from typing import Any, Final
 
 import yaml
 
-from tests.controlplane.cluster import (
+from tests.controlplane.cluster import Component, ControlPlane, ControlPlaneError
+from tests.controlplane.tools import (
     HERE,
     INSTALL_COMMAND,
-    LOOPBACK,
-    Component,
-    ControlPlane,
-    ControlPlaneError,
     ToolsMissingError,
-    _go_mod_version,
-    free_port,
-    http_ok,
+    go_mod_version,
     tools_dir,
 )
+from tests.support import ports, waits
 
 KUEUE_NAMESPACE: Final = "kueue-system"
 EXTERNAL_FRAMEWORK: Final = "TrainJob.v1alpha1.trainjob.dev"
@@ -50,7 +46,7 @@ KUEUE_GROUP: Final = "kueue.x-k8s.io"
 
 
 def kueue_version() -> str:
-    return _go_mod_version(HERE / "kueue" / "go.mod", "sigs.k8s.io/kueue")
+    return go_mod_version(HERE / "kueue" / "go.mod", "sigs.k8s.io/kueue")
 
 
 def kueue_dir() -> Path:
@@ -84,9 +80,9 @@ def configuration(
         "namespace": KUEUE_NAMESPACE,
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
-        "webhook": {"host": LOOPBACK, "port": webhook_port, "certDir": str(cert_dir)},
-        "metrics": {"bindAddress": f"{LOOPBACK}:{metrics_port}"},
-        "health": {"healthProbeBindAddress": f"{LOOPBACK}:{health_port}"},
+        "webhook": {"host": ports.LOOPBACK, "port": webhook_port, "certDir": str(cert_dir)},
+        "metrics": {"bindAddress": f"{ports.LOOPBACK}:{metrics_port}"},
+        "health": {"healthProbeBindAddress": f"{ports.LOOPBACK}:{health_port}"},
         "integrations": {
             # No "pod" framework: no cluster-wide Pod webhook on every test's Pods.
             "frameworks": ["batch/job"],
@@ -183,7 +179,11 @@ def start_kueue(
     shutil.copyfile(pki.serving_cert, cert_dir / "tls.crt")
     shutil.copyfile(pki.serving_key, cert_dir / "tls.key")
     _metrics_certs(pki.serving_cert, pki.serving_key)
-    webhook_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    webhook_port, health_port, metrics_port = (
+        ports.free_port(),
+        ports.free_port(),
+        ports.free_port(),
+    )
     config_file = plane.root / f"{name}-config.yaml"
     config_file.write_text(
         yaml.safe_dump(
@@ -198,7 +198,7 @@ def start_kueue(
         ),
         encoding="utf-8",
     )
-    component = plane._spawn(
+    component = plane.spawn(
         name,
         [
             directory / "kueue",
@@ -208,11 +208,13 @@ def start_kueue(
             "--zap-log-level=2",
         ],
     )
-    plane._wait_healthy(component, lambda: http_ok(f"http://{LOOPBACK}:{health_port}/readyz"))
+    plane.wait_healthy(
+        component, lambda: waits.http_ok(f"http://{ports.LOOPBACK}:{health_port}/readyz")
+    )
     manifests = list(yaml.safe_load_all((directory / "webhooks.yaml").read_text()))
     ca_bundle = base64.b64encode(pki.ca_cert.read_bytes()).decode("ascii")
     configs = webhook_configurations(
-        manifests, f"https://{LOOPBACK}:{webhook_port}", ca_bundle, name, webhook_groups
+        manifests, f"https://{ports.LOOPBACK}:{webhook_port}", ca_bundle, name, webhook_groups
     )
     plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(configs))
     return Kueue(plane=plane, component=component, health_port=health_port)

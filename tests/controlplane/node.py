@@ -41,26 +41,19 @@ from typing import Final
 import yaml
 
 from tests.controlplane.cluster import (
-    HERE,
-    LOOPBACK,
-    REPO_ROOT,
+    SERVICE_CLUSTER_IP_RANGE,
     Component,
     ControlPlane,
     ControlPlaneError,
-    ToolsMissingError,
-    _go_mod_version,
-    free_port,
-    http_ok,
-    tools_dir,
-    wait_for,
 )
+from tests.controlplane.tools import HERE, REPO_ROOT, ToolsMissingError, go_mod_version, tools_dir
+from tests.support import ports, waits
 
 NODE_NAME: Final = "trainjob-node"
 NODE_IP: Final = "10.243.0.1"
 NODE_LINK: Final = "tj-node0"
 BRIDGE: Final = "tj-cni0"
 POD_CIDR: Final = "10.244.0.0/24"
-SERVICE_CIDR: Final = "10.0.0.0/24"
 CLUSTER_DOMAIN: Final = "cluster.local"
 FORWARD_CHAIN: Final = "TRAINJOB-NODE"
 PAUSE_IMAGE: Final = "localhost/trainjob/pause:3.10"
@@ -82,11 +75,11 @@ PRODUCT_IMAGES: Final = (
 
 
 def coredns_version() -> str:
-    return _go_mod_version(HERE / "coredns" / "go.mod", "github.com/coredns/coredns")
+    return go_mod_version(HERE / "coredns" / "go.mod", "github.com/coredns/coredns")
 
 
 def kubernetes_version() -> str:
-    return _go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
+    return go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
 
 
 @dataclass(frozen=True)
@@ -377,8 +370,8 @@ class Node:
         return next((c for c in self.components if c.name == name), None)
 
     def _spawn(self, name: str, argv: Sequence[str | Path]) -> Component:
-        component = self.plane._spawn(name, argv)  # logs next to the control plane's
-        self.plane.components.remove(component)  # the node stops its own processes
+        # Logs next to the control plane's; the node stops its own processes.
+        component = self.plane.spawn(name, argv, stopped_with_plane=False)
         self.components.append(component)
         return component
 
@@ -419,7 +412,7 @@ class Node:
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{"subnet": POD_CIDR}]],
-                        "routes": [{"dst": SERVICE_CIDR}, {"dst": f"{NODE_IP}/32"}],
+                        "routes": [{"dst": SERVICE_CLUSTER_IP_RANGE}, {"dst": f"{NODE_IP}/32"}],
                         "dataDir": str(self.root / "cni" / "ipam"),
                     },
                 },
@@ -475,7 +468,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         containerd = self._spawn(
             "containerd", [self.tools.containerd, f"--config={config}", "--log-level=warn"]
         )
-        self.plane._wait_healthy(
+        self.plane.wait_healthy(
             containerd,
             lambda: self._ctr("version", check=False) is not None,
         )
@@ -598,38 +591,14 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
     # -- CoreDNS, kube-proxy, kubelet ----------------------------------------------------
 
-    def _node_kubeconfig(self, user: str, cert: Path, key: Path, path: Path) -> Path:
-        ca = self.plane.pki.ca_cert
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "trainjob-test",
-                    "cluster": {
-                        "server": self.plane.apiserver_url,
-                        "certificate-authority": str(ca),
-                    },
-                }
-            ],
-            "users": [
-                {"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}
-            ],
-            "contexts": [{"name": "node", "context": {"cluster": "trainjob-test", "user": user}}],
-            "current-context": "node",
-        }
-        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        path.chmod(0o600)
-        return path
-
     def _start_coredns(self) -> None:
-        ready_port = free_port()
+        ready_port = ports.free_port()
         corefile = self.root / "Corefile"
         # Only the cluster's names: no `forward`, so no query leaves the machine.
         corefile.write_text(
             f""".:53 {{
     bind {NODE_IP}
-    ready {LOOPBACK}:{ready_port}
+    ready {ports.LOOPBACK}:{ready_port}
     errors
     kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
         kubeconfig {self.plane.kubeconfig} trainjob-test
@@ -641,7 +610,9 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             encoding="utf-8",
         )
         coredns = self._spawn("coredns", [self.tools.coredns, "-conf", corefile])
-        self.plane._wait_healthy(coredns, lambda: http_ok(f"http://{LOOPBACK}:{ready_port}/ready"))
+        self.plane.wait_healthy(
+            coredns, lambda: waits.http_ok(f"http://{ports.LOOPBACK}:{ready_port}/ready")
+        )
 
     def _start_kube_proxy(self) -> None:
         config = self.root / "kube-proxy.yaml"
@@ -655,8 +626,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                     "mode": "iptables",
                     "clusterCIDR": POD_CIDR,
                     "bindAddress": NODE_IP,
-                    "healthzBindAddress": f"{LOOPBACK}:{free_port()}",
-                    "metricsBindAddress": f"{LOOPBACK}:{free_port()}",
+                    "healthzBindAddress": f"{ports.LOOPBACK}:{ports.free_port()}",
+                    "metricsBindAddress": f"{ports.LOOPBACK}:{ports.free_port()}",
                     # The host's conntrack sysctls stay as they are.
                     "conntrack": {"maxPerCore": 0, "min": 0},
                     # NodePorts only on the node's address; no route_localnet sysctl.
@@ -673,8 +644,10 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         pki_dir.mkdir(parents=True, exist_ok=True)
         cert, key = pki_dir / "kubelet-client.crt", pki_dir / "kubelet-client.key"
         self.plane.pki.client_cert(f"system:node:{NODE_NAME}", "system:nodes", cert, key)
-        kubeconfig = self._node_kubeconfig(
-            f"system:node:{NODE_NAME}", cert, key, self.root / "kubelet.kubeconfig"
+        kubeconfig = self.plane.write_kubeconfig_as(
+            self.root / "kubelet.kubeconfig",
+            f"system:node:{NODE_NAME}",
+            {"client-certificate": str(cert), "client-key": str(key)},
         )
         self.kubelet_root.mkdir(parents=True, exist_ok=True)
         config = self.root / "kubelet.yaml"
@@ -692,8 +665,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                     "address": NODE_IP,
                     "port": 10250,
                     "readOnlyPort": 0,
-                    "healthzBindAddress": LOOPBACK,
-                    "healthzPort": free_port(),
+                    "healthzBindAddress": ports.LOOPBACK,
+                    "healthzPort": ports.free_port(),
                     "authentication": {
                         "anonymous": {"enabled": False},
                         "webhook": {"enabled": True},
@@ -742,8 +715,6 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         )
 
         def ready() -> bool:
-            if not kubelet.running():
-                raise ControlPlaneError(f"kubelet exited{kubelet.describe_failure()}")
             out = self.plane.kubectl(
                 "get",
                 "node",
@@ -754,12 +725,12 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             )
             return out.returncode == 0 and out.stdout.strip() == "True"
 
-        wait_for(
+        self.plane.wait_healthy(
+            kubelet,
             ready,
-            timeout=self.start_timeout,
             what=f"node {NODE_NAME} Ready",
+            timeout=self.start_timeout,
             interval=0.5,
-            on_timeout=kubelet.describe_failure,
         )
 
     # -- storage -------------------------------------------------------------------------
@@ -848,7 +819,13 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             tasks = self._ctr("tasks", "list", "-q", check=False, timeout=30) or ""
             return pods.returncode == 0 and not pods.stdout.strip() and not tasks.strip()
 
-        wait_for(quiet, timeout=timeout, what="the node's pods to stop", interval=1.0)
+        waits.wait_until(
+            quiet,
+            timeout=timeout,
+            what="the node's pods to stop",
+            interval=1.0,
+            error=ControlPlaneError,
+        )
 
     def _remove_cgroups(self) -> None:
         """kubelet's cgroups (cgroupfs driver): /kubepods in each v1 hierarchy."""

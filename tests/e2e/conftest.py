@@ -1,9 +1,10 @@
 """The e2e tier: the whole product on a real cluster, with real containers.
 
-The cluster is a parameter (``TRAINJOB_E2E_CLUSTER``, see kube.py): the node built on this
-machine (default; ``bash tests/run -m e2e`` installs and starts it) or the current kubeconfig
-context, e.g. kind (.github/workflows/e2e.yaml). The tier runs only with ``--e2e`` or
-``TRAINJOB_E2E=1`` (tests/conftest.py); otherwise it is deselected, neither passed nor skipped.
+The cluster is a parameter (``TRAINJOB_E2E_CLUSTER``, see tests/controlplane/e2e_cluster.py):
+the node built on this machine (default; ``bash tests/run -m e2e`` installs and starts it) or
+the current kubeconfig context, e.g. kind (.github/workflows/e2e.yaml). The tier runs only
+with ``--e2e`` or ``TRAINJOB_E2E=1`` (tests/conftest.py); otherwise it is deselected, neither
+passed nor skipped.
 
 The operator is installed with its Helm chart into ``trainjob-system``, and every test gets a
 fresh namespace; both enforce the Pod Security Standard "restricted", as a careful platform
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.kube import (
+from tests.controlplane.e2e_cluster import (
     OPERATOR_DEPLOYMENT,
     OPERATOR_NAMESPACE,
     RELEASE,
@@ -38,7 +39,8 @@ IMAGE_TAG = os.environ.get("TRAINJOB_E2E_IMAGE_TAG", "0.1.0")
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    from tests.controlplane.cluster import ControlPlaneError, ToolsMissingError
+    from tests.controlplane.cluster import ControlPlaneError
+    from tests.controlplane.tools import ToolsMissingError
 
     workdir = os.environ.get("TRAINJOB_E2E_WORKDIR")
     try:

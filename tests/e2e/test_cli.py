@@ -31,9 +31,9 @@ import pyte
 import pytest
 import yaml
 
+from tests.controlplane.e2e_cluster import REPO_ROOT, Cluster, create_job_namespace, wait_until
 from tests.e2e import browser
 from tests.e2e.conftest import IMAGE_TAG
-from tests.e2e.kube import REPO_ROOT, Cluster, create_job_namespace, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import pytest
 
-from tests.e2e.kube import Cluster, signal_training_process, wait_until
+from tests.controlplane.e2e_cluster import Cluster, signal_training_process, wait_until
 from tests.e2e.test_trainjob import JOB_TIMEOUT, example
 
 pytestmark = pytest.mark.e2e

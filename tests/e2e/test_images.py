@@ -9,8 +9,8 @@ from typing import Any, Final
 
 import pytest
 
+from tests.controlplane.e2e_cluster import OPERATOR_NAMESPACE, PROGRESS_PREFIX, Cluster, wait_until
 from tests.e2e.conftest import IMAGE_TAG
-from tests.e2e.kube import OPERATOR_NAMESPACE, PROGRESS_PREFIX, Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
 

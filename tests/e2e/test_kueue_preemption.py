@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import pytest
 
-from tests.e2e.kube import (
+from tests.controlplane.e2e_cluster import (
     CHART,
     OPERATOR_DEPLOYMENT,
     OPERATOR_NAMESPACE,

@@ -13,14 +13,14 @@ from typing import Any, Final
 import pytest
 import yaml
 
-from tests.e2e.conftest import IMAGE_TAG
-from tests.e2e.kube import (
+from tests.controlplane.e2e_cluster import (
     CHECKPOINT_CLAIM,
     REPO_ROOT,
     Cluster,
     signal_training_process,
     wait_until,
 )
+from tests.e2e.conftest import IMAGE_TAG
 
 pytestmark = pytest.mark.e2e
 

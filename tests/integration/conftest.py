@@ -22,18 +22,12 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import (
-    REPO_ROOT,
-    Component,
-    ControlPlane,
-    ControlPlaneError,
-    Tools,
-    ToolsMissingError,
-    wait_for,
-)
+from tests.controlplane.cluster import Component, ControlPlane, ControlPlaneError
 from tests.controlplane.gang import GangScheduler, start_gang_scheduler
 from tests.controlplane.kueue import Kueue, start_kueue
+from tests.controlplane.tools import REPO_ROOT, Tools, ToolsMissingError
 from tests.integration.kueue_harness import KUEUE_PODS_READY_TIMEOUT
+from tests.support import waits
 
 CRD_DIR = REPO_ROOT / "crds"
 
@@ -155,7 +149,7 @@ def namespace(core_v1: k8s.CoreV1Api, request: pytest.FixtureRequest) -> Iterato
             raise
         return True
 
-    wait_for(
+    waits.wait_until(
         has_default_service_account,
         timeout=60,
         what=f"the serviceaccount controller to create {name}/default",

@@ -10,7 +10,8 @@ from typing import Any, Final, cast
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.integration.operator_harness import Cluster, trainjob, wait_until
+from tests.integration.operator_harness import Cluster, trainjob
+from tests.support import waits
 
 KUEUE: Final = "kueue.x-k8s.io"
 KV: Final = "v1beta2"
@@ -190,4 +191,4 @@ def wait_admitted(queues: Queues, job: str, timeout: float) -> Obj:
         workload = queues.workload(job)
         return workload if is_true(workload, "Admitted") else None
 
-    return wait_until(admitted, timeout=timeout, what=f"the Workload of {job} to be Admitted")
+    return waits.wait_until(admitted, timeout=timeout, what=f"the Workload of {job} to be Admitted")

@@ -1,5 +1,5 @@
-"""Helpers for the operator tests: run `python -m trainjob_operator` as a subprocess against
-the test control plane, create TrainJobs, and play the kubelet by patching Pod status.
+"""Helpers for the operator tests: run the operator (tests/support/operator_process.py)
+against the test control plane, create TrainJobs, and play the kubelet by patching Pod status.
 
 There is no kubelet: test Pods name a scheduler that does not exist, so neither
 kube-scheduler nor kwok touches them, and deleting one removes it at once (an unbound Pod
@@ -10,42 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import datetime
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar, cast
+from typing import Any, Final, Protocol, cast
 
 import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import (
-    REPO_ROOT,
-    Tools,
-    ToolsMissingError,
-    free_port,
-    http_ok,
-)
+from tests.controlplane.tools import REPO_ROOT, Tools, ToolsMissingError
+from tests.support import kubelet, manifests, operator_process, waits
 
-GROUP: Final = "trainjob.dev"
-VERSION: Final = "v1alpha1"
+GROUP: Final = manifests.GROUP
+VERSION: Final = manifests.VERSION
 PLURAL: Final = "trainjobs"
 JOB_LABEL: Final = "trainjob.dev/job-name"
 NO_SCHEDULER: Final = "trainjob-test-no-scheduler"
-PYTHON: Final = sys.executable
+TEST_IMAGE: Final = "example.com/trainjob:test"  # never pulled: no Pod here runs
 
 Obj = dict[str, Any]
-T = TypeVar("T")
-
-
-class WaitTimeoutError(AssertionError):
-    pass
 
 
 class HasMetadata(Protocol):
@@ -87,106 +73,6 @@ def pod_status(pod: k8s.V1Pod) -> k8s.V1PodStatus:
     return pod.status
 
 
-def wait_until(
-    probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.1
-) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while True:
-        last = probe()
-        if last:
-            return last
-        if time.monotonic() >= deadline:
-            raise WaitTimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-class Operator:
-    """The operator as a subprocess (what a Deployment runs), logging to a file."""
-
-    def __init__(
-        self,
-        kubeconfig: Path,
-        log: Path,
-        *args: str,
-        standalone: bool = True,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.standalone = standalone
-        self.extra_env = env or {}
-        self.kubeconfig = kubeconfig
-        self.log = log
-        self.args = args
-        self.metrics_port = free_port()
-        self.liveness_port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Operator:
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.kubeconfig),
-            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "operator")]),
-            "PYTHONUNBUFFERED": "1",
-            **self.extra_env,
-        }
-        argv = [
-            PYTHON,
-            "-m",
-            "trainjob_operator",
-            *(["--standalone"] if self.standalone else []),
-            f"--metrics-port={self.metrics_port}",
-            f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
-            *self.args,
-        ]
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        return self
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def wait_serving(self, timeout: float = 30.0) -> Operator:
-        """Wait until the liveness endpoint answers 200 (the operator has started up)."""
-        url = f"http://127.0.0.1:{self.liveness_port}/healthz"
-        return self.wait_answering(
-            lambda: http_ok(url), "the operator's liveness endpoint", timeout
-        )
-
-    def wait_answering(
-        self, probe: Callable[[], bool], what: str, timeout: float = 30.0
-    ) -> Operator:
-        """Wait until `probe` passes; fail with the operator's log if it exits first."""
-        wait_until(lambda: probe() or not self.running(), timeout=timeout, what=what)
-        assert self.running(), self.log_tail()
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup at all, as when a node dies under the operator."""
-        if self.process is not None and self.running():
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is None or not self.running():
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-
 def run_benchmark(
     script: str, *args: str, json_out: Path, timeout: float
 ) -> tuple[str, dict[str, Any]]:
@@ -210,8 +96,10 @@ def run_benchmark(
 
 
 @contextlib.contextmanager
-def running_operator(kubeconfig: Path, log: Path, *args: str) -> Iterator[Operator]:
-    operator = Operator(kubeconfig, log, *args).start()
+def running_operator(
+    kubeconfig: Path, log: Path, *args: str
+) -> Iterator[operator_process.Operator]:
+    operator = operator_process.Operator(kubeconfig, log, *args).start()
     try:
         yield operator
     finally:
@@ -224,11 +112,11 @@ def module_operator(
     prefix: str,
     *args: str,
     timeout: float = 30.0,
-) -> Iterator[Operator]:
+) -> Iterator[operator_process.Operator]:
     """The operator of one test module, watching the namespaces its tests get (`<prefix>-*`:
     the namespace fixture names each after its test); for a module-scoped fixture."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = Operator(kubeconfig, log, f"--namespace={prefix}-*", *args).start()
+    op = operator_process.Operator(kubeconfig, log, f"--namespace={prefix}-*", *args).start()
     try:
         yield op.wait_serving(timeout)
     finally:
@@ -237,7 +125,7 @@ def module_operator(
 
 
 def module_cluster(
-    operator: Operator, api_client: k8s.ApiClient, namespace: str, prefix: str
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str, prefix: str
 ) -> Iterator[Cluster]:
     """One test's namespace, served by the module's operator (see `module_operator`)."""
     assert namespace.startswith(f"{prefix}-"), namespace
@@ -250,7 +138,7 @@ def module_cluster(
 
 
 def container(**extra: Any) -> Obj:
-    return {"name": "tensorflow", "image": "example.com/trainjob:test", **extra}
+    return manifests.container(TEST_IMAGE, **extra)
 
 
 def template(**extra: Any) -> Obj:
@@ -270,23 +158,12 @@ def trainjob(
     tpl = template()
     if template_spec is not None:
         tpl = {"spec": {**tpl["spec"], **template_spec}}
-    replica_specs: Obj = {}
-    for rtype, count in (("chief", chief), ("worker", workers), ("ps", ps)):
-        if count:
-            replica_specs[rtype] = {
-                "replicas": count,
-                "restartPolicy": restart_policy,
-                "template": copy.deepcopy(tpl),
-            }
-    body: Obj = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainJob",
-        "metadata": {"name": name},
-        "spec": {"replicaSpecs": replica_specs},
+    replica_specs = {
+        rtype: manifests.replica(count, copy.deepcopy(tpl), restart_policy)
+        for rtype, count in (("chief", chief), ("worker", workers), ("ps", ps))
+        if count
     }
-    if run_policy:
-        body["spec"]["runPolicy"] = run_policy
-    return body
+    return manifests.trainjob(name, replica_specs, run_policy)
 
 
 class Cluster:
@@ -338,14 +215,14 @@ class Cluster:
 
     def wait_condition(self, name: str, ctype: str, timeout: float = 30) -> Obj:
         try:
-            return wait_until(
+            return waits.wait_until(
                 lambda: self.condition(name, ctype),
                 timeout=timeout,
                 what=f"TrainJob {name} condition {ctype}",
             )
-        except WaitTimeoutError as exc:
+        except waits.WaitTimeoutError as exc:
             job = self.job(name) or {}
-            raise WaitTimeoutError(f"{exc}; status: {job.get('status')}") from None
+            raise waits.WaitTimeoutError(f"{exc}; status: {job.get('status')}") from None
 
     def pods(self, job: str | None = None) -> dict[str, k8s.V1Pod]:
         selector = f"{JOB_LABEL}={job}" if job else JOB_LABEL
@@ -370,7 +247,7 @@ class Cluster:
             pods = self.pods(job)
             return pods if set(pods) == names else None
 
-        return wait_until(probe, timeout=timeout, what=f"pods {sorted(names)} of {job}")
+        return waits.wait_until(probe, timeout=timeout, what=f"pods {sorted(names)} of {job}")
 
     def events(self, name: str) -> list[k8s.CoreV1Event]:
         items: list[k8s.CoreV1Event] = self.core.list_namespaced_event(
@@ -381,59 +258,18 @@ class Cluster:
     # -- playing the kubelet ----------------------------------------------------------------
 
     def set_running(self, pod: str) -> None:
-        now = _now()
-        self.core.patch_namespaced_pod_status(
-            pod,
-            self.namespace,
-            {
-                "status": {
-                    "phase": "Running",
-                    "startTime": now,
-                    "containerStatuses": [
-                        {
-                            "name": "tensorflow",
-                            "image": "example.com/trainjob:test",
-                            "imageID": "",
-                            "ready": True,
-                            "restartCount": 0,
-                            "state": {"running": {"startedAt": now}},
-                        }
-                    ],
-                }
-            },
-        )
+        now = kubelet.now()
+        status = kubelet.pod_status("Running", kubelet.running(TEST_IMAGE, now), startTime=now)
+        self.core.patch_namespaced_pod_status(pod, self.namespace, status)
 
     def set_exited(self, pod: str, exit_code: int, reason: str | None = None) -> None:
-        now = _now()
-        terminated: Obj = {"exitCode": exit_code, "startedAt": now, "finishedAt": now}
-        terminated["reason"] = reason or ("Completed" if exit_code == 0 else "Error")
-        self.core.patch_namespaced_pod_status(
-            pod,
-            self.namespace,
-            {
-                "status": {
-                    "phase": "Succeeded" if exit_code == 0 else "Failed",
-                    "containerStatuses": [
-                        {
-                            "name": "tensorflow",
-                            "image": "example.com/trainjob:test",
-                            "imageID": "",
-                            "ready": False,
-                            "restartCount": 0,
-                            "state": {"terminated": terminated},
-                        }
-                    ],
-                }
-            },
-        )
+        container = kubelet.exited(TEST_IMAGE, exit_code, kubelet.now(), reason)
+        status = kubelet.pod_status(kubelet.exit_phase(exit_code), container)
+        self.core.patch_namespaced_pod_status(pod, self.namespace, status)
 
     def run_all(self, job: str, names: set[str]) -> None:
         for name in sorted(self.wait_pods(job, names)):
             self.set_running(name)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def attempt(pod: k8s.V1Pod) -> int:

@@ -25,17 +25,10 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import REPO_ROOT
-from tests.integration.operator_harness import (
-    GROUP,
-    PLURAL,
-    VERSION,
-    Cluster,
-    Operator,
-    trainjob,
-    wait_until,
-)
+from tests.controlplane.tools import REPO_ROOT
+from tests.integration.operator_harness import GROUP, PLURAL, VERSION, Cluster, trainjob
 from tests.reliability import save_figures
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -73,16 +66,18 @@ def server_message(exc: ApiException) -> str:
 
 
 @pytest.fixture(scope="module")
-def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(
+    kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_process.Operator]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = Operator(kubeconfig, log, "--namespace=test-bad-*").start()
+    op = operator_process.Operator(kubeconfig, log, "--namespace=test-bad-*").start()
     try:
         yield op.wait_serving(T)
     finally:
         op.stop()
 
 
-def crashes(operator: Operator) -> int:
+def crashes(operator: operator_process.Operator) -> int:
     """Reconciles that raised something unexpected, plus 1 if the process is gone."""
     text = operator.log.read_text(encoding="utf-8", errors="replace")
     return text.count(CRASH_MARK) + (0 if operator.running() else 1)
@@ -94,7 +89,7 @@ def failed_invalid(cluster: Cluster, name: str) -> dict[str, Any] | None:
 
 
 def test_bad_input_is_refused_naming_the_field_and_the_operator_serves_on(
-    api_client: k8s.ApiClient, namespace: str, operator: Operator
+    api_client: k8s.ApiClient, namespace: str, operator: operator_process.Operator
 ) -> None:
     assert namespace.startswith("test-bad-"), namespace
     cluster = Cluster(api_client, namespace)
@@ -126,7 +121,7 @@ def test_bad_input_is_refused_naming_the_field_and_the_operator_serves_on(
 
     marked: dict[str, str] = {}
     for path in AT_RUN:
-        condition = wait_until(
+        condition = waits.wait_until(
             functools.partial(failed_invalid, cluster, path.stem),
             timeout=T,
             what=f"{path.stem} Failed/{REASON}; operator log:\n{operator.log_tail(30)}",

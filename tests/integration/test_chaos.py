@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import datetime
 import os
 import random
 import threading
@@ -50,16 +49,16 @@ from tests.controlplane.cluster import ControlPlane
 from tests.integration.conftest import started_control_plane
 from tests.integration.operator_harness import (
     JOB_LABEL,
+    TEST_IMAGE,
     Cluster,
-    Operator,
     attempt,
     meta,
     name_of,
     trainjob,
     uid_of,
-    wait_until,
 )
 from tests.reliability import save_figures
+from tests.support import kubelet, operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -185,26 +184,12 @@ class Kubelet(threading.Thread):
         )
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def running() -> dict[str, Any]:
-    return {
-        "name": "tensorflow",
-        "image": "example.com/trainjob:test",
-        "imageID": "",
-        "ready": True,
-        "restartCount": 0,
-        "state": {"running": {"startedAt": _now()}},
-    }
+    return kubelet.running(TEST_IMAGE, kubelet.now())
 
 
 def exited(code: int) -> dict[str, Any]:
-    now = _now()
-    reason = "Completed" if code == 0 else "Error"
-    terminated = {"exitCode": code, "startedAt": now, "finishedAt": now, "reason": reason}
-    return {**running(), "ready": False, "state": {"terminated": terminated}}
+    return kubelet.exited(TEST_IMAGE, code, kubelet.now())
 
 
 # -- faults ---------------------------------------------------------------------------------
@@ -215,12 +200,14 @@ class Operators:
     kubeconfig: Path
     logs: Path
     namespace: str
-    started: list[Operator] = dataclasses.field(default_factory=list)
+    started: list[operator_process.Operator] = dataclasses.field(default_factory=list)
     kills: int = 0
 
-    def start(self) -> Operator:
+    def start(self) -> operator_process.Operator:
         log = self.logs / f"operator-{len(self.started)}.log"
-        operator = Operator(self.kubeconfig, log, f"--namespace={self.namespace}").start()
+        operator = operator_process.Operator(
+            self.kubeconfig, log, f"--namespace={self.namespace}"
+        ).start()
         self.started.append(operator)
         return operator
 
@@ -230,7 +217,7 @@ class Operators:
                 operator.kill()
                 self.kills += 1
 
-    def running(self) -> list[Operator]:
+    def running(self) -> list[operator_process.Operator]:
         return [op for op in self.started if op.running()]
 
     def tails(self) -> str:
@@ -336,7 +323,9 @@ def test_a_storm_with_the_operator_killed_at_random_keeps_every_invariant(
             return not waiting
 
         try:
-            wait_until(settled, timeout=SETTLE, what="every job at its planned end", interval=1)
+            waits.wait_until(
+                settled, timeout=SETTLE, what="every job at its planned end", interval=1
+            )
         except AssertionError as exc:
             raise AssertionError(
                 f"{exc}: {waiting}\nkubelet errors: {dict(kubelet.errors)}\n{operators.tails()}"

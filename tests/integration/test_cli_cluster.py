@@ -27,17 +27,17 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import REPO_ROOT, ControlPlane
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.tools import REPO_ROOT
 from tests.integration.operator_harness import (
     GROUP,
     Cluster,
-    Operator,
     meta,
     pod_spec,
     running_operator,
     trainjob,
-    wait_until,
 )
+from tests.support import kubelet, operator_process, waits
 from trainjob import cli, client
 from trainjob.core import spec
 
@@ -47,14 +47,18 @@ T = 30.0  # per-step deadline on a 2-core machine; steps take well under a secon
 
 
 @pytest.fixture(scope="module")
-def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(
+    kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_process.Operator]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     with running_operator(kubeconfig, log, "--namespace=test-cli-*") as op:
         yield op.wait_serving(T)
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
     assert namespace.startswith("test-cli-"), namespace
     yield Cluster(api_client, namespace)
     print(f"operator log, last lines:\n{operator.log_tail(25)}")
@@ -157,7 +161,7 @@ def test_cli_submit_get_describe_wait_delete(
 
     code, out, _ = run(kubeconfig, "delete", "mnist", "-n", ns)
     assert (code, out) == (0, 'trainjob.trainjob.dev "mnist" deleted\n')
-    wait_until(lambda: cluster.job("mnist") is None, timeout=T, what="the job deleted")
+    waits.wait_until(lambda: cluster.job("mnist") is None, timeout=T, what="the job deleted")
     code, out, err = run(kubeconfig, "get", "mnist", "-n", ns)
     assert code == 1 and err == f"trainjob get: TrainJob mnist not found in namespace {ns}\n"
     # What `get -o yaml` saved (uid, resourceVersion, status...) submits as a new job.
@@ -223,7 +227,7 @@ def test_cli_submit_code_ships_the_directory_and_it_goes_with_the_job(
         names = [meta(c).name for c in cluster.core.list_namespaced_config_map(ns).items]
         return "shipped-code" not in names
 
-    wait_until(code_gone, timeout=60, what="the code's ConfigMap to go with its job")
+    waits.wait_until(code_gone, timeout=60, what="the code's ConfigMap to go with its job")
 
 
 def test_cli_wait_timeout_failed_and_describe_cause(cluster: Cluster, kubeconfig: Path) -> None:
@@ -335,7 +339,7 @@ def test_cli_attach_follows_to_the_summary_and_detaches(cluster: Cluster, kubeco
         cluster.run_all("live", {"live-chief-0", "live-worker-0"})
         cluster.wait_condition("live", "Running")
         set_progress(cluster, "live", **PROGRESS)
-        wait_until(
+        waits.wait_until(
             lambda: (cluster.job("live") or {}).get("status", {}).get("progress"),
             timeout=T,
             what="progress in status",
@@ -669,35 +673,16 @@ def test_cli_tensorboard_pod_is_admitted_as_restricted_says_why_it_cannot_start_
 
     process = _tensorboard(kubeconfig, "board", "-n", ns)
     try:
-        pod = wait_until(
+        pod = waits.wait_until(
             lambda: _tensorboard_pod(cluster, "board"), timeout=T, what="the TensorBoard Pod"
         )
         assert pod.metadata.owner_references[0].name == "board"
         name = pod.metadata.name
-        cluster.core.patch_namespaced_pod_status(
-            name,
-            ns,
-            {
-                "status": {
-                    "phase": "Pending",
-                    "containerStatuses": [
-                        {
-                            "name": "tensorboard",
-                            "image": "trainjob/trainjob:0.1.0",
-                            "imageID": "",
-                            "ready": False,
-                            "restartCount": 0,
-                            "state": {
-                                "waiting": {
-                                    "reason": "ErrImagePull",
-                                    "message": "trainjob/trainjob:0.1.0: not found",
-                                }
-                            },
-                        }
-                    ],
-                }
-            },
+        waiting = {"reason": "ErrImagePull", "message": "trainjob/trainjob:0.1.0: not found"}
+        container = kubelet.container_status(
+            {"waiting": waiting}, image="trainjob/trainjob:0.1.0", ready=False, name="tensorboard"
         )
+        cluster.core.patch_namespaced_pod_status(name, ns, kubelet.pod_status("Pending", container))
         out, err = process.communicate(timeout=T)
     finally:
         if process.poll() is None:
@@ -708,13 +693,13 @@ def test_cli_tensorboard_pod_is_admitted_as_restricted_says_why_it_cannot_start_
         f"trainjob tensorboard: TensorBoard Pod {name} cannot start: ErrImagePull: "
         "trainjob/trainjob:0.1.0: not found\n"
     )
-    wait_until(
+    waits.wait_until(
         lambda: _tensorboard_pod(cluster, "board") is None, timeout=T, what="the Pod deleted"
     )
 
     process = _tensorboard(kubeconfig, "board", "-n", ns)
     try:
-        wait_until(lambda: _tensorboard_pod(cluster, "board"), timeout=T, what="a second Pod")
+        waits.wait_until(lambda: _tensorboard_pod(cluster, "board"), timeout=T, what="a second Pod")
         process.send_signal(signal.SIGTERM)  # as a closed terminal or `kill` would
         out, err = process.communicate(timeout=T)
     finally:
@@ -723,6 +708,6 @@ def test_cli_tensorboard_pod_is_admitted_as_restricted_says_why_it_cannot_start_
             process.wait()
     assert process.returncode == 0, err
     assert out.startswith("Stopped TensorBoard; deleted Pod board-tensorboard-"), out
-    wait_until(
+    waits.wait_until(
         lambda: _tensorboard_pod(cluster, "board") is None, timeout=T, what="the Pod deleted"
     )

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane.cluster import ControlPlane, wait_for
+from tests.controlplane.cluster import ControlPlane
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +58,7 @@ def test_rbac_denies_a_service_account_without_bindings(
         "create", "rolebinding", "pod-reader", "--role=pod-reader",
         f"--serviceaccount={namespace}:default", "-n", namespace,
     )  # fmt: skip
-    wait_for(
+    waits.wait_until(
         lambda: control_plane.kubectl("get", "pods", *as_sa, check=False).returncode == 0,
         timeout=30,
         what="the RoleBinding to take effect",

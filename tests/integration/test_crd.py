@@ -16,7 +16,9 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import REPO_ROOT, ControlPlane, wait_for
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.tools import REPO_ROOT
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -326,6 +328,8 @@ def test_deleting_a_trainjob_garbage_collects_its_children(
         services = names(core_v1.list_namespaced_service(namespace).items)
         return "gc-owned" not in config_maps and "gc-worker-0" not in services
 
-    wait_for(gone, timeout=60, what="the garbage collector to delete the TrainJob's children")
+    waits.wait_until(
+        gone, timeout=60, what="the garbage collector to delete the TrainJob's children"
+    )
     # GC, not a blanket wipe: the ConfigMap without an ownerReference stays.
     assert "gc-unowned" in names(core_v1.list_namespaced_config_map(namespace).items)

@@ -24,14 +24,13 @@ from kubernetes.client.exceptions import ApiException
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.operator_harness import (
     Cluster,
-    Operator,
     attempt,
     meta,
     module_cluster,
     module_operator,
     trainjob,
-    wait_until,
 )
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -42,12 +41,16 @@ POD_GC = 150.0
 
 
 @pytest.fixture(scope="module")
-def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(
+    kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_process.Operator]:
     yield from module_operator(kubeconfig, tmp_path_factory, "test-nodes", timeout=T)
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
     yield from module_cluster(operator, api_client, namespace, "test-nodes")
 
 
@@ -140,7 +143,7 @@ def test_nodes_a_lost_node_is_shown_then_its_replica_is_recreated_as_a_disruptio
     # The kubelet reports its node not ready: NodeNotReady, in the node's words.
     since = now()
     set_ready(cluster, node, "False", since)
-    condition = wait_until(
+    condition = waits.wait_until(
         lambda: waiting_on_node(cluster, "lost", "NodeNotReady"), timeout=T, what="NodeNotReady"
     )
     assert condition["message"] == f"worker 1: node {node} not ready since {since}", condition
@@ -149,7 +152,7 @@ def test_nodes_a_lost_node_is_shown_then_its_replica_is_recreated_as_a_disruptio
     since = now()
     started = time.monotonic()
     set_ready(cluster, node, "Unknown", since)
-    condition = wait_until(
+    condition = waits.wait_until(
         lambda: waiting_on_node(cluster, "lost", "NodeUnreachable"),
         timeout=T,
         what="NodeUnreachable",
@@ -163,7 +166,7 @@ def test_nodes_a_lost_node_is_shown_then_its_replica_is_recreated_as_a_disruptio
     entry = status["replicaStatuses"]["worker"]["indexes"][1]
     assert (entry["waitingReason"], entry["state"]) == ("NodeUnreachable", "Running"), entry
     assert entry["waitingMessage"] == f"node {node} unreachable since {since}", entry
-    events = wait_until(
+    events = waits.wait_until(
         lambda: (
             [e for e in cluster.events("lost") if e.reason in ("NodeNotReady", "NodeUnreachable")]
             if len([e for e in cluster.events("lost") if e.reason == "NodeUnreachable"]) == 1
@@ -181,7 +184,7 @@ def test_nodes_a_lost_node_is_shown_then_its_replica_is_recreated_as_a_disruptio
 
     # The Node is deleted: the pod GC removes its Pod; the replica comes back elsewhere.
     cluster.core.delete_node(node)
-    wait_until(
+    waits.wait_until(
         lambda: (p := cluster.pod("lost-worker-1")) is not None and attempt(p) == 1,
         timeout=POD_GC,
         what="the pod GC to remove worker 1's Pod and worker 1 recreated as attempt 1",
@@ -190,7 +193,7 @@ def test_nodes_a_lost_node_is_shown_then_its_replica_is_recreated_as_a_disruptio
     status = (cluster.job("lost") or {})["status"]
     assert (status["restartCount"], status["disruptionCount"]) == (0, 1), status
     assert not cluster.condition("lost", "Failed")
-    evicted = wait_until(
+    evicted = waits.wait_until(
         lambda: next((e for e in cluster.events("lost") if e.reason == "Evicted"), None),
         timeout=T,
         what="an Evicted Event",
@@ -220,13 +223,13 @@ def test_nodes_a_pod_force_deleted_from_a_lost_node_without_a_condition_is_a_dis
     cluster.wait_condition("gone", "Running", T)
     since = now()
     set_ready(cluster, node, "Unknown", since)
-    wait_until(
+    waits.wait_until(
         lambda: waiting_on_node(cluster, "gone", "NodeUnreachable"), timeout=T, what="unreachable"
     )
     print(control_plane.kubectl("get", "tj", "gone", "-n", cluster.namespace).stdout)
     print(control_plane.kubectl("describe", "tj", "gone", "-n", cluster.namespace).stdout)
     cluster.core.delete_namespaced_pod("gone-worker-0", cluster.namespace, grace_period_seconds=0)
-    wait_until(
+    waits.wait_until(
         lambda: (p := cluster.pod("gone-worker-0")) is not None and attempt(p) == 1,
         timeout=T,
         what="worker 0 recreated as attempt 1",
@@ -252,11 +255,11 @@ def test_nodes_a_peer_failing_after_its_node_was_lost_restarts_uncounted(
     cluster.run_all("peer", names)
     cluster.wait_condition("peer", "Running", T)
     set_ready(cluster, node, "Unknown", now())
-    wait_until(
+    waits.wait_until(
         lambda: waiting_on_node(cluster, "peer", "NodeUnreachable"), timeout=T, what="unreachable"
     )
     cluster.set_exited("peer-worker-0", 1)
-    wait_until(
+    waits.wait_until(
         lambda: (p := cluster.pod("peer-worker-0")) is not None and attempt(p) == 1,
         timeout=T,
         what="worker 0 recreated as attempt 1",
@@ -269,7 +272,7 @@ def test_nodes_a_peer_failing_after_its_node_was_lost_restarts_uncounted(
     assert old is not None and attempt(old) == 0 and meta(old).deletion_timestamp is None
     # What the pod GC does once the Node is deleted (without waiting a minute for it).
     cluster.core.delete_namespaced_pod("peer-worker-1", cluster.namespace, grace_period_seconds=0)
-    wait_until(
+    waits.wait_until(
         lambda: (p := cluster.pod("peer-worker-1")) is not None and attempt(p) == 1,
         timeout=T,
         what="worker 1 recreated as attempt 1",

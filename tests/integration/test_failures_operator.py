@@ -14,14 +14,14 @@ from kubernetes import client as k8s
 
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.operator_harness import (
+    TEST_IMAGE,
     Cluster,
-    Operator,
     attempt,
     module_cluster,
     module_operator,
     trainjob,
-    wait_until,
 )
+from tests.support import kubelet, operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -29,12 +29,16 @@ T = 30.0  # generous per-step deadline on a 2-core machine; steps take well unde
 
 
 @pytest.fixture(scope="module")
-def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(
+    kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_process.Operator]:
     yield from module_operator(kubeconfig, tmp_path_factory, "test-fail", timeout=T)
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
     yield from module_cluster(operator, api_client, namespace, "test-fail")
 
 
@@ -65,38 +69,19 @@ def test_fail_image_pull_backoff_shows_in_status_event_and_column(
     cluster.create_job(trainjob("pull", chief=0, workers=2))
     cluster.wait_pods("pull", {"pull-worker-0", "pull-worker-1"})
     cluster.set_running("pull-worker-0")
+    waiting = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}
+    container = kubelet.container_status({"waiting": waiting}, image="nope:1", ready=False)
     cluster.core.patch_namespaced_pod_status(
-        "pull-worker-1",
-        cluster.namespace,
-        {
-            "status": {
-                "phase": "Pending",
-                "containerStatuses": [
-                    {
-                        "name": "tensorflow",
-                        "image": "nope:1",
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {
-                            "waiting": {
-                                "reason": "ImagePullBackOff",
-                                "message": 'Back-off pulling image "nope:1"',
-                            }
-                        },
-                    }
-                ],
-            }
-        },
+        "pull-worker-1", cluster.namespace, kubelet.pod_status("Pending", container)
     )
-    condition = wait_until(
+    condition = waits.wait_until(
         lambda: (c := running_condition(cluster, "pull")).get("reason") == "ImagePullBackOff" and c,
         timeout=T,
         what="Running=False with reason ImagePullBackOff",
     )
     assert condition["status"] == "False"
     assert condition["message"] == 'worker 1: ImagePullBackOff: Back-off pulling image "nope:1"'
-    event = wait_until(
+    event = waits.wait_until(
         lambda: next((e for e in cluster.events("pull") if e.reason == "ImagePullBackOff"), None),
         timeout=T,
         what="an ImagePullBackOff Event",
@@ -145,9 +130,9 @@ def test_fail_a_disruption_restarts_without_counting_toward_backoff(cluster: Clu
         indexes = status.get("replicaStatuses", {}).get("worker", {}).get("indexes") or [{}]
         return bool(indexes[0].get("disruptionReason") == "EvictionByEvictionAPI")
 
-    wait_until(recorded, timeout=T, what="the disruption recorded in status")
+    waits.wait_until(recorded, timeout=T, what="the disruption recorded in status")
     cluster.core.delete_namespaced_pod("evict-worker-0", cluster.namespace)
-    wait_until(
+    waits.wait_until(
         lambda: (p := cluster.pod("evict-worker-0")) is not None and attempt(p) == 1,
         timeout=T,
         what="the worker recreated as attempt 1",
@@ -155,7 +140,7 @@ def test_fail_a_disruption_restarts_without_counting_toward_backoff(cluster: Clu
     status = (cluster.job("evict") or {})["status"]
     assert (status["restartCount"], status["disruptionCount"]) == (0, 1)
     assert not cluster.condition("evict", "Failed")
-    event = wait_until(
+    event = waits.wait_until(
         lambda: next((e for e in cluster.events("evict") if e.reason == "Evicted"), None),
         timeout=T,
         what="an Evicted Event",
@@ -176,31 +161,14 @@ def test_fail_the_failed_condition_quotes_the_termination_message(cluster: Clust
     cluster.create_job(trainjob("cause", chief=0, workers=1))
     cluster.run_all("cause", {"cause-worker-0"})
     cluster.wait_condition("cause", "Running")
+    terminated = {
+        "exitCode": 1,
+        "reason": "Error",
+        "message": "Traceback (most recent call last):\nValueError: learning rate must be > 0\n",
+    }
+    container = kubelet.container_status({"terminated": terminated}, image=TEST_IMAGE, ready=False)
     cluster.core.patch_namespaced_pod_status(
-        "cause-worker-0",
-        cluster.namespace,
-        {
-            "status": {
-                "phase": "Failed",
-                "containerStatuses": [
-                    {
-                        "name": "tensorflow",
-                        "image": "example.com/trainjob:test",
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {
-                            "terminated": {
-                                "exitCode": 1,
-                                "reason": "Error",
-                                "message": "Traceback (most recent call last):\n"
-                                "ValueError: learning rate must be > 0\n",
-                            }
-                        },
-                    }
-                ],
-            }
-        },
+        "cause-worker-0", cluster.namespace, kubelet.pod_status("Failed", container)
     )
     failed = cluster.wait_condition("cause", "Failed")
     assert failed["message"].endswith("; cause: worker-0: ValueError: learning rate must be > 0")

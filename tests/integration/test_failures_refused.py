@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from tests.integration.operator_harness import Cluster, Operator, pod_spec, trainjob, wait_until
+from tests.integration.operator_harness import Cluster, pod_spec, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +40,14 @@ def test_fail_pod_security_refusal_is_in_status_and_restricted_defaults_fix_it(
         namespace, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
     )
     cluster = Cluster(api_client, namespace)
-    operator = Operator(kubeconfig, tmp_path / "plain.log", f"--namespace={namespace}").start()
+    operator = operator_process.Operator(
+        kubeconfig, tmp_path / "plain.log", f"--namespace={namespace}"
+    ).start()
     try:
         cluster.create_job(trainjob("keras", chief=0, workers=2))
-        cond = wait_until(lambda: failed_create(cluster, "keras"), timeout=T, what="FailedCreate")
+        cond = waits.wait_until(
+            lambda: failed_create(cluster, "keras"), timeout=T, what="FailedCreate"
+        )
         assert "violates PodSecurity" in cond["message"], cond
         assert "runAsNonRoot" in cond["message"], cond
         events = [e for e in cluster.events("keras") if e.reason == "FailedCreate"]
@@ -56,7 +61,7 @@ def test_fail_pod_security_refusal_is_in_status_and_restricted_defaults_fix_it(
         operator.stop()
 
     # The platform team turns on the restricted defaults: the same job now runs.
-    fixed = Operator(
+    fixed = operator_process.Operator(
         kubeconfig, tmp_path / "fixed.log", f"--namespace={namespace}", "--restricted-pod-defaults"
     ).start()
     try:
@@ -64,7 +69,7 @@ def test_fail_pod_security_refusal_is_in_status_and_restricted_defaults_fix_it(
         for pod in pods.values():
             security = pod_spec(pod).security_context
             assert security is not None and security.run_as_non_root is True
-        wait_until(
+        waits.wait_until(
             lambda: failed_create(cluster, "keras") is None,
             timeout=T,
             what="the FailedCreate condition cleared",
@@ -84,10 +89,14 @@ def test_fail_quota_refusal_is_retried_until_the_quota_allows_it(
         ),
     )
     cluster = Cluster(api_client, namespace)
-    operator = Operator(kubeconfig, tmp_path / "operator.log", f"--namespace={namespace}").start()
+    operator = operator_process.Operator(
+        kubeconfig, tmp_path / "operator.log", f"--namespace={namespace}"
+    ).start()
     try:
         cluster.create_job(trainjob("quota", chief=0, workers=2))
-        cond = wait_until(lambda: failed_create(cluster, "quota"), timeout=T, what="FailedCreate")
+        cond = waits.wait_until(
+            lambda: failed_create(cluster, "quota"), timeout=T, what="FailedCreate"
+        )
         assert "exceeded quota" in cond["message"], cond
         assert len(cluster.pods("quota")) == 1
         core.patch_namespaced_resource_quota("pods", namespace, {"spec": {"hard": {"pods": "4"}}})

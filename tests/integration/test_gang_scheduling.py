@@ -26,7 +26,6 @@ from tests.controlplane.cluster import Component
 from tests.controlplane.gang import PODGROUP_GROUP, PODGROUP_VERSION, GangScheduler
 from tests.integration.operator_harness import (
     Cluster,
-    Operator,
     container,
     meta,
     module_cluster,
@@ -34,8 +33,8 @@ from tests.integration.operator_harness import (
     pod_spec,
     pod_status,
     trainjob,
-    wait_until,
 )
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -48,14 +47,16 @@ PRIORITY_LOW = "trainjob-test-gang-low"
 @pytest.fixture(scope="module")
 def operator(
     gang_scheduler: GangScheduler, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
+) -> Iterator[operator_process.Operator]:
     yield from module_operator(
         kubeconfig, tmp_path_factory, PREFIX, "--gang-scheduler=scheduler-plugins"
     )
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
     yield from module_cluster(operator, api_client, namespace, PREFIX)
 
 
@@ -89,7 +90,7 @@ class Pool:
                 )
             )
             self.nodes.append(node)
-        wait_until(self._all_ready, timeout=30, what=f"nodes {self.nodes} Ready")
+        waits.wait_until(self._all_ready, timeout=30, what=f"nodes {self.nodes} Ready")
 
     def _all_ready(self) -> bool:
         for node in self.nodes:
@@ -136,7 +137,7 @@ def pool(cluster: Cluster, kwok: Component) -> Iterator[Pool]:
 
 
 @pytest.fixture(scope="module")
-def priority_classes(operator: Operator, api_client: k8s.ApiClient) -> None:
+def priority_classes(operator: operator_process.Operator, api_client: k8s.ApiClient) -> None:
     """Chiefs outrank workers, so that a scheduler that takes Pods one by one takes both
     jobs' chiefs first: the interleaving that splits two jobs (as many Pods created at
     once do in a busy cluster)."""
@@ -233,12 +234,12 @@ def test_gang_larger_than_the_cluster_binds_no_pod_says_why_then_runs_when_room_
 ) -> None:
     pool.add(2, cpu=4)  # room for two 3-CPU Pods; the job has four
     cluster.create_job(gang_job("big", pool, workers=3, cpu="3"))
-    group = wait_until(lambda: pod_group(cluster, "big"), timeout=30, what="the PodGroup")
+    group = waits.wait_until(lambda: pod_group(cluster, "big"), timeout=30, what="the PodGroup")
     assert group["spec"]["minMember"] == 4
     assert group["spec"]["minResources"] == {"cpu": "12"}
     cluster.wait_pods("big", {"big-chief-0", "big-worker-0", "big-worker-1", "big-worker-2"})
 
-    waiting = wait_until(
+    waiting = waits.wait_until(
         lambda: (c := running_condition(cluster, "big")).get("reason") == "Unschedulable" and c,
         timeout=60,
         what="the job to say it is unschedulable",
@@ -255,10 +256,14 @@ def test_gang_larger_than_the_cluster_binds_no_pod_says_why_then_runs_when_room_
     assert any(e.reason == "Unschedulable" for e in cluster.events("big"))
 
     pool.add(2, cpu=4)  # room for all four
-    wait_until(lambda: bound(cluster, "big") == (4, 4), timeout=60, what="the whole gang bound")
+    waits.wait_until(
+        lambda: bound(cluster, "big") == (4, 4), timeout=60, what="the whole gang bound"
+    )
     cluster.wait_condition("big", "Succeeded", timeout=60)
     # Its Pods gone (cleanPodPolicy Running), the PodGroup goes after them.
-    wait_until(lambda: pod_group(cluster, "big") is None, timeout=30, what="the PodGroup gone")
+    waits.wait_until(
+        lambda: pod_group(cluster, "big") is None, timeout=30, what="the PodGroup gone"
+    )
 
 
 def watch_placement(cluster: Cluster, jobs: list[str], until: float) -> list[dict[str, int]]:
@@ -288,7 +293,9 @@ def test_gang_two_jobs_that_fit_one_at_a_time_run_one_after_the_other(
     for name in jobs:
         cluster.create_job(gang_job(name, pool, workers=3, cpu="2", run="4s", prioritised=True))
     for name in jobs:
-        wait_until(waiting_for_room(cluster, name), timeout=60, what=f"{name} waiting for room")
+        waits.wait_until(
+            waiting_for_room(cluster, name), timeout=60, what=f"{name} waiting for room"
+        )
     pool.add(2, cpu=4)  # room for one job's four 2-CPU Pods, not for both
     samples = watch_placement(cluster, jobs, time.monotonic() + 150)
     for name in jobs:
@@ -320,12 +327,14 @@ def test_gang_control_the_same_two_jobs_under_the_default_scheduler_split(
         )
         cluster.create_job(body)
     for name in jobs:
-        wait_until(waiting_for_room(cluster, name), timeout=60, what=f"{name} waiting for room")
+        waits.wait_until(
+            waiting_for_room(cluster, name), timeout=60, what=f"{name} waiting for room"
+        )
     # The default scheduler retries an unschedulable Pod after a backoff of up to 10 s; past
     # it, the new room is offered to the Pods by priority: both chiefs first.
     time.sleep(11)
     pool.add(2, cpu=4)
-    wait_until(
+    waits.wait_until(
         lambda: sum(bound(cluster, n)[0] for n in jobs) == 4,
         timeout=60,
         what="the pool full",
@@ -343,17 +352,19 @@ def test_gang_suspend_deletes_the_podgroup_after_the_pods_and_resume_makes_a_new
 ) -> None:
     pool.add(1, cpu=4)
     cluster.create_job(gang_job("pausing", pool, workers=1, cpu="1", run=None))
-    wait_until(lambda: bound(cluster, "pausing") == (2, 2), timeout=60, what="the gang bound")
+    waits.wait_until(lambda: bound(cluster, "pausing") == (2, 2), timeout=60, what="the gang bound")
     cluster.wait_condition("pausing", "Running", timeout=60)
     before = pod_group(cluster, "pausing")
     assert before is not None
 
     cluster.patch_job("pausing", {"spec": {"runPolicy": {"suspend": True}}})
-    wait_until(lambda: pod_group(cluster, "pausing") is None, timeout=30, what="PodGroup gone")
+    waits.wait_until(
+        lambda: pod_group(cluster, "pausing") is None, timeout=30, what="PodGroup gone"
+    )
     assert not cluster.pods("pausing"), "the PodGroup went before the Pods"
 
     cluster.patch_job("pausing", {"spec": {"runPolicy": {"suspend": False}}})
-    wait_until(lambda: bound(cluster, "pausing") == (2, 2), timeout=60, what="bound again")
+    waits.wait_until(lambda: bound(cluster, "pausing") == (2, 2), timeout=60, what="bound again")
     after = pod_group(cluster, "pausing")
     assert after is not None
     assert after["metadata"]["uid"] != before["metadata"]["uid"]
@@ -385,17 +396,19 @@ def test_gang_restart_keeps_its_podgroup_and_places_the_new_pods_as_a_gang(
         replica["restartPolicy"] = "OnFailure"
     body["spec"]["runPolicy"] = {"backoffLimit": 1}
     cluster.create_job(body)
-    first = wait_until(lambda: pod_group(cluster, "flaky"), timeout=30, what="the PodGroup")
-    wait_until(
+    first = waits.wait_until(lambda: pod_group(cluster, "flaky"), timeout=30, what="the PodGroup")
+    waits.wait_until(
         lambda: ((cluster.job("flaky") or {}).get("status") or {}).get("restartCount") == 1,
         timeout=60,
         what="a restart",
     )
-    wait_until(lambda: bound(cluster, "flaky") == (2, 2), timeout=60, what="restarted, bound")
+    waits.wait_until(lambda: bound(cluster, "flaky") == (2, 2), timeout=60, what="restarted, bound")
     kept = pod_group(cluster, "flaky")
     assert kept is not None and kept["metadata"]["uid"] == first["metadata"]["uid"]
     cluster.wait_condition("flaky", "Failed", timeout=60)
-    wait_until(lambda: pod_group(cluster, "flaky") is None, timeout=30, what="the PodGroup gone")
+    waits.wait_until(
+        lambda: pod_group(cluster, "flaky") is None, timeout=30, what="the PodGroup gone"
+    )
 
 
 def test_gang_a_refused_podgroup_is_told_in_status_then_created_when_allowed(
@@ -415,9 +428,9 @@ def test_gang_a_refused_podgroup_is_told_in_status_then_created_when_allowed(
         found = cluster.core.read_namespaced_resource_quota("no-podgroups", cluster.namespace)
         return bool(found.status and found.status.hard)
 
-    wait_until(quota_enforced, timeout=30, what="the quota counted")
+    waits.wait_until(quota_enforced, timeout=30, what="the quota counted")
     cluster.create_job(gang_job("quota", pool, workers=1, cpu="1", run=None))
-    refused = wait_until(
+    refused = waits.wait_until(
         lambda: (c := running_condition(cluster, "quota")).get("reason") == "FailedCreate" and c,
         timeout=60,
         what="the job to say its PodGroup was refused",
@@ -428,5 +441,5 @@ def test_gang_a_refused_podgroup_is_told_in_status_then_created_when_allowed(
     assert not cluster.pods("quota") and pod_group(cluster, "quota") is None
 
     cluster.core.delete_namespaced_resource_quota("no-podgroups", cluster.namespace)
-    wait_until(lambda: pod_group(cluster, "quota"), timeout=90, what="the PodGroup made")
-    wait_until(lambda: bound(cluster, "quota") == (2, 2), timeout=60, what="the gang bound")
+    waits.wait_until(lambda: pod_group(cluster, "quota"), timeout=90, what="the PodGroup made")
+    waits.wait_until(lambda: bound(cluster, "quota") == (2, 2), timeout=60, what="the gang bound")

@@ -21,15 +21,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from tests.controlplane.cluster import INSTALL_COMMAND, REPO_ROOT, ControlPlane
-from tests.integration.operator_harness import (
-    Cluster,
-    Operator,
-    WaitTimeoutError,
-    meta,
-    trainjob,
-    wait_until,
-)
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.tools import INSTALL_COMMAND, REPO_ROOT
+from tests.integration.operator_harness import Cluster, meta, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -113,14 +108,18 @@ def _start_as_service_account(
     service_account: str,
     args: tuple[str, ...],
     workdir: Path,
-) -> Operator:
+) -> operator_process.Operator:
     kubeconfig = control_plane.service_account_kubeconfig(
         namespace, service_account, path=workdir / "kubeconfig", duration="1h"
     )
-    return Operator(kubeconfig, workdir / "operator.log", *args).start().wait_serving(T)
+    return (
+        operator_process.Operator(kubeconfig, workdir / "operator.log", *args)
+        .start()
+        .wait_serving(T)
+    )
 
 
-def _permission_errors(operator: Operator) -> list[str]:
+def _permission_errors(operator: operator_process.Operator) -> list[str]:
     text = operator.log.read_text(encoding="utf-8", errors="replace")
     return [
         line
@@ -143,7 +142,9 @@ def release(control_plane: ControlPlane) -> Iterator[Release]:
 
 
 @pytest.fixture
-def operator(control_plane: ControlPlane, release: Release, tmp_path: Path) -> Iterator[Operator]:
+def operator(
+    control_plane: ControlPlane, release: Release, tmp_path: Path
+) -> Iterator[operator_process.Operator]:
     """The cluster-wide operator, for one test only: it would serve every later test's jobs."""
     op = _start_as_service_account(
         control_plane, release.namespace, release.service_account, release.operator_args, tmp_path
@@ -207,7 +208,7 @@ def test_helm_install_creates_the_chart_objects(
 
 
 def test_main_scenarios_under_the_chart_rbac(
-    operator: Operator, api_client: k8s.ApiClient, namespace: str
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
 ) -> None:
     cluster = Cluster(api_client, namespace)
     cluster.create_job(
@@ -215,7 +216,7 @@ def test_main_scenarios_under_the_chart_rbac(
     )
     names = {"mnist-chief-0", "mnist-worker-0", "mnist-worker-1"}
     cluster.wait_pods("mnist", names, timeout=T)
-    wait_until(lambda: set(cluster.services("mnist")) == names, timeout=T, what="services")
+    waits.wait_until(lambda: set(cluster.services("mnist")) == names, timeout=T, what="services")
     cluster.wait_condition("mnist", "Created", timeout=T)
 
     for name in sorted(names):
@@ -225,7 +226,7 @@ def test_main_scenarios_under_the_chart_rbac(
     cluster.set_exited("mnist-chief-0", 0)
     cluster.wait_condition("mnist", "Succeeded", timeout=T)
     # cleanPodPolicy (default Running) deletes the workers still running: pods delete works.
-    wait_until(
+    waits.wait_until(
         lambda: not {"mnist-worker-0", "mnist-worker-1"} & set(cluster.pods("mnist")),
         timeout=T,
         what="the running workers to be removed",
@@ -234,7 +235,9 @@ def test_main_scenarios_under_the_chart_rbac(
     assert {"Created", "Running", "TrainJobSucceeded"} <= reasons, reasons
 
     # ttlSecondsAfterFinished: the operator deletes the job, its finalizer goes away.
-    wait_until(lambda: cluster.job("mnist") is None, timeout=T, what="TTL deletion of the job")
+    waits.wait_until(
+        lambda: cluster.job("mnist") is None, timeout=T, what="TTL deletion of the job"
+    )
 
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics") as resp:
         metrics = resp.read().decode()
@@ -271,7 +274,7 @@ def test_namespaced_mode_serves_its_namespace_with_a_role(
             cluster.set_running("ns-mode-worker-0")
             cluster.wait_condition("ns-mode", "Running", timeout=T)
             cluster.delete_job("ns-mode")
-            wait_until(lambda: cluster.job("ns-mode") is None, timeout=T, what="job deleted")
+            waits.wait_until(lambda: cluster.job("ns-mode") is None, timeout=T, what="job deleted")
             assert not _permission_errors(op), "\n".join(_permission_errors(op))
         finally:
             op.stop()
@@ -319,7 +322,7 @@ def test_removing_the_pods_rule_breaks_the_operator_visibly(
             cluster = Cluster(api_client, namespace)
             cluster.create_job(trainjob("denied", chief=0, workers=1))
             try:
-                wait_until(
+                waits.wait_until(
                     lambda: [
                         line
                         for line in _permission_errors(op)
@@ -328,8 +331,8 @@ def test_removing_the_pods_rule_breaks_the_operator_visibly(
                     timeout=T,
                     what="the operator to report that it may not create Pods",
                 )
-            except WaitTimeoutError as exc:
-                raise WaitTimeoutError(f"{exc}; operator log:\n{op.log_tail()}") from None
+            except waits.WaitTimeoutError as exc:
+                raise waits.WaitTimeoutError(f"{exc}; operator log:\n{op.log_tail()}") from None
             assert not cluster.pods("denied"), "a Pod was created without the pods rule"
 
             # The refusal is in the job's status too, in the API server's words.
@@ -342,7 +345,7 @@ def test_removing_the_pods_rule_breaks_the_operator_visibly(
                             return dict(cond)
                 return None
 
-            cond = wait_until(refused, timeout=T, what="FailedCreate in the job's status")
+            cond = waits.wait_until(refused, timeout=T, what="FailedCreate in the job's status")
             assert 'cannot create resource "pods"' in cond["message"], cond
         finally:
             op.stop()

@@ -22,7 +22,8 @@ from tests.integration.kueue_harness import (
     suspended,
     wait_admitted,
 )
-from tests.integration.operator_harness import Cluster, Obj, Operator, attempt, pod_spec, wait_until
+from tests.integration.operator_harness import Cluster, Obj, attempt, pod_spec
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -33,9 +34,9 @@ PODS_READY_TIMEOUT = KUEUE_PODS_READY_TIMEOUT
 @pytest.fixture(scope="module")
 def operator(
     kueue: Kueue, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
+) -> Iterator[operator_process.Operator]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = Operator(kubeconfig, log, "--namespace=test-kq-*", "--kueue").start()
+    op = operator_process.Operator(kubeconfig, log, "--namespace=test-kq-*", "--kueue").start()
     try:
         yield op.wait_serving(T)
     finally:
@@ -43,7 +44,9 @@ def operator(
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
     assert namespace.startswith("test-kq-"), namespace
     yield Cluster(api_client, namespace)
     print(f"operator log, last lines:\n{operator.log_tail(40)}")
@@ -101,7 +104,7 @@ def test_kq_admitted_job_runs_with_its_flavor_and_releases_quota(
 
     cluster.run_all("mnist", names("mnist"))
     cluster.wait_condition("mnist", "Running", T)
-    wait_until(
+    waits.wait_until(
         lambda: is_true(queues.workload("mnist"), "PodsReady"),
         timeout=T,
         what="PodsReady on the Workload",
@@ -113,9 +116,9 @@ def test_kq_admitted_job_runs_with_its_flavor_and_releases_quota(
         workload = queues.workload("mnist")
         return workload if is_true(workload, "Finished") else None
 
-    finished = wait_until(finished_workload, timeout=T, what="the Workload Finished")
+    finished = waits.wait_until(finished_workload, timeout=T, what="the Workload Finished")
     assert (condition(finished, "Finished") or {}).get("reason") == "Succeeded"
-    wait_until(
+    waits.wait_until(
         lambda: (
             "kueue.x-k8s.io/resource-in-use"
             not in ((queues.workload("mnist") or {}).get("metadata") or {}).get("finalizers", [])
@@ -123,7 +126,7 @@ def test_kq_admitted_job_runs_with_its_flavor_and_releases_quota(
         timeout=T,
         what="the Workload's finalizer removed",
     )
-    wait_until(
+    waits.wait_until(
         lambda: queues.cluster_queue_status(cq).get("admittedWorkloads") == 0,
         timeout=T,
         what="the ClusterQueue's quota released",
@@ -150,7 +153,9 @@ def test_kq_second_job_waits_in_the_queue_until_the_first_ends(
             return str(cond["message"])
         return None
 
-    message = wait_until(queued_message, timeout=T, what="second job Queued with Kueue's reason")
+    message = waits.wait_until(
+        queued_message, timeout=T, what="second job Queued with Kueue's reason"
+    )
     assert f"LocalQueue {lq}" in message, message
     job = cluster.job("second") or {}
     assert job["status"]["state"] == "Queued"
@@ -178,7 +183,7 @@ def test_kq_higher_priority_job_preempts_and_the_preempted_one_resumes_uncounted
     cluster.wait_condition("low", "Running", T)
 
     cluster.create_job(queued_job("high", lq, priority_class=high))
-    evicted = wait_until(
+    evicted = waits.wait_until(
         lambda: (
             (cond := cluster.condition("low", "Suspended"))
             and cond["reason"] == "EvictedByKueue"
@@ -188,7 +193,7 @@ def test_kq_higher_priority_job_preempts_and_the_preempted_one_resumes_uncounted
         what="the low-priority job evicted by Kueue",
     )
     assert "Preempted" in evicted["message"], evicted
-    wait_until(lambda: not cluster.pods("low"), timeout=T, what="the low job's pods gone")
+    waits.wait_until(lambda: not cluster.pods("low"), timeout=T, what="the low job's pods gone")
 
     def unadmitted_low() -> Obj | None:
         workload = queues.workload("low")
@@ -196,7 +201,9 @@ def test_kq_higher_priority_job_preempts_and_the_preempted_one_resumes_uncounted
             return None
         return workload
 
-    low_workload = wait_until(unadmitted_low, timeout=T, what="the low job's admission cleared")
+    low_workload = waits.wait_until(
+        unadmitted_low, timeout=T, what="the low job's admission cleared"
+    )
     assert is_true(low_workload, "Requeued")
     wait_admitted(queues, "high", T)
     cluster.run_all("high", names("high"))
@@ -223,14 +230,14 @@ def test_kq_deactivated_workload_stops_the_job_and_says_so(
     workload = wait_admitted(queues, "deact", T)
     cluster.run_all("deact", names("deact"))
     queues.patch_workload(workload["metadata"]["name"], {"spec": {"active": False}})
-    wait_until(lambda: suspended(cluster, "deact"), timeout=T, what="the job suspended")
-    wait_until(lambda: not cluster.pods("deact"), timeout=T, what="its pods gone")
+    waits.wait_until(lambda: suspended(cluster, "deact"), timeout=T, what="the job suspended")
+    waits.wait_until(lambda: not cluster.pods("deact"), timeout=T, what="its pods gone")
 
     def deactivated() -> Obj | None:
         held = cluster.condition("deact", "Suspended")
         return held if held and "Deactivated" in held["message"] else None
 
-    cond = wait_until(deactivated, timeout=T, what="the job saying it is deactivated")
+    cond = waits.wait_until(deactivated, timeout=T, what="the job saying it is deactivated")
     assert cond["reason"] == "EvictedByKueue"
     # The same Workload stays (deleting it would break deactivation: kueue#4342).
     (still,) = queues.workloads("deact")
@@ -249,7 +256,7 @@ def test_kq_pods_that_never_start_are_evicted_at_the_pods_ready_timeout(
     wait_admitted(queues, "stuck", T)
     cluster.wait_pods("stuck", names("stuck"), timeout=T)
     # Nobody plays the kubelet: the Pods stay Pending, PodsReady stays False.
-    cond = wait_until(
+    cond = waits.wait_until(
         lambda: (
             (c := cluster.condition("stuck", "Suspended")) and c["reason"] == "EvictedByKueue" and c
         ),
@@ -257,7 +264,7 @@ def test_kq_pods_that_never_start_are_evicted_at_the_pods_ready_timeout(
         what="the job evicted at the PodsReady timeout",
     )
     assert "PodsReadyTimeout" in cond["message"], cond
-    wait_until(lambda: not cluster.pods("stuck"), timeout=T, what="its pods gone")
+    waits.wait_until(lambda: not cluster.pods("stuck"), timeout=T, what="its pods gone")
     assert (cluster.job("stuck") or {})["status"]["restartCount"] == 0
 
 
@@ -270,7 +277,7 @@ def test_kq_a_deleted_workload_stops_the_job_and_a_new_one_is_made(
     first = wait_admitted(queues, "wl", T)
     cluster.run_all("wl", names("wl"))
     queues.delete_workload(first["metadata"]["name"])
-    second = wait_until(
+    second = waits.wait_until(
         lambda: (
             (wl := queues.workload("wl")) is not None
             and wl["metadata"]["uid"] != first["metadata"]["uid"]
@@ -292,8 +299,8 @@ def test_kq_a_deleted_job_finishes_and_releases_its_workload(
     cluster.create_job(queued_job("gone", lq))
     wait_admitted(queues, "gone", T)
     cluster.delete_job("gone")
-    wait_until(lambda: not queues.workloads("gone"), timeout=T, what="the Workload deleted")
-    wait_until(
+    waits.wait_until(lambda: not queues.workloads("gone"), timeout=T, what="the Workload deleted")
+    waits.wait_until(
         lambda: queues.cluster_queue_status(cq).get("admittedWorkloads") == 0,
         timeout=T,
         what="the quota released",
@@ -306,12 +313,12 @@ def test_kq_a_spec_change_while_queued_replaces_the_workload(
     cq = queues.cluster_queue(queues.flavor(), "2")
     lq = queues.local_queue(cq)
     cluster.create_job(queued_job("resize", lq))  # 3 CPUs: never fits
-    wait_until(
+    waits.wait_until(
         lambda: (c := cluster.condition("resize", "Suspended")) and c["reason"] == "Queued",
         timeout=T,
         what="the job queued",
     )
-    first = wait_until(lambda: queues.workload("resize"), timeout=T, what="its Workload")
+    first = waits.wait_until(lambda: queues.workload("resize"), timeout=T, what="its Workload")
     cluster.patch_job("resize", {"spec": {"replicaSpecs": {"worker": {"replicas": 1}}}})
     second = wait_admitted(queues, "resize", T)
     assert second["metadata"]["uid"] != first["metadata"]["uid"]
@@ -344,7 +351,7 @@ def test_kueue_manage_jobs_without_queue_name_in_selected_namespaces(
     other = f"{namespace[:50]}-free"
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=other)))
     queues = Queues(api_client, namespace)
-    operator = Operator(
+    operator = operator_process.Operator(
         kubeconfig,
         tmp_path / "operator.log",
         f"--namespace={namespace}",

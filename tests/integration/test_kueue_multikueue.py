@@ -24,7 +24,8 @@ from tests.controlplane.cluster import ControlPlane, ControlPlaneError
 from tests.controlplane.kueue import KUEUE_NAMESPACE, Kueue, start_kueue
 from tests.integration.conftest import started_control_plane
 from tests.integration.kueue_harness import KUEUE, KV, Queues, is_true, queued_job
-from tests.integration.operator_harness import Cluster, Obj, Operator, wait_until
+from tests.integration.operator_harness import Cluster, Obj
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -114,7 +115,7 @@ def multikueue_objects(queues: Queues, worker_kubeconfig: Path, suffix: str) -> 
         },
     )
     queues.cluster_scoped.append(("admissionchecks", check))
-    wait_until(
+    waits.wait_until(
         lambda: is_true(
             cast(
                 Obj, custom.get_cluster_custom_object(KUEUE, KV, "multikueueclusters", cluster_name)
@@ -150,8 +151,10 @@ def test_kueue_multikueue_runs_the_job_on_the_worker_and_mirrors_its_status(
     manager, worker = Cluster(api_client, namespace), Cluster(worker_api, namespace)
     manager_queues, worker_queues = Queues(api_client, namespace), Queues(worker_api, namespace)
     operators = [
-        Operator(kubeconfig, tmp_path / "manager.log", f"--namespace={namespace}", "--kueue"),
-        Operator(
+        operator_process.Operator(
+            kubeconfig, tmp_path / "manager.log", f"--namespace={namespace}", "--kueue"
+        ),
+        operator_process.Operator(
             worker_plane.kubeconfig, tmp_path / "worker.log", f"--namespace={namespace}", "--kueue"
         ),
     ]
@@ -167,7 +170,9 @@ def test_kueue_multikueue_runs_the_job_on_the_worker_and_mirrors_its_status(
         manager.create_job(body)
 
         # The worker gets the copy, under the Workload MultiKueue built for it.
-        copy = wait_until(lambda: worker.job("mk"), timeout=T, what="the job copied to the worker")
+        copy = waits.wait_until(
+            lambda: worker.job("mk"), timeout=T, what="the job copied to the worker"
+        )
         annotations = copy["metadata"].get("annotations") or {}
         prebuilt = annotations.get("kueue.x-k8s.io/prebuilt-workload-name")
         assert prebuilt, copy["metadata"]
@@ -180,7 +185,7 @@ def test_kueue_multikueue_runs_the_job_on_the_worker_and_mirrors_its_status(
         assert (owner["kind"], owner["uid"]) == ("TrainJob", copy["metadata"]["uid"])
 
         worker.run_all("mk", names)
-        wait_until(
+        waits.wait_until(
             lambda: ((manager.job("mk") or {}).get("status") or {}).get("state") == "Running",
             timeout=T,
             what="the worker's Running status mirrored to the manager",
@@ -189,12 +194,12 @@ def test_kueue_multikueue_runs_the_job_on_the_worker_and_mirrors_its_status(
         assert not manager.pods("mk") and not manager.services("mk")
 
         worker.set_exited("mk-chief-0", 0)
-        wait_until(
+        waits.wait_until(
             lambda: ((manager.job("mk") or {}).get("status") or {}).get("state") == "Succeeded",
             timeout=T,
             what="Succeeded mirrored to the manager",
         )
-        wait_until(
+        waits.wait_until(
             lambda: (wl := manager_queues.workload("mk")) is not None and is_true(wl, "Finished"),
             timeout=T,
             what="the manager's Workload Finished",

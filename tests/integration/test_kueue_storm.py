@@ -21,16 +21,8 @@ from kubernetes import client as k8s
 from tests.controlplane.cluster import Component
 from tests.controlplane.kueue import Kueue
 from tests.integration.kueue_harness import QUEUE_LABEL, Queues
-from tests.integration.operator_harness import (
-    Cluster,
-    Obj,
-    Operator,
-    meta,
-    pod_status,
-    trainjob,
-    uid_of,
-    wait_until,
-)
+from tests.integration.operator_harness import Cluster, Obj, meta, pod_status, trainjob, uid_of
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -149,7 +141,9 @@ def test_kueue_storm_with_operator_kills_keeps_quota_and_admission(
     cluster = Cluster(api_client, namespace)
     queues = Queues(api_client, namespace)
     log = tmp_path / "operator.log"
-    operator = Operator(kubeconfig, log, f"--namespace={namespace}", "--kueue").start()
+    operator = operator_process.Operator(
+        kubeconfig, log, f"--namespace={namespace}", "--kueue"
+    ).start()
     watcher = Watcher(k8s.CoreV1Api(api_client), queues, namespace)
     try:
         operator.wait_serving(60)
@@ -181,7 +175,9 @@ def test_kueue_storm_with_operator_kills_keeps_quota_and_admission(
                 (j.get("status") or {}).get("state") in ("Succeeded", "Failed") for j in jobs
             )
 
-        wait_until(all_done, timeout=60 + JOBS * 6, what=f"all {JOBS} jobs to end", interval=1)
+        waits.wait_until(
+            all_done, timeout=60 + JOBS * 6, what=f"all {JOBS} jobs to end", interval=1
+        )
         elapsed = time.monotonic() - started
         watcher.stopped.set()
         watcher.join(10)
@@ -196,7 +192,7 @@ def test_kueue_storm_with_operator_kills_keeps_quota_and_admission(
         assert states == ["Succeeded"], states
         assert watcher.checks > 10
         assert watcher.violations == [], watcher.violations[:10]
-        wait_until(
+        waits.wait_until(
             lambda: queues.cluster_queue_status(cq).get("admittedWorkloads") == 0,
             timeout=60,
             what="the quota released",
@@ -217,7 +213,7 @@ def test_kueue_job_deleted_while_the_operator_is_down_releases_its_workload(
 ) -> None:
     cluster = Cluster(api_client, namespace)
     queues = Queues(api_client, namespace)
-    operator = Operator(
+    operator = operator_process.Operator(
         kubeconfig, tmp_path / "operator.log", f"--namespace={namespace}", "--kueue"
     )
     try:
@@ -225,7 +221,7 @@ def test_kueue_job_deleted_while_the_operator_is_down_releases_its_workload(
         cq = queues.cluster_queue(queues.flavor(), "10")
         lq = queues.local_queue(cq)
         cluster.create_job(storm_job("orphan", lq))
-        wait_until(
+        waits.wait_until(
             lambda: (
                 (wl := queues.workload("orphan")) is not None
                 and (wl.get("status") or {}).get("admission")
@@ -236,9 +232,11 @@ def test_kueue_job_deleted_while_the_operator_is_down_releases_its_workload(
         operator.kill()
         cluster.delete_job("orphan")  # held by the operator's finalizer until it is back
         operator.start().wait_serving(60)
-        wait_until(lambda: cluster.job("orphan") is None, timeout=60, what="the job gone")
-        wait_until(lambda: not queues.workloads("orphan"), timeout=60, what="the Workload gone")
-        wait_until(
+        waits.wait_until(lambda: cluster.job("orphan") is None, timeout=60, what="the job gone")
+        waits.wait_until(
+            lambda: not queues.workloads("orphan"), timeout=60, what="the Workload gone"
+        )
+        waits.wait_until(
             lambda: queues.cluster_queue_status(cq).get("admittedWorkloads") == 0,
             timeout=60,
             what="the quota released",

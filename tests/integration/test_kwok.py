@@ -10,7 +10,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch
 
-from tests.controlplane.cluster import Component, wait_for
+from tests.controlplane.cluster import Component
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -123,7 +124,7 @@ def test_kwok_runs_trainjob_pods_to_the_annotated_exit_code(
     def running() -> bool:
         return phase(core_v1.read_namespaced_pod("kwok-worker-9", namespace)) == "Running"
 
-    wait_for(running, timeout=30, what="kwok-worker-9 to run")
+    waits.wait_until(running, timeout=30, what="kwok-worker-9 to run")
     lingering = core_v1.read_namespaced_pod("kwok-worker-9", namespace)
     assert container_state(lingering).terminated is None
     assert kwok.running()
@@ -134,4 +135,4 @@ def test_kwok_runs_trainjob_pods_to_the_annotated_exit_code(
     def deleted() -> bool:
         return "kwok-worker-9" not in pod_names(core_v1, namespace)
 
-    wait_for(deleted, timeout=30, what="kwok to finish deleting kwok-worker-9")
+    waits.wait_until(deleted, timeout=30, what="kwok to finish deleting kwok-worker-9")

@@ -21,15 +21,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from tests.integration.operator_harness import (
-    Cluster,
-    Operator,
-    WaitTimeoutError,
-    attempt,
-    meta,
-    trainjob,
-    wait_until,
-)
+from tests.integration.operator_harness import Cluster, attempt, meta, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +41,14 @@ class Operators:
         self.kubeconfig = kubeconfig
         self.logs = logs
         self.namespace = namespace
-        self.started: list[Operator] = []
+        self.started: list[operator_process.Operator] = []
 
-    def start(self, crash_after: str | None = None) -> Operator:
+    def start(self, crash_after: str | None = None) -> operator_process.Operator:
         env = {"TRAINJOB_TEST_CRASH_AFTER": crash_after} if crash_after else {}
         log = self.logs / f"operator-{len(self.started)}.log"
-        operator = Operator(self.kubeconfig, log, f"--namespace={self.namespace}", env=env).start()
+        operator = operator_process.Operator(
+            self.kubeconfig, log, f"--namespace={self.namespace}", env=env
+        ).start()
         self.started.append(operator)
         return operator
 
@@ -75,9 +70,9 @@ def operators(kubeconfig: Path, tmp_path: Path, namespace: str) -> Iterator[Oper
         print(ops.tails())
 
 
-def crashed(operator: Operator) -> None:
+def crashed(operator: operator_process.Operator) -> None:
     """Wait until the operator has killed itself at its crash point."""
-    wait_until(lambda: not operator.running(), timeout=T, what="the operator's crash")
+    waits.wait_until(lambda: not operator.running(), timeout=T, what="the operator's crash")
     assert operator.process is not None and operator.process.returncode == -9, operator.log_tail()
 
 
@@ -115,13 +110,13 @@ def test_a_crash_during_clean_up_never_re_runs_a_succeeded_job(
     crashed(crashing)
     operators.start()
     cluster.wait_condition(name, "Succeeded")
-    wait_until(lambda: not cluster.pods(name), timeout=T, what="the job's Pods deleted")
+    waits.wait_until(lambda: not cluster.pods(name), timeout=T, what="the job's Pods deleted")
     job = cluster.job(name) or {}
     assert job["status"]["restartCount"] == 0, job["status"]
     assert not cluster.condition(name, "Restarting"), job["status"]
     # No Pod of a new attempt ever appears (a re-run would create attempt 1 at once).
-    with pytest.raises(WaitTimeoutError):
-        wait_until(lambda: cluster.pods(name), timeout=3, what="a re-run's Pods")
+    with pytest.raises(waits.WaitTimeoutError):
+        waits.wait_until(lambda: cluster.pods(name), timeout=3, what="a re-run's Pods")
 
 
 def test_a_crash_right_after_creating_a_replacement_still_counts_the_restart(
@@ -139,7 +134,7 @@ def test_a_crash_right_after_creating_a_replacement_still_counts_the_restart(
             attempt(pod) == 1 and not meta(pod).deletion_timestamp for pod in pods.values()
         )
 
-    wait_until(both_on_attempt_one, timeout=T, what="both workers on attempt 1")
+    waits.wait_until(both_on_attempt_one, timeout=T, what="both workers on attempt 1")
     job = cluster.job(name) or {}
     assert job["status"]["restartCount"] == 1, job["status"]
     reasons = [event.reason for event in cluster.events(name)]
@@ -182,7 +177,7 @@ def test_an_event_posted_for_a_decision_never_recorded_is_not_posted_again(
     assert reasons.count("Created") == 1, reasons
 
 
-def stopped(operator: Operator) -> None:
+def stopped(operator: operator_process.Operator) -> None:
     """Wait until the operator has paused itself (SIGSTOP) at its chosen point."""
 
     def state() -> bool:
@@ -190,7 +185,7 @@ def stopped(operator: Operator) -> None:
         fields = Path(f"/proc/{operator.process.pid}/stat").read_text().rsplit(")", 1)[1]
         return fields.split()[0] == "T"
 
-    wait_until(state, timeout=T, what="the operator's pause")
+    waits.wait_until(state, timeout=T, what="the operator's pause")
 
 
 def test_the_events_of_a_superseded_decision_are_withdrawn(
@@ -211,7 +206,7 @@ def test_the_events_of_a_superseded_decision_are_withdrawn(
     assert paused.process is not None
     paused.process.send_signal(signal.SIGCONT)
     cluster.wait_condition(name, "Suspended")
-    wait_until(
+    waits.wait_until(
         lambda: not [e for e in cluster.events(name) if e.reason == "Restarting"],
         timeout=T,
         what="the superseded Restarting Event withdrawn",

@@ -19,15 +19,8 @@ from tests.controlplane.gang import GangScheduler
 from tests.controlplane.kueue import Kueue
 from tests.integration.conftest import started_control_plane
 from tests.integration.kueue_harness import Queues, queued_job
-from tests.integration.operator_harness import (
-    Cluster,
-    Operator,
-    container,
-    meta,
-    pod_spec,
-    trainjob,
-    wait_until,
-)
+from tests.integration.operator_harness import Cluster, container, meta, pod_spec, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +77,7 @@ def podgroup_crds(api_client: k8s.ApiClient, gang_scheduler: GangScheduler) -> N
                 for c in (crd.status.conditions or [])
             )
 
-        wait_until(established, timeout=30, what=f"PodGroup CRD of {group}")
+        waits.wait_until(established, timeout=30, what=f"PodGroup CRD of {group}")
 
 
 @pytest.mark.parametrize("gang", sorted(GANGS))
@@ -104,7 +97,7 @@ def test_gang_podgroup_and_pod_references(
     body["spec"]["runPolicy"] = {
         "schedulingPolicy": {"minAvailable": 3, "queue": "research", "scheduleTimeoutSeconds": 60}
     }
-    operator = Operator(
+    operator = operator_process.Operator(
         kubeconfig,
         tmp_path / "operator.log",
         f"--namespace={namespace}",
@@ -113,12 +106,12 @@ def test_gang_podgroup_and_pod_references(
     names = {"gang-chief-0", "gang-worker-0", "gang-worker-1"}
     try:
         created = cluster.create_job(body)
-        podgroup = wait_until(
+        podgroup = waits.wait_until(
             lambda: _podgroup(cluster, group, version, "gang"), timeout=30, what="the PodGroup"
         )
         if gang == VOLCANO:
             # Until Volcano enqueues the group, no Pod may take a node; the job says why.
-            held = wait_until(
+            held = waits.wait_until(
                 lambda: (c := _running(cluster, "gang")).get("reason") == "GangPending" and c,
                 timeout=30,
                 what="the job to say its gang waits for Volcano",
@@ -163,7 +156,7 @@ def test_gang_podgroup_of_a_kueue_job_is_made_only_after_admission(
     lq = queues.local_queue(cq)
     body = queued_job("gq", lq)
     body["spec"]["runPolicy"] = {"schedulingPolicy": {"minAvailable": 3}}
-    operator = Operator(
+    operator = operator_process.Operator(
         kubeconfig,
         tmp_path / "operator.log",
         f"--namespace={namespace}",
@@ -180,7 +173,7 @@ def test_gang_podgroup_of_a_kueue_job_is_made_only_after_admission(
 
     try:
         cluster.create_job(body)
-        wait_until(
+        waits.wait_until(
             lambda: (c := cluster.condition("gq", "Suspended")) and c["reason"] == "Queued",
             timeout=60,
             what="the job queued",
@@ -239,11 +232,13 @@ def test_gang_operator_refuses_to_start_without_the_podgroup_crd(tmp_path: Path)
     # A control plane of its own: no test has added a PodGroup CRD there.
     with contextlib.closing(started_control_plane()) as planes:
         plane = next(planes)
-        operator = Operator(
+        operator = operator_process.Operator(
             plane.kubeconfig, tmp_path / "operator.log", "--gang-scheduler=volcano"
         ).start()
         try:
-            wait_until(lambda: not operator.running(), timeout=60, what="the operator to exit")
+            waits.wait_until(
+                lambda: not operator.running(), timeout=60, what="the operator to exit"
+            )
             assert operator.process is not None and operator.process.returncode == 2
             log = operator.log_tail()
             assert "podgroups.scheduling.volcano.sh/v1beta1" in log, log

@@ -12,8 +12,9 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.controlplane.cluster import REPO_ROOT
-from tests.integration.operator_harness import Cluster, Operator, trainjob, wait_until
+from tests.controlplane.tools import REPO_ROOT
+from tests.integration.operator_harness import Cluster, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ def _install_peering(api_client: k8s.ApiClient, namespace: str) -> None:
             c.type == "Established" and c.status == "True" for c in (crd.status.conditions or [])
         )
 
-    wait_until(established, timeout=30, what="the KopfPeering CRD")
+    waits.wait_until(established, timeout=30, what="the KopfPeering CRD")
     body: dict[str, Any] = {
         "apiVersion": "kopf.dev/v1",
         "kind": "KopfPeering",
@@ -58,7 +59,7 @@ def _peers(api_client: k8s.ApiClient, namespace: str) -> dict[str, Any]:
     return {k: v for k, v in (peering.get("status") or {}).items() if v}
 
 
-def _healthy(op: Operator) -> bool:
+def _healthy(op: operator_process.Operator) -> bool:
     try:
         url = f"http://127.0.0.1:{op.liveness_port}/healthz"
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -73,24 +74,24 @@ def test_ha_only_the_leader_acts_and_the_other_takes_over(
     _install_peering(api_client, namespace)
     cluster = Cluster(api_client, namespace)
     args = (f"--namespace={namespace}", f"--peering={PEERING}")
-    leader = Operator(
+    leader = operator_process.Operator(
         kubeconfig, tmp_path / "leader.log", *args, "--priority=200", standalone=False
     )
-    standby = Operator(
+    standby = operator_process.Operator(
         kubeconfig, tmp_path / "standby.log", *args, "--priority=100", standalone=False
     )
     leader.start()
     try:
-        wait_until(lambda: _healthy(leader), timeout=30, what="the leader to start")
+        waits.wait_until(lambda: _healthy(leader), timeout=30, what="the leader to start")
         standby.start()
         # Both replicas registered in the peering object: the standby saw the leader's
         # higher priority and stays paused (kopf starts paused until its first peering check).
-        wait_until(
+        waits.wait_until(
             lambda: len(_peers(api_client, namespace)) == 2,
             timeout=30,
             what="both replicas in the peering object",
         )
-        wait_until(lambda: _healthy(standby), timeout=30, what="the standby to start")
+        waits.wait_until(lambda: _healthy(standby), timeout=30, what="the standby to start")
         cluster.create_job(trainjob("one", chief=1, workers=1))
         cluster.wait_pods("one", {"one-chief-0", "one-worker-0"})
         cluster.wait_condition("one", "Created")
@@ -99,7 +100,7 @@ def test_ha_only_the_leader_acts_and_the_other_takes_over(
         assert "Resuming operations" not in standby.log_tail(200)
 
         leader.stop()  # graceful: it leaves the peering object, the standby resumes
-        wait_until(
+        waits.wait_until(
             lambda: "Resuming operations" in standby.log_tail(200),
             timeout=60,
             what="the standby to resume",

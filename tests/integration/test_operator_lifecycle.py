@@ -13,7 +13,6 @@ from kubernetes import client as k8s
 
 from tests.integration.operator_harness import (
     Cluster,
-    Operator,
     attempt,
     env_of,
     meta,
@@ -22,8 +21,8 @@ from tests.integration.operator_harness import (
     pod_spec,
     pod_status,
     trainjob,
-    wait_until,
 )
+from tests.support import operator_process, waits
 from trainjob_operator import writes
 
 pytestmark = pytest.mark.integration
@@ -32,20 +31,24 @@ T = 30.0  # generous per-step deadline on a 2-core machine; steps take well unde
 
 
 @pytest.fixture(scope="module")
-def operator(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(
+    kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_process.Operator]:
     yield from module_operator(kubeconfig, tmp_path_factory, "test-op", timeout=T)
 
 
 @pytest.fixture
-def cluster(operator: Operator, api_client: k8s.ApiClient, namespace: str) -> Iterator[Cluster]:
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[Cluster]:
     yield from module_cluster(operator, api_client, namespace, "test-op")
 
 
-def test_op_create_then_running(cluster: Cluster, operator: Operator) -> None:
+def test_op_create_then_running(cluster: Cluster, operator: operator_process.Operator) -> None:
     created = cluster.create_job(trainjob("mnist", chief=1, workers=2))
     names = {"mnist-chief-0", "mnist-worker-0", "mnist-worker-1"}
     pods = cluster.wait_pods("mnist", names)
-    wait_until(lambda: set(cluster.services("mnist")) == names, timeout=T, what="services")
+    waits.wait_until(lambda: set(cluster.services("mnist")) == names, timeout=T, what="services")
     cluster.wait_condition("mnist", "Created")
 
     worker = pods["mnist-worker-1"]
@@ -121,7 +124,7 @@ def test_op_exit_code_137_restarts_the_group_then_exit_1_fails(cluster: Cluster)
         p = cluster.pods("ec")
         return p if p and set(p) == names and all(attempt(x) == 1 for x in p.values()) else None
 
-    pods = wait_until(recreated, timeout=T, what="both pods recreated as attempt 1")
+    pods = waits.wait_until(recreated, timeout=T, what="both pods recreated as attempt 1")
     assert all(pod_status(p).phase in (None, "Pending") for p in pods.values())
     job = cluster.job("ec") or {}
     assert job["status"]["restartCount"] == 1
@@ -138,7 +141,7 @@ def test_op_exit_code_137_restarts_the_group_then_exit_1_fails(cluster: Cluster)
     status = (cluster.job("ec") or {})["status"]
     assert status["replicaStatuses"]["worker"]["indexes"][0]["exitCode"] == 1
     # cleanPodPolicy Running (default): the chief still running is stopped.
-    wait_until(lambda: cluster.pod("ec-chief-0") is None, timeout=T, what="chief deleted")
+    waits.wait_until(lambda: cluster.pod("ec-chief-0") is None, timeout=T, what="chief deleted")
 
 
 def test_op_backoff_limit_exhausted(cluster: Cluster) -> None:
@@ -149,7 +152,7 @@ def test_op_backoff_limit_exhausted(cluster: Cluster) -> None:
     )
     cluster.run_all("bo", {"bo-worker-0"})
     cluster.set_exited("bo-worker-0", 2)
-    wait_until(
+    waits.wait_until(
         lambda: (p := cluster.pod("bo-worker-0")) is not None and attempt(p) == 1,
         timeout=T,
         what="worker recreated as attempt 1",
@@ -169,7 +172,7 @@ def test_op_chief_succeeds_and_running_replicas_are_removed(cluster: Cluster) ->
     cluster.set_exited("ok-chief-0", 0)
     cluster.wait_condition("ok", "Succeeded")
     # cleanPodPolicy Running: ps and worker (still running) go, the finished chief stays.
-    wait_until(
+    waits.wait_until(
         lambda: set(cluster.pods("ok")) == {"ok-chief-0"},
         timeout=T,
         what="ps and worker deleted",
@@ -185,7 +188,7 @@ def test_op_active_deadline_fires_without_events(cluster: Cluster) -> None:
     cluster.wait_condition("dl", "Running")
     failed = cluster.wait_condition("dl", "Failed", timeout=15)
     assert failed["reason"] == "DeadlineExceeded"
-    wait_until(lambda: not cluster.pods("dl"), timeout=T, what="pods deleted")
+    waits.wait_until(lambda: not cluster.pods("dl"), timeout=T, what="pods deleted")
 
 
 def test_op_ttl_deletes_the_finished_job(cluster: Cluster) -> None:
@@ -195,8 +198,8 @@ def test_op_ttl_deletes_the_finished_job(cluster: Cluster) -> None:
     cluster.run_all("ttl", {"ttl-chief-0"})
     cluster.set_exited("ttl-chief-0", 0)
     cluster.wait_condition("ttl", "Succeeded")
-    wait_until(lambda: cluster.job("ttl") is None, timeout=15, what="TrainJob deleted by TTL")
-    wait_until(lambda: not cluster.pods("ttl"), timeout=T, what="children garbage-collected")
+    waits.wait_until(lambda: cluster.job("ttl") is None, timeout=15, what="TrainJob deleted by TTL")
+    waits.wait_until(lambda: not cluster.pods("ttl"), timeout=T, what="children garbage-collected")
 
 
 def test_op_suspend_deletes_and_resume_recreates(cluster: Cluster) -> None:
@@ -208,7 +211,7 @@ def test_op_suspend_deletes_and_resume_recreates(cluster: Cluster) -> None:
 
     cluster.patch_job("sus", {"spec": {"runPolicy": {"suspend": True}}})
     cluster.wait_condition("sus", "Suspended")
-    wait_until(
+    waits.wait_until(
         lambda: not cluster.pods("sus") and not cluster.services("sus"),
         timeout=T,
         what="pods and services deleted",
@@ -217,7 +220,7 @@ def test_op_suspend_deletes_and_resume_recreates(cluster: Cluster) -> None:
     cluster.patch_job("sus", {"spec": {"runPolicy": {"suspend": False}}})
     pods = cluster.wait_pods("sus", names)
     assert all(attempt(p) == 1 for p in pods.values())
-    wait_until(lambda: set(cluster.services("sus")) == names, timeout=T, what="services")
+    waits.wait_until(lambda: set(cluster.services("sus")) == names, timeout=T, what="services")
     status = (cluster.job("sus") or {})["status"]
     assert not any(c["type"] == "Suspended" and c["status"] == "True" for c in status["conditions"])
     assert status["startTime"] >= first_start
@@ -268,10 +271,10 @@ def test_op_invalid_job_fails_and_others_still_run(cluster: Cluster) -> None:
 def test_op_deleting_the_job_removes_children(cluster: Cluster) -> None:
     cluster.create_job(trainjob("gc", chief=1, workers=1))
     cluster.wait_pods("gc", {"gc-chief-0", "gc-worker-0"})
-    wait_until(lambda: len(cluster.services("gc")) == 2, timeout=T, what="services")
+    waits.wait_until(lambda: len(cluster.services("gc")) == 2, timeout=T, what="services")
     cluster.delete_job("gc")
-    wait_until(lambda: cluster.job("gc") is None, timeout=T, what="TrainJob gone")
-    wait_until(
+    waits.wait_until(lambda: cluster.job("gc") is None, timeout=T, what="TrainJob gone")
+    waits.wait_until(
         lambda: not cluster.pods("gc") and not cluster.services("gc"),
         timeout=T,
         what="children garbage-collected",

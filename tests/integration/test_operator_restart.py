@@ -11,14 +11,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
-from tests.integration.operator_harness import (
-    Cluster,
-    Operator,
-    attempt,
-    meta,
-    trainjob,
-    wait_until,
-)
+from tests.integration.operator_harness import Cluster, attempt, meta, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +31,9 @@ def test_restart_operator_mid_creation(
         cluster.create_job(trainjob(name, chief=1, workers=1))
     # One API thread makes the first operator create its 160 children one by one, and a watch
     # (not a poll) sees its first Pods, so the kill lands mid-creation on a fast machine too.
-    first = Operator(kubeconfig, log, f"--namespace={namespace}", "--api-workers=1").start()
+    first = operator_process.Operator(
+        kubeconfig, log, f"--namespace={namespace}", "--api-workers=1"
+    ).start()
     try:
         pods = k8s_watch.Watch().stream(
             k8s.CoreV1Api(api_client).list_namespaced_pod, namespace, timeout_seconds=60
@@ -53,9 +49,9 @@ def test_restart_operator_mid_creation(
     print(f"pods when the first operator was killed: {partial} of {2 * JOBS}")
     assert partial < 2 * JOBS, "the kill came too late to test a restart mid-creation"
 
-    second = Operator(kubeconfig, log, f"--namespace={namespace}").start()
+    second = operator_process.Operator(kubeconfig, log, f"--namespace={namespace}").start()
     try:
-        wait_until(
+        waits.wait_until(
             lambda: set(cluster.pods()) == expected and set(cluster.services()) == expected,
             timeout=90,
             what=f"all {len(expected)} pods and services (had {partial} pods at the kill)",
@@ -80,7 +76,7 @@ def test_restart_operator_mid_creation(
 RUNNING_JOBS = 15
 
 
-def _jobs_counted(operator: Operator, namespace: str) -> int:
+def _jobs_counted(operator: operator_process.Operator, namespace: str) -> int:
     """How many jobs the operator has reconciled at least once (its `trainjob_jobs` gauge)."""
     url = f"http://127.0.0.1:{operator.metrics_port}/metrics"
     try:
@@ -103,7 +99,7 @@ def test_restarted_operator_keeps_running_jobs_as_they_are(
     cluster = Cluster(api_client, namespace)
     log = tmp_path / "operator.log"
     names = [f"r{i:02d}" for i in range(RUNNING_JOBS)]
-    first = Operator(kubeconfig, log, f"--namespace={namespace}").start()
+    first = operator_process.Operator(kubeconfig, log, f"--namespace={namespace}").start()
     try:
         for name in names:
             cluster.create_job(trainjob(name, chief=1, workers=1))
@@ -117,9 +113,9 @@ def test_restarted_operator_keeps_running_jobs_as_they_are(
     before = {name: meta(pod).uid for name, pod in cluster.pods().items()}
     assert len(before) == 2 * RUNNING_JOBS
 
-    second = Operator(kubeconfig, log, f"--namespace={namespace}").start()
+    second = operator_process.Operator(kubeconfig, log, f"--namespace={namespace}").start()
     try:
-        wait_until(
+        waits.wait_until(
             lambda: _jobs_counted(second, namespace) >= RUNNING_JOBS or not second.running(),
             timeout=60,
             what="the restarted operator to reconcile every job once",

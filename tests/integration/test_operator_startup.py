@@ -37,7 +37,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.integration.operator_harness import GROUP, PLURAL, VERSION, Operator, trainjob
+from tests.integration.operator_harness import GROUP, PLURAL, VERSION, trainjob
+from tests.support import operator_process
 
 pytestmark = pytest.mark.integration
 
@@ -131,7 +132,9 @@ class Group:
         estimate = FIRST_ESTIMATE
         for run in range(runs):
             log = self.logs / f"{self.label}-{run}.log"
-            operator = Operator(self.kubeconfig, log, f"--namespace={self.prefix}-*").start()
+            operator = operator_process.Operator(
+                self.kubeconfig, log, f"--namespace={self.prefix}-*"
+            ).start()
             started = time.monotonic()
             try:
                 for new in range(NEW_PER_START):

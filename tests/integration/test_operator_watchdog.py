@@ -15,7 +15,8 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.controlplane.cluster import ControlPlane
-from tests.integration.operator_harness import Cluster, Operator, trainjob, wait_until
+from tests.integration.operator_harness import Cluster, trainjob
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +80,7 @@ def test_a_job_that_cannot_be_served_is_logged_counted_and_fails_liveness(
     _grant_trainjobs_only(api_client, namespace)
     kubeconfig = control_plane.service_account_kubeconfig(namespace, "limited")
     cluster = Cluster(api_client, namespace)
-    operator = Operator(
+    operator = operator_process.Operator(
         kubeconfig,
         tmp_path / "operator.log",
         f"--namespace={namespace}",
@@ -88,14 +89,14 @@ def test_a_job_that_cannot_be_served_is_logged_counted_and_fails_liveness(
     try:
         # The operator lists its scope's Pods and Services from the start (before any job):
         # a list it may not make fails the probe at once, and its log names it.
-        wait_until(
+        waits.wait_until(
             lambda: _liveness(operator.liveness_port)[0] == 500,
             timeout=60,
             what="the liveness probe failing",
         )
         assert f"Watching pods in {namespace} failed" in operator.log.read_text()
         cluster.create_job(trainjob("starved", chief=0, workers=1))
-        wait_until(
+        waits.wait_until(
             lambda: _metric(operator.metrics_port, "trainjob_jobs_unserved_total") == 1.0,
             timeout=60,
             what="the starved job counted as unserved",

@@ -26,15 +26,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 from kubernetes import client as k8s
 
-from tests.controlplane.cluster import ControlPlane, free_port
-from tests.integration.operator_harness import (
-    Cluster,
-    Operator,
-    meta,
-    pod_spec,
-    trainjob,
-    wait_until,
-)
+from tests.controlplane.cluster import ControlPlane
+from tests.integration.operator_harness import TEST_IMAGE, Cluster, meta, pod_spec, trainjob
+from tests.support import kubelet, operator_process, ports, waits
 from trainjob.core import constants
 from trainjob.core import progress as core_progress
 
@@ -47,7 +41,7 @@ BUDGET = 2.0  # status writes a second
 @pytest.fixture(scope="module")
 def progress_operator(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
+) -> Iterator[operator_process.Operator]:
     root = tmp_path_factory.mktemp("progress-operator")
     certs = root / "certs"
     certs.mkdir()
@@ -55,8 +49,8 @@ def progress_operator(
     shutil.copy(pki.serving_cert, certs / "tls.crt")
     shutil.copy(pki.serving_key, certs / "tls.key")
     shutil.copy(pki.ca_cert, certs / "ca.crt")
-    port = free_port()
-    op = Operator(
+    port = ports.free_port()
+    op = operator_process.Operator(
         control_plane.kubeconfig,
         root / "operator.log",
         "--namespace=test-progress-*",
@@ -83,7 +77,7 @@ def _reachable(port: int) -> bool:
 
 @pytest.fixture
 def cluster(
-    progress_operator: Operator, api_client: k8s.ApiClient, namespace: str
+    progress_operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
 ) -> Iterator[Cluster]:
     assert namespace.startswith("test-progress-"), namespace
     yield Cluster(api_client, namespace)
@@ -133,7 +127,9 @@ def _post(
 class Reporter:
     """Posts reports for one job, as a Pod would."""
 
-    def __init__(self, plane: ControlPlane, op: Operator, namespace: str, job: str) -> None:
+    def __init__(
+        self, plane: ControlPlane, op: operator_process.Operator, namespace: str, job: str
+    ) -> None:
         self.ca = plane.pki.ca_cert
         self.port: int = op.progress_port  # type: ignore[attr-defined]
         self.path = core_progress.report_path(namespace, job)
@@ -203,7 +199,7 @@ def _progress(cluster: Cluster, job: str) -> dict[str, Any]:
     return dict(status.get("progress") or {})
 
 
-def _metric(op: Operator, name: str) -> float:
+def _metric(op: operator_process.Operator, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5) as r:
         text = r.read().decode()
     return sum(
@@ -245,7 +241,7 @@ def test_progress_pods_get_a_job_token_and_the_ca(
 
 
 def test_progress_accepted_refused_and_written_within_budget(
-    cluster: Cluster, control_plane: ControlPlane, progress_operator: Operator
+    cluster: Cluster, control_plane: ControlPlane, progress_operator: operator_process.Operator
 ) -> None:
     ns = cluster.namespace
     _start_job(cluster, "a")
@@ -270,9 +266,13 @@ def test_progress_accepted_refused_and_written_within_budget(
 
     # Accepted, and visible in status within one budget slot (+ slack for a loaded machine).
     sent = time.monotonic()
-    code, _, body = wait_until(served, timeout=T, what="job a served by the operator (not 503)")
+    code, _, body = waits.wait_until(
+        served, timeout=T, what="job a served by the operator (not 503)"
+    )
     assert code == 202, body
-    shown = wait_until(lambda: _progress(cluster, "a").get("summary"), timeout=T, what="status")
+    shown = waits.wait_until(
+        lambda: _progress(cluster, "a").get("summary"), timeout=T, what="status"
+    )
     visible_after = time.monotonic() - sent
     assert shown == "45% (3/10)"
     progress = _progress(cluster, "a")
@@ -343,7 +343,7 @@ def test_progress_accepted_refused_and_written_within_budget(
         assert job_a.post({**report, "step": 500 + i}, chief)[0] in (202, 429)
         assert b_reporter.post({**report, "step": 600 + i}, b_token)[0] in (202, 429)
         time.sleep(0.5)  # the Pods' reporting pace, compressed
-    wait_until(
+    waits.wait_until(
         lambda: (
             _progress(cluster, "b").get("step") == 603
             and _progress(cluster, "a").get("step") == 503
@@ -362,14 +362,14 @@ def test_progress_accepted_refused_and_written_within_budget(
         reply = b_reporter.post(report, b_token)
         return reply if reply[0] in (401, 403) else None
 
-    result = wait_until(refused_now, timeout=T, what="the deleted Pod's token refused")
+    result = waits.wait_until(refused_now, timeout=T, what="the deleted Pod's token refused")
     refused("deleted pod (review cached)", result)
     assert result[0] == 403, result
 
     # A final report is written at once, whatever the budget.
     final = {**report, "state": "Succeeded", "step": 1000, "epoch": 10}
     assert job_a.post(final, chief)[0] in (202, 429)
-    wait_until(
+    waits.wait_until(
         lambda: _progress(cluster, "a").get("summary") == "100% (10/10)",
         timeout=T,
         what="the final report",
@@ -393,34 +393,18 @@ def test_progress_final_figures_from_the_termination_message(
         time=time.time(),
     )
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    terminated = {
+        "exitCode": 0,
+        "reason": "Completed",
+        "startedAt": now,
+        "finishedAt": now,
+        "message": core_progress.termination_message(final),
+    }
+    container = kubelet.container_status({"terminated": terminated}, image=TEST_IMAGE, ready=False)
     cluster.core.patch_namespaced_pod_status(
-        "term-chief-0",
-        cluster.namespace,
-        {
-            "status": {
-                "phase": "Succeeded",
-                "containerStatuses": [
-                    {
-                        "name": "tensorflow",
-                        "image": "example.com/trainjob:test",
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {
-                            "terminated": {
-                                "exitCode": 0,
-                                "reason": "Completed",
-                                "startedAt": now,
-                                "finishedAt": now,
-                                "message": core_progress.termination_message(final),
-                            }
-                        },
-                    }
-                ],
-            }
-        },
+        "term-chief-0", cluster.namespace, kubelet.pod_status("Succeeded", container)
     )
-    wait_until(
+    waits.wait_until(
         lambda: _progress(cluster, "term").get("summary") == "100% (5/5)",
         timeout=T,
         what="final progress from the termination message",

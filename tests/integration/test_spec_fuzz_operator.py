@@ -24,16 +24,10 @@ from kubernetes.client.exceptions import ApiException
 
 from tests import specgen
 from tests.controlplane.cluster import Component
-from tests.integration.operator_harness import (
-    GROUP,
-    PLURAL,
-    VERSION,
-    Cluster,
-    Operator,
-    wait_until,
-)
+from tests.integration.operator_harness import GROUP, PLURAL, VERSION, Cluster
 from tests.integration.test_bad_input import crashes
 from tests.reliability import save_figures
+from tests.support import operator_process, waits
 from trainjob.core import spec
 
 pytestmark = pytest.mark.integration
@@ -50,9 +44,9 @@ GOOD: Final = {
 @pytest.fixture(scope="module")
 def operator(
     kubeconfig: Path, kwok: Component, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
+) -> Iterator[operator_process.Operator]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = Operator(kubeconfig, log, "--namespace=test-fuzz-*").start()
+    op = operator_process.Operator(kubeconfig, log, "--namespace=test-fuzz-*").start()
     try:
         yield op
     finally:
@@ -87,7 +81,7 @@ def served(job: dict[str, Any], refused: bool) -> bool:
 
 
 def test_fuzz_operator_survives_generated_jobs(
-    api_client: k8s.ApiClient, namespace: str, operator: Operator
+    api_client: k8s.ApiClient, namespace: str, operator: operator_process.Operator
 ) -> None:
     assert namespace.startswith("test-fuzz-"), namespace
     cluster = Cluster(api_client, namespace)
@@ -117,7 +111,7 @@ def test_fuzz_operator_survives_generated_jobs(
             if name in jobs and not served(jobs[name], refused)
         ]
 
-    wait_until(
+    waits.wait_until(
         lambda: not unserved() or not operator.running(),
         timeout=60 + JOBS * 0.5,
         what="every generated job served",

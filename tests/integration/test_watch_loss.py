@@ -29,9 +29,10 @@ from kubernetes import config as k8s_config
 
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.conftest import started_control_plane
-from tests.integration.operator_harness import Cluster, Operator, trainjob, wait_until
+from tests.integration.operator_harness import Cluster, trainjob
 from tests.integration.tcp_proxy import TcpProxy
 from tests.reliability import save_figures
+from tests.support import operator_process, waits
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +96,9 @@ def test_a_partition_past_a_compaction_lists_again_and_decides_from_the_list(
 ) -> None:
     kubeconfig = kubeconfig_through(plane, proxy, tmp_path / "kubeconfig")
     log = tmp_path / "operator.log"
-    operator = Operator(kubeconfig, log, f"--namespace={cluster.namespace}").start()
+    operator = operator_process.Operator(
+        kubeconfig, log, f"--namespace={cluster.namespace}"
+    ).start()
     try:
         pods = running_job(cluster, "cut")
         proxy.cut()
@@ -104,7 +107,7 @@ def test_a_partition_past_a_compaction_lists_again_and_decides_from_the_list(
         compacted = plane.compact_etcd()
         time.sleep(1.0)  # a few refused reconnects: the operator knows it is cut off
         proxy.heal()
-        wait_until(lambda: state(cluster, "cut") == "Succeeded", timeout=T, what="Succeeded")
+        waits.wait_until(lambda: state(cluster, "cut") == "Succeeded", timeout=T, what="Succeeded")
         status = (cluster.job("cut") or {})["status"]
         assert status["restartCount"] == 0, status
         text = log.read_text()
@@ -129,7 +132,7 @@ def test_a_stalled_stream_is_noticed_and_watched_again(
 ) -> None:
     kubeconfig = kubeconfig_through(plane, proxy, tmp_path / "kubeconfig")
     log = tmp_path / "operator.log"
-    operator = Operator(
+    operator = operator_process.Operator(
         kubeconfig, log, f"--namespace={cluster.namespace}", f"--watch-idle-seconds={IDLE}"
     ).start()
     try:
@@ -143,8 +146,10 @@ def test_a_stalled_stream_is_noticed_and_watched_again(
         cluster.patch_job("sus", {"spec": {"runPolicy": {"suspend": True}}})
         # Noticed through a fresh connection: the Pod watch (ours) and the TrainJob watch
         # (kopf's), each within the idle window plus a reconcile.
-        wait_until(lambda: state(cluster, "fin") == "Succeeded", timeout=T, what="Succeeded")
-        wait_until(lambda: not cluster.pods("sus"), timeout=T, what="suspended job's Pods gone")
+        waits.wait_until(lambda: state(cluster, "fin") == "Succeeded", timeout=T, what="Succeeded")
+        waits.wait_until(
+            lambda: not cluster.pods("sus"), timeout=T, what="suspended job's Pods gone"
+        )
         took = time.monotonic() - stalled_at
         print(f"stalled connections: {frozen}; both jobs acted on after {took:.1f}s")
         assert took < IDLE + 30, took

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
@@ -15,6 +14,7 @@ from typing import Any, TextIO, TypeVar
 import pytest
 import yaml
 
+from tests.support import waits
 from trainjob import cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -91,13 +91,10 @@ def wait_until(
     what: str,
     on_fail: Callable[[], str] = lambda: "",
 ) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(POLL_S)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{on_fail()}")
+    """The tests' one wait, polling every POLL_S, failing with what `on_fail` tells."""
+    return waits.wait_until(
+        predicate, timeout=timeout, what=what, interval=POLL_S, on_timeout=lambda: f"\n{on_fail()}"
+    )
 
 
 def read_json(path: Path) -> Any:

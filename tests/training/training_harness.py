@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.controlplane.cluster import free_port
+from tests.support import ports, waits
 from trainjob.core import constants
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +26,8 @@ T = TypeVar("T")
 
 
 def cluster_spec(roles: Mapping[str, int]) -> dict[str, list[str]]:
-    ports = iter(free_port() for _ in range(sum(roles.values())))
-    return {role: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for role, n in roles.items() if n}
+    free = iter(ports.free_port() for _ in range(sum(roles.values())))
+    return {role: [f"127.0.0.1:{next(free)}" for _ in range(n)] for role, n in roles.items() if n}
 
 
 def base_env(python_path: str | None = None) -> dict[str, str]:
@@ -137,17 +137,20 @@ def start(
 def wait_until(
     predicate: Callable[[], T | None], timeout: float, what: str, replicas: Sequence[Replica] = ()
 ) -> T:
-    """Poll ``predicate`` until it returns a truthy value; fail with the replicas' logs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Poll ``predicate`` until it returns a truthy value, sampling each replica (peak RSS,
+    exit) before each try; fail with the replicas' logs."""
+
+    def sampled() -> T | None:
         for replica in replicas:
             replica.sample()
-        value = predicate()
-        if value:
-            return value
-        time.sleep(POLL_S)
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s waiting for {what}\n" + dump_logs(replicas)
+        return predicate()
+
+    return waits.wait_until(
+        sampled,
+        timeout=timeout,
+        what=what,
+        interval=POLL_S,
+        on_timeout=lambda: "\n" + dump_logs(replicas),
     )
 
 

@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.controlplane.cluster import INSTALL_COMMAND, REPO_ROOT, Tools
+from tests.controlplane.tools import INSTALL_COMMAND, REPO_ROOT, Tools
 
 CHART: Final = REPO_ROOT / "helm" / "trainjob-operator"
 DOCKERFILE: Final = REPO_ROOT / "images" / "operator" / "Dockerfile"

@@ -1,4 +1,5 @@
-"""The cluster the e2e tier runs on, and small helpers to drive it with kubectl and helm.
+"""The cluster the e2e tier and bench/e2e_timings.py run on, and small helpers to drive it
+with kubectl and helm.
 
 Two kinds of cluster, chosen by ``TRAINJOB_E2E_CLUSTER``:
 
@@ -19,11 +20,12 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from tests.support import waits
 
 if TYPE_CHECKING:  # the node's control plane is imported only where a node runs
     from tests.controlplane.cluster import ControlPlane
@@ -172,15 +174,8 @@ spec:
 def wait_until(
     probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 1.0
 ) -> T:
-    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
+    """The tests' one wait, polling once a second by default: each probe here runs kubectl."""
+    return waits.wait_until(probe, timeout=timeout, what=what, interval=interval)
 
 
 def cluster_kind() -> str:

@@ -1,0 +1,23 @@
+# Sourced by the install scripts (tests/controlplane/install.sh, bench/kubeflow/install.sh).
+#
+# require_go MINOR WHY: set GO to the Go toolchain on PATH, else /usr/local/go/bin/go, and exit
+# unless it is Go >= 1.MINOR (WHY says what needs it).
+require_go() {
+    local minor="$1" why="$2" version found
+    GO="$(command -v go || true)"
+    if [[ -z "$GO" && -x /usr/local/go/bin/go ]]; then
+        GO=/usr/local/go/bin/go
+    fi
+    if [[ -z "$GO" ]]; then
+        echo "install.sh: Go toolchain not found (PATH or /usr/local/go/bin/go); Go >= 1.$minor is required" >&2
+        exit 1
+    fi
+    # Never download another toolchain behind our back; static binaries need no C compiler.
+    export GOTOOLCHAIN=local CGO_ENABLED=0
+    version="$("$GO" env GOVERSION)"  # e.g. go1.26.8
+    found="$(echo "$version" | sed -E 's/^go1\.([0-9]+).*/\1/')"
+    if [[ ! "$found" =~ ^[0-9]+$ ]] || ((found < minor)); then
+        echo "install.sh: $GO is $version; Go >= 1.$minor is required ($why)" >&2
+        exit 1
+    fi
+}
