@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from trainjob.core import constants
+from trainjob.core.policy_terms import CONTAINER_STUCK_REASONS
 
 Obj = dict[str, Any]
 
@@ -32,19 +33,6 @@ COMMAND: Final = (
     "python", "-m", "tensorboard.main", "--logdir", LOGDIR, "--host", "127.0.0.1",
     "--port", str(PORT),
 )  # fmt: skip
-# Waiting reasons of a container that will not start by waiting longer.
-FATAL_WAITING: Final = frozenset(
-    {
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "InvalidImageName",
-        "ErrImageNeverPull",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "RunContainerError",
-        "CrashLoopBackOff",
-    }
-)
 
 
 class BoardError(ValueError):
@@ -199,7 +187,7 @@ def failure(pod: Mapping[str, Any]) -> str | None:
                 f": {said}" if said else ""
             )
         waiting = state.get("waiting") or {}
-        if waiting.get("reason") in FATAL_WAITING:
+        if waiting.get("reason") in CONTAINER_STUCK_REASONS:
             return f"{waiting['reason']}: {waiting.get('message') or 'no message'}"
     if status.get("phase") in ("Failed", "Succeeded"):
         return f"the Pod is {status['phase']}: {status.get('reason') or ''} " + str(

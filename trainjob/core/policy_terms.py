@@ -54,10 +54,9 @@ REASON_NODE_UNREACHABLE: Final = "NodeUnreachable"
 REASON_NODE_NOT_READY: Final = "NodeNotReady"
 NODE_REASONS: Final = frozenset({REASON_NODE_UNREACHABLE, REASON_NODE_NOT_READY})
 
-# Why a Pending Pod will not run by itself, as observe.py reports it: the kubelet's waiting
-# reasons a user must act on, and the scheduler's Unschedulable. ContainerCreating and
-# PodInitializing are normal starting states and never reported.
-WAITING_REASONS: Final = frozenset(
+# The kubelet's waiting reasons of a container that will not start by waiting longer: a user
+# must act. ContainerCreating and PodInitializing are normal starting states, never reported.
+CONTAINER_STUCK_REASONS: Final = frozenset(
     {
         "ErrImagePull",
         "ImagePullBackOff",
@@ -67,11 +66,13 @@ WAITING_REASONS: Final = frozenset(
         "CreateContainerError",
         "RunContainerError",
         "CrashLoopBackOff",
-        "Unschedulable",
-        "FailedCreate",
-        "GangPending",
     }
-).union(NODE_REASONS)
+)
+# Why a Pending Pod will not run by itself, as observe.py reports it: a stuck container, the
+# scheduler's Unschedulable, a refused create, a gang not admitted, a lost node.
+WAITING_REASONS: Final = CONTAINER_STUCK_REASONS.union(
+    {"Unschedulable", "FailedCreate", "GangPending"}, NODE_REASONS
+)
 # The API server refused to create the replica's Pod (Pod Security, a ResourceQuota, a
 # LimitRange, a denying admission webhook): the executor says so with its message and retries.
 REASON_FAILED_CREATE: Final = "FailedCreate"
