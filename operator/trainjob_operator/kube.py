@@ -163,33 +163,37 @@ def _session(info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
     )
 
 
-def _message(status: int, data: bytes) -> str:
+def _status_body(data: bytes) -> dict[str, Any]:
+    """The API server's Status object of a failed reply ({} when it sent none)."""
     try:
         body = json.loads(data or b"{}")
     except ValueError:
-        body = {}
-    if isinstance(body, dict) and body.get("message"):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _message(status: int, data: bytes, body: dict[str, Any] | None = None) -> str:
+    body = _status_body(data) if body is None else body
+    if body.get("message"):
         return str(body["message"])
     return f"HTTP {status}"
 
 
 def _classify(status: int, data: bytes, what: str) -> Exception:
+    body = _status_body(data)
+    message = _message(status, data, body)
     if status in (400, 422):
-        return RejectedError(f"{what}: {_message(status, data)}")
-    error = (GoneError if status == 410 else TransientError)(f"{what}: {_message(status, data)}")
+        return RejectedError(f"{what}: {message}")
+    error = (GoneError if status == 410 else TransientError)(f"{what}: {message}")
     error.status = status
-    error.api_message = _message(status, data)
-    error.retry_after = _retry_after(data)
+    error.api_message = message
+    error.retry_after = _retry_after(body)
     return error
 
 
-def _retry_after(data: bytes) -> float | None:
+def _retry_after(body: dict[str, Any]) -> float | None:
     """The Status' details.retryAfterSeconds (what client-go waits on a 429), if any."""
-    try:
-        body = json.loads(data or b"{}")
-    except ValueError:
-        return None
-    details = body.get("details") if isinstance(body, dict) else None
+    details = body.get("details")
     seconds = details.get("retryAfterSeconds") if isinstance(details, dict) else None
     if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0:
         return float(seconds)
