@@ -18,7 +18,8 @@
 #   pause                 the pause container's binary, compiled from k8s.io/kubernetes's pause.c
 #   Debian packages: containerd, runc, containernetworking-plugins, buildah, debootstrap,
 #   iptables, gcc + libc6-dev (for pause), chromium (the e2e tier opens `trainjob tensorboard`
-#   in headless Chromium)   -- installed with apt-get when missing (root)
+#   in headless Chromium), tmux and screen (tests/local/test_multiplexer.py draws the live
+#   table in them)   -- installed with apt-get when missing (root)
 #
 # Binaries are cached outside the clone, one folder per tool and version:
 #   ${TRAINJOB_TOOLS_DIR:-$HOME/.cache/trainjob-tools}/<name>-<version>/
@@ -201,6 +202,9 @@ NODE_PACKAGES=(
     /usr/lib/x86_64-linux-gnu/libc.a:libc6-dev
     # tests/e2e/test_tensorboard.py: a real browser renders TensorBoard's charts
     /usr/bin/chromium:chromium
+    # tests/local/test_multiplexer.py: the live table redrawn in real terminal multiplexers
+    /usr/bin/tmux:tmux
+    /usr/bin/screen:screen
 )
 
 install_node_packages() {

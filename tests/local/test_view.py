@@ -167,11 +167,30 @@ def test_a_thousand_replicas_render_fast_and_fit() -> None:
 
 
 def test_redraw_goes_back_to_the_first_line_and_clears_everything_below() -> None:
+    clear_below = "\x1b[K\x1b[2G\x1b[J\r"  # this row, then the rest from its 2nd column
     text = view.redraw(3, ["table"], ["a log line far wider than the terminal " * 5])
-    assert text.startswith("\x1b[3A\r\x1b[J")  # one clear for all rows, wrapped ones included
-    assert text.endswith("\ntable\n")
-    assert view.redraw(0, ["t"], []) == "\r\x1b[Jt\n"
-    assert view.redraw(2, [], []) == "\x1b[2A\r\x1b[J"  # erased: the summary takes its place
+    # one clear for all rows before the log lines, wrapped ones included
+    assert text.startswith("\x1b[3A\r" + clear_below)
+    assert text.endswith("\ntable\x1b[K\n" + clear_below)
+    # no log lines: each table line is written over the old one, then erased to its end
+    assert view.redraw(2, ["t", "u"], []) == "\x1b[2A\rt\x1b[K\nu\x1b[K\n" + clear_below
+    assert view.redraw(2, [], []) == "\x1b[2A\r" + clear_below  # erased: the summary follows
+
+
+def test_redraw_never_clears_from_the_top_left_cell() -> None:
+    """tmux (scroll-on-clear) and GNU screen push the whole screen into the scrollback when
+    asked to erase below the top-left cell: the table may start there, so no erase-below may
+    ever come right after the cursor was put in the first column."""
+    for text in (
+        view.redraw(3, ["table"], ["log"]),
+        view.redraw(0, ["t"], []),
+        view.redraw(2, [], []),
+        view.redraw(5, ["a", "b"], []),
+    ):
+        for at in range(len(text)):
+            if text.startswith("\x1b[J", at):
+                assert text[:at].endswith("\x1b[2G"), repr(text)
+            assert not text.startswith("\x1b[2J", at) and not text.startswith("\x1b[H", at)
 
 
 def test_drawn_height_follows_a_terminal_made_narrower() -> None:

@@ -29,7 +29,13 @@ from trainjob.local.plan import ReplicaKey, label
 from trainjob.local.replica_progress import ReplicaProgress, fold, job_step, lead_replica
 
 ANSI_UP: Final = "\x1b[{n}A"
-ANSI_CLEAR_BELOW: Final = "\x1b[J"
+ANSI_ERASE_LINE: Final = "\x1b[K"  # from the cursor to the end of its row
+# Clears the cursor's row and every row below it, and returns to the row's first column, with
+# no erase that starts at the top-left cell: tmux (`scroll-on-clear`, on by default) and GNU
+# screen take an erase-below from there for a clear screen and push the whole screen into the
+# scrollback, so a table drawn from the top row would leave a copy there on every redraw. The
+# row is erased on its own, then the rest from its second column (CHA 2, then ED 0).
+ANSI_CLEAR_BELOW: Final = "\x1b[K\x1b[2G\x1b[J\r"
 ELLIPSIS: Final = "…"
 MIN_WIDTH: Final = 20  # below this the table is cut, not laid out
 
@@ -352,15 +358,23 @@ def drawn_height(line_widths: Sequence[int], width: int) -> int:
 def redraw(previous_height: int, lines: Sequence[str], logs: Sequence[str]) -> str:
     """ANSI text that erases the last table, prints new log lines, then draws the table again.
 
-    The cursor goes up to the table's first row and everything from there to the end of the
-    screen is cleared at once, so a log line that wraps over several rows can never leave part
-    of an old table behind. Log lines then scroll up like normal output; the table follows."""
+    The cursor goes up to the table's first row. New log lines take its place from there: the
+    old table's rows are cleared first, so a log line that wraps over several rows can never
+    leave part of an old table behind, and the log lines then scroll up like normal output (into
+    the scrollback, where they belong). Each table line is written over the old one and erased
+    to its end (table lines are narrower than the terminal, so the erase never reaches a
+    character just written), and whatever an older, taller table left below is cleared last.
+    The screen is never cleared from the top-left cell (see ANSI_CLEAR_BELOW), so a redraw
+    leaves nothing in the scrollback, even when the table starts on the top row."""
     out: list[str] = []
     if previous_height:
         out.append(ANSI_UP.format(n=previous_height))
-    out.append("\r" + ANSI_CLEAR_BELOW)
-    out.extend(line + "\n" for line in logs)
-    out.extend(line + "\n" for line in lines)
+    out.append("\r")
+    if logs:
+        out.append(ANSI_CLEAR_BELOW)
+        out.extend(line + "\n" for line in logs)
+    out.extend(line + ANSI_ERASE_LINE + "\n" for line in lines)
+    out.append(ANSI_CLEAR_BELOW)
     return "".join(out)
 
 
