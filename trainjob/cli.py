@@ -294,6 +294,9 @@ def cmd_completion(args: argparse.Namespace, streams: Streams) -> int:
 # ----- completion -----
 # The verbs whose first argument is a cluster job's name (completed from `get -o name`).
 NAMED_VERBS: Final = ("get", "describe", "wait", "attach", "delete", "tensorboard")
+# How long a Tab waits for the cluster's job names: a stuck API server must not hold the
+# shell for the commands' 30 s default (a --request-timeout typed on the line wins).
+COMPLETION_REQUEST_TIMEOUT: Final = "5s"
 
 
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
@@ -329,10 +332,10 @@ _trainjob() {{
     {"|".join(NAMED_VERBS)})
       if [[ "$cur" != -* ]]; then
         # Job names from the cluster, with this command line's -n/--context/--kubeconfig.
-        local i where=()
+        local i where=(--request-timeout {COMPLETION_REQUEST_TIMEOUT})
         for ((i = 2; i < COMP_CWORD; i++)); do
           case "${{COMP_WORDS[i]}}" in
-            -n|--namespace|--context|--kubeconfig)
+            -n|--namespace|--context|--kubeconfig|--request-timeout)
               where+=("${{COMP_WORDS[i]}}" "${{COMP_WORDS[i+1]}}") ;;
             -A|--all-namespaces) where+=(-A) ;;
           esac

@@ -38,7 +38,7 @@ from trainjob.cluster.cli import common as cluster_common
 from trainjob.cluster.cli import jobs as cluster_jobs
 from trainjob.cluster.cli import logs as cluster_logs
 from trainjob.cluster.cli import submit as cluster_submit
-from trainjob.cluster.errors import ClusterError
+from trainjob.cluster.errors import DEFAULT_REQUEST_TIMEOUT, ClusterError
 from trainjob.core import progress as core_progress
 from trainjob.core import spec
 from trainjob.core import status as st
@@ -117,7 +117,9 @@ def load_manifest(job: Manifest | spec.TrainJob) -> dict[str, Any]:
 
 class TrainJobClient:
     """TrainJobs in one namespace of a cluster (kubeconfig, context and namespace as kubectl
-    resolves them; inside a Pod, its service account)."""
+    resolves them; inside a Pod, its service account). Each request to the API server waits
+    at most `request_timeout` seconds (0: for ever), so a stuck server ends a call with a
+    TrainJobError saying so, instead of hanging the notebook."""
 
     def __init__(
         self,
@@ -125,11 +127,12 @@ class TrainJobClient:
         *,
         context: str | None = None,
         kubeconfig: str | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     ) -> None:
         try:
             cluster_api = cluster_common.load_api()
             self._cluster: api.Cluster = cluster_api.Cluster(
-                cluster_api.connect(kubeconfig, context, namespace)
+                cluster_api.connect(kubeconfig, context, namespace, request_timeout=request_timeout)
             )
         except ClusterError as error:
             raise TrainJobError(error.message) from error

@@ -3,11 +3,16 @@ end in one line naming the cause (never a traceback), as every cluster command s
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +74,160 @@ def test_a_missing_kubeconfig_says_where_it_looked(tmp_path: Path) -> None:
         f"trainjob wait: no kubeconfig: {tmp_path / 'none'} does not exist (give --kubeconfig, "
         "set KUBECONFIG, or run inside a Pod with a service account)\n"
     )
+
+
+# ----- a stuck API server: a real socket on loopback that never answers -----
+REQUEST_TIMEOUT = 1.0  # seconds; one wait of it, not urllib3's four tries of it
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def silent_server(accepting: bool) -> Iterator[int]:
+    """A port on loopback that accepts connections and never answers a byte (`accepting`), or
+    never even accepts one (a listener with a backlog of 0, filled by one connection, so the
+    kernel drops further SYNs and a connect times out, as behind a dead load balancer)."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port: int = listener.getsockname()[1]
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def hold() -> None:  # take each connection and keep it open, silent
+        listener.settimeout(0.1)  # to see `stop`; not a wait for the client
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                held.append(listener.accept()[0])
+
+    if accepting:
+        thread = threading.Thread(target=hold, daemon=True)
+        thread.start()
+    else:
+        held.append(socket.create_connection(("127.0.0.1", port)))  # fills the backlog
+    try:
+        yield port
+    finally:
+        stop.set()
+        if accepting:
+            thread.join(5)
+        for connection in held:
+            connection.close()
+        listener.close()
+
+
+def _silent_kubeconfig(tmp_path: Path, port: int) -> str:
+    config = tmp_path / "config"
+    config.write_text(
+        KUBECONFIG.replace("https://127.0.0.1:1", f"https://127.0.0.1:{port}").replace(
+            "cluster: {server:", "cluster: {insecure-skip-tls-verify: true, server:"
+        )
+    )
+    return str(config)
+
+
+def _no_answer(port: int) -> str:
+    return f"no answer from the API server at https://127.0.0.1:{port} in 1s (--request-timeout"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["get"],
+        ["get", "-A"],
+        ["describe", "j"],
+        ["wait", "j", "--timeout", "1h"],
+        ["attach", "j", "--no-tty"],
+        ["logs", "j", "--cluster"],
+        ["delete", "j"],
+        ["submit", "-f", str(ROOT / "examples" / "mnist-multiworker.yaml")],
+        ["tensorboard", "j", "--cluster"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]).replace(str(ROOT) + "/", ""),
+)
+def test_a_stuck_api_server_ends_each_cluster_command_after_one_request_timeout(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    with silent_server(accepting=True) as port:
+        config = _silent_kubeconfig(tmp_path, port)
+        started = time.monotonic()
+        code, err = trainjob(*argv, "--kubeconfig", config, "--request-timeout", "1s")
+        took = time.monotonic() - started
+    assert code == 1, err
+    assert _no_answer(port) in err and err.count("\n") == 1, err
+    # It waited the timeout once: a retry after a timeout would wait it again (urllib3's
+    # default of four tries made `trainjob get` take 122 s at the 30 s timeout).
+    assert REQUEST_TIMEOUT <= took < 2 * REQUEST_TIMEOUT - 0.1, took
+
+
+def test_a_server_that_never_accepts_is_given_the_request_timeout_too(tmp_path: Path) -> None:
+    with silent_server(accepting=False) as port:
+        config = _silent_kubeconfig(tmp_path, port)
+        started = time.monotonic()
+        code, err = trainjob("get", "--kubeconfig", config, "--request-timeout", "1")
+        took = time.monotonic() - started
+    assert code == 1 and _no_answer(port) in err, err
+    assert REQUEST_TIMEOUT <= took < 2 * REQUEST_TIMEOUT - 0.1, took
+
+
+def test_the_python_client_gives_up_after_its_request_timeout(tmp_path: Path) -> None:
+    from trainjob.client import TrainJobClient, TrainJobError
+
+    with silent_server(accepting=True) as port:
+        config = _silent_kubeconfig(tmp_path, port)
+        with TrainJobClient(kubeconfig=config, request_timeout=REQUEST_TIMEOUT) as client:
+            started = time.monotonic()
+            with pytest.raises(TrainJobError) as raised:
+                client.wait("j", timeout=3600)
+            took = time.monotonic() - started
+    assert str(raised.value).startswith("get TrainJob team-z/j: " + _no_answer(port))
+    assert REQUEST_TIMEOUT <= took < 2 * REQUEST_TIMEOUT - 0.1, took
+
+
+def test_the_request_timeout_and_its_default_are_in_every_cluster_commands_help(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for command in ("get", "describe", "wait", "attach", "logs", "delete", "submit", "tensorboard"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])  # argparse prints help on sys.stdout
+        help_text = " ".join(capsys.readouterr().out.split())
+        assert "--request-timeout DURATION" in help_text, command
+        assert "0: for ever; default 30s" in help_text, command
+
+
+def test_tab_completion_of_job_names_waits_for_a_stuck_server_only_briefly(
+    tmp_path: Path,
+) -> None:
+    """`trainjob describe <TAB>` in a real bash: the names come from `trainjob get -o name`,
+    which a stuck API server would hold for the commands' 30 s; the completion asks with
+    COMPLETION_REQUEST_TIMEOUT (5 s) and offers nothing."""
+    script = tmp_path / "completion.bash"
+    script.write_text(cli.completion_script(cli.build_parser(), "bash"))
+    with silent_server(accepting=True) as port:
+        config = _silent_kubeconfig(tmp_path, port)
+        probe = (
+            f"source {script}\n"
+            f"COMP_WORDS=(trainjob describe --kubeconfig {config} ''); COMP_CWORD=4; _trainjob\n"
+            'echo "offered: ${COMPREPLY[*]}"\n'
+        )
+        env = {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        started = time.monotonic()
+        result = subprocess.run(
+            ["bash", "-c", probe], capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+        took = time.monotonic() - started
+    assert result.stdout == "offered: \n", result.stdout + result.stderr
+    assert 5 <= took < 20, took  # 5 s and a Python start-up on a busy machine; not 30 s
+
+
+def test_a_refused_connection_still_fails_at_once_not_after_the_timeout(tmp_path: Path) -> None:
+    with silent_server(accepting=True) as port:
+        pass  # closed again: nothing listens on the port now
+    config = _silent_kubeconfig(tmp_path, port)
+    started = time.monotonic()
+    code, err = trainjob("get", "--kubeconfig", config, "--request-timeout", "5s")
+    assert code == 1 and "Connection refused" in err, err
+    assert time.monotonic() - started < 5
 
 
 # ----- following logs across restarts (the API objects faked: no kubelet here) -----

@@ -1,14 +1,20 @@
 """The cluster side's API module (the `kubernetes` package): the connection, TrainJobs, their
 Pods, Events and logs, and the code's ConfigMap. `trainjob.cluster.api_pods` (Pods of one's
 own and port-forwards, for `trainjob tensorboard`) is the only other module that calls the API
-server, and it does so through what this module shares: `connect`, `Cluster.core`, `call`,
-`translate` and `network_cause`, so there is one connection helper and one error mapping.
+server, and it does so through what this module shares: `connect`, `Cluster.core`,
+`Cluster.call`, `Cluster.translate` and `network_cause`, so there is one connection helper and
+one error mapping.
 
 Everything it returns is plain data (dicts as `kubectl get -o json` prints them, strings), so
 formatting and decisions stay pure (`trainjob.cluster.objects`, `show`, `describe`). Every
 failure, whatever raised it (an ApiException, an unreachable server, a broken kubeconfig),
 becomes one `ClusterError` whose message names the cause in the API server's own words:
 callers never see a traceback.
+
+Every request waits at most the connection's request timeout (`--request-timeout`, default
+`errors.DEFAULT_REQUEST_TIMEOUT`) and is not tried again once it timed out: a stuck API server
+(one that accepts connections and never answers) ends a command in about that long, with a
+message saying how long it waited, where urllib3's default retries made four waits of it.
 
 kubeconfig and context are resolved as kubectl does: `--kubeconfig`, else $KUBECONFIG (a
 list of files, merged), else ~/.kube/config; `--context`, else the current context; the
@@ -32,10 +38,16 @@ from kubernetes import client as _k8s
 from kubernetes import config as _k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
-from urllib3.exceptions import HTTPError
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    HTTPError,
+    NewConnectionError,
+    ReadTimeoutError,
+)
+from urllib3.util.retry import Retry
 
 from trainjob.cluster import describe, objects
-from trainjob.cluster.errors import ClusterError
+from trainjob.cluster.errors import DEFAULT_REQUEST_TIMEOUT, ClusterError, no_answer
 from trainjob.core import constants
 
 # The kubernetes package is only partly typed (untyped functions, `object` results): its
@@ -49,7 +61,7 @@ _Line = tuple[str, str, str | None]  # stream instance, Pod name, line (None: th
 
 IN_CLUSTER_NAMESPACE_FILE: Final = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 LOG_POLL_SECONDS: Final = 1.0  # how often a followed job's Pods are listed again
-REQUEST_TIMEOUT: Final = 30.0  # seconds for one API call (a follow stream has none)
+URLLIB3_RETRIES: Final = 3  # urllib3's default number of retries
 
 
 def _server_message(error: ApiException) -> str:
@@ -61,7 +73,38 @@ def _server_message(error: ApiException) -> str:
     return f"{error.status} {error.reason}".strip()
 
 
+def timed_out(error: BaseException) -> bool:
+    """Whether the request waited its whole timeout (connecting, the TLS handshake, or the
+    answer), as opposed to failing at once (refused, reset, a bad certificate)."""
+    cause = getattr(error, "reason", None) or error  # urllib3's MaxRetryError wraps it
+    if isinstance(cause, NewConnectionError):  # a subclass of ConnectTimeoutError: refused
+        return False
+    return isinstance(cause, (ReadTimeoutError, ConnectTimeoutError, TimeoutError))
+
+
+class RetryUnlessTimedOut(Retry):
+    """urllib3's retries (a refused connect, a pooled connection the server had closed: each
+    fails at once), except after a timeout: that request already waited the whole request
+    timeout, and each retry would wait it again (four tries of 30 s made `trainjob get` on a
+    stuck API server take two minutes)."""
+
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: Any = None,
+        error: Exception | None = None,
+        _pool: Any = None,
+        _stacktrace: Any = None,
+    ) -> RetryUnlessTimedOut:
+        if error is not None and timed_out(error):
+            raise error
+        return super().increment(method, url, response, error, _pool, _stacktrace)
+
+
 def translate(what: str, error: Exception) -> ClusterError:
+    """One ClusterError for any failure of a call (`Cluster.translate` also says how long a
+    request that timed out waited)."""
     if isinstance(error, ApiException):
         message = _server_message(error)
         if error.status == 401:
@@ -86,21 +129,20 @@ def network_cause(error: Exception) -> str:
     return rest if found and rest else text
 
 
-def call(what: str, function: Callable[[], T]) -> T:
-    try:
-        return function()
-    except (ApiException, HTTPError, OSError, ConfigException) as error:
-        raise translate(what, error) from error
-
-
 # ----- connecting -----
 @dataclasses.dataclass(frozen=True)
 class Connection:
-    """Where the commands go: the API client, the namespace meant, and the context's name."""
+    """Where the commands go: the API client, the namespace meant, the context's name, and how
+    long one request may wait (None: for ever, as kubectl's --request-timeout=0)."""
 
     api: Any  # kubernetes.client.ApiClient
     namespace: str
     context: str | None
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT
+
+    @property
+    def server(self) -> str:
+        return str(self.api.configuration.host)
 
 
 def kubeconfig_files(explicit: str | None, environ: Mapping[str, str]) -> str:
@@ -122,13 +164,18 @@ def connect(
     context: str | None = None,
     namespace: str | None = None,
     environ: Mapping[str, str] | None = None,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
 ) -> Connection:
-    """An API client for the kubeconfig/context kubectl would pick, and the namespace."""
+    """An API client for the kubeconfig/context kubectl would pick, and the namespace; each
+    request waits at most `request_timeout` seconds (0: for ever)."""
+    if request_timeout < 0:
+        raise ClusterError(f"request timeout {request_timeout:g}s: expected 0 or more seconds")
+    timeout = request_timeout or None
     env = os.environ if environ is None else environ
     files = kubeconfig_files(kubeconfig, env)
     if not _existing(files):
         if kubeconfig is None and context is None and env.get("KUBERNETES_SERVICE_HOST"):
-            return _in_cluster(namespace)
+            return _in_cluster(namespace, timeout)
         raise ClusterError(
             f"no kubeconfig: {files} does not exist (give --kubeconfig, set KUBECONFIG, or "
             "run inside a Pod with a service account)"
@@ -151,7 +198,10 @@ def connect(
         )
     try:
         api = k8s_config.new_client_from_config(
-            config_file=files, context=chosen.get("name"), persist_config=False
+            config_file=files,
+            context=chosen.get("name"),
+            persist_config=False,
+            client_configuration=_configuration(),
         )
     except Exception as error:  # a context naming a missing user or cluster, a bad cert...
         problem = " ".join(str(error).split())
@@ -159,18 +209,29 @@ def connect(
             f"kubeconfig {files}, context {chosen.get('name')}: {problem}"
         ) from error
     context_namespace = (chosen.get("context") or {}).get("namespace")
-    return Connection(api, namespace or context_namespace or "default", chosen.get("name"))
+    return Connection(api, namespace or context_namespace or "default", chosen.get("name"), timeout)
 
 
-def _in_cluster(namespace: str | None) -> Connection:
+def _configuration() -> Any:
+    """A client configuration of its own (not the package's global default), whose requests
+    are not tried again after a timeout."""
+    configuration = k8s.Configuration()
+    configuration.retries = RetryUnlessTimedOut(URLLIB3_RETRIES)
+    return configuration
+
+
+def _in_cluster(namespace: str | None, timeout: float | None) -> Connection:
+    configuration = _configuration()
     try:
-        k8s_config.load_incluster_config()
+        k8s_config.load_incluster_config(client_configuration=configuration)
     except ConfigException as error:
         raise ClusterError(f"in-cluster configuration: {error}") from error
     own = None
     with contextlib.suppress(OSError), open(IN_CLUSTER_NAMESPACE_FILE, encoding="utf-8") as handle:
         own = handle.read().strip() or None
-    return Connection(k8s.ApiClient(), namespace or own or "default", None)
+    return Connection(
+        k8s.ApiClient(configuration=configuration), namespace or own or "default", None, timeout
+    )
 
 
 # ----- TrainJobs -----
@@ -180,6 +241,7 @@ class Cluster:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self.namespace = connection.namespace
+        self.timeout = connection.request_timeout  # each request's (None: none)
         self._custom: Any = k8s.CustomObjectsApi(connection.api)
         self._core: Any = k8s.CoreV1Api(connection.api)
 
@@ -193,7 +255,20 @@ class Cluster:
 
     def in_namespace(self, namespace: str) -> Cluster:
         """The same connection, another namespace (a manifest's metadata.namespace)."""
-        return Cluster(Connection(self.connection.api, namespace, self.connection.context))
+        return Cluster(dataclasses.replace(self.connection, namespace=namespace))
+
+    def translate(self, what: str, error: Exception) -> ClusterError:
+        """`translate`; a request that timed out says where it went and how long it waited."""
+        if self.timeout is not None and timed_out(error):
+            return ClusterError(f"{what}: {no_answer(self.connection.server, self.timeout)}")
+        return translate(what, error)
+
+    def call(self, what: str, function: Callable[[], T]) -> T:
+        """function(), its failure one ClusterError (`translate`)."""
+        try:
+            return function()
+        except (ApiException, HTTPError, OSError, ConfigException) as error:
+            raise self.translate(what, error) from error
 
     def _job_call(self, verb: str, name: str, function: Callable[[], T]) -> T:
         try:
@@ -206,16 +281,16 @@ class Cluster:
                 raise ClusterError(
                     f"TrainJob {name} not found in namespace {self.namespace}", 404
                 ) from error
-            raise translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
+            raise self.translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
         except (HTTPError, OSError, ConfigException) as error:
-            raise translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
+            raise self.translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
 
     def _trainjobs(self, method: str, *args: Any) -> Any:
         """CustomObjectsApi.<method> on the TrainJobs of this namespace."""
         call = getattr(self._custom, method)
         return call(
             constants.GROUP, constants.VERSION, self.namespace, constants.PLURAL, *args,
-            _request_timeout=REQUEST_TIMEOUT,
+            _request_timeout=self.timeout,
         )  # fmt: skip
 
     def get_job(self, name: str) -> Obj:
@@ -226,15 +301,15 @@ class Cluster:
 
     def list_jobs(self, all_namespaces: bool = False) -> list[Obj]:
         if all_namespaces:
-            result: Obj = call(
+            result: Obj = self.call(
                 "list TrainJobs in all namespaces",
                 lambda: self._custom.list_cluster_custom_object(
                     constants.GROUP, constants.VERSION, constants.PLURAL,
-                    _request_timeout=REQUEST_TIMEOUT,
+                    _request_timeout=self.timeout,
                 ),
             )  # fmt: skip
         else:
-            result = call(
+            result = self.call(
                 f"list TrainJobs in namespace {self.namespace}",
                 lambda: self._trainjobs("list_namespaced_custom_object"),
             )
@@ -266,9 +341,9 @@ class Cluster:
             except ApiException as error:
                 if error.status == 409:
                     continue
-                raise translate(f"apply TrainJob {self.namespace}/{name}", error) from error
+                raise self.translate(f"apply TrainJob {self.namespace}/{name}", error) from error
             except (HTTPError, OSError) as error:
-                raise translate(f"apply TrainJob {self.namespace}/{name}", error) from error
+                raise self.translate(f"apply TrainJob {self.namespace}/{name}", error) from error
             moved = result["metadata"].get("generation") != current["metadata"].get("generation")
             return result, "configured" if moved else "unchanged"
         raise ClusterError(f"apply TrainJob {self.namespace}/{name}: it kept changing; try again")
@@ -284,50 +359,50 @@ class Cluster:
         what = f"create ConfigMap {self.namespace}/{name}"
         try:
             created = self._core.create_namespaced_config_map(
-                self.namespace, body, _request_timeout=REQUEST_TIMEOUT
+                self.namespace, body, _request_timeout=self.timeout
             )
         except ApiException as error:
             if error.status != 409:
-                raise translate(what, error) from error
-            created = call(
+                raise self.translate(what, error) from error
+            created = self.call(
                 f"replace ConfigMap {self.namespace}/{name}",
                 lambda: self._core.replace_namespaced_config_map(
-                    name, self.namespace, body, _request_timeout=REQUEST_TIMEOUT
+                    name, self.namespace, body, _request_timeout=self.timeout
                 ),
             )
         except (HTTPError, OSError, ConfigException) as error:
-            raise translate(what, error) from error
+            raise self.translate(what, error) from error
         result: Obj = self.connection.api.sanitize_for_serialization(created)
         return result
 
     def own_config_map(self, name: str, owners: list[Obj]) -> None:
         """Give the ConfigMap these ownerReferences (the garbage collector then removes it
         with its owner)."""
-        call(
+        self.call(
             f"set the owner of ConfigMap {self.namespace}/{name}",
             lambda: self._core.patch_namespaced_config_map(
                 name,
                 self.namespace,
                 {"metadata": {"ownerReferences": owners}},
-                _request_timeout=REQUEST_TIMEOUT,
+                _request_timeout=self.timeout,
             ),
         )
 
     def delete_config_map(self, name: str) -> None:
         with contextlib.suppress(ClusterError):
-            call(
+            self.call(
                 f"delete ConfigMap {self.namespace}/{name}",
                 lambda: self._core.delete_namespaced_config_map(
-                    name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+                    name, self.namespace, _request_timeout=self.timeout
                 ),
             )
 
     def pods(self, job: str) -> list[Obj]:
         selector = f"{constants.LABEL_JOB_NAME}={job}"
-        result = call(
+        result = self.call(
             f"list the Pods of TrainJob {self.namespace}/{job}",
             lambda: self._core.list_namespaced_pod(
-                self.namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT
+                self.namespace, label_selector=selector, _request_timeout=self.timeout
             ),
         )
         pods: list[Obj] = self.connection.api.sanitize_for_serialization(result.items)
@@ -337,10 +412,10 @@ class Cluster:
         """Events about any of these objects (the job and its Pods), oldest first."""
         # One object: the server filters; several (a job and its Pods): one list, filtered here.
         selector = f"involvedObject.name={names[0]}" if len(names) == 1 else None
-        result = call(
+        result = self.call(
             f"list Events in namespace {self.namespace}",
             lambda: self._core.list_namespaced_event(
-                self.namespace, field_selector=selector, _request_timeout=REQUEST_TIMEOUT
+                self.namespace, field_selector=selector, _request_timeout=self.timeout
             ),
         )
         wanted = set(names)
@@ -365,10 +440,10 @@ class Cluster:
         }
         if tail is not None:
             kwargs["tail_lines"] = tail
-        text = call(
+        text = self.call(
             f"log of Pod {pod}",
             lambda: self._core.read_namespaced_pod_log(
-                pod, self.namespace, _request_timeout=REQUEST_TIMEOUT, **kwargs
+                pod, self.namespace, _request_timeout=self.timeout, **kwargs
             ),
         )
         return str(text or "")  # the client gives None for an empty body
@@ -386,6 +461,8 @@ class Cluster:
         kwargs: dict[str, Any] = {"container": constants.DEFAULT_CONTAINER_NAME, "follow": True}
         if tail is not None:
             kwargs["tail_lines"] = tail
+        if self.timeout is not None:  # connecting is bounded; a quiet replica's lines are not
+            kwargs["_request_timeout"] = (self.timeout, None)
         try:
             response = self._core.read_namespaced_pod_log(
                 pod, self.namespace, _preload_content=False, **kwargs
@@ -400,7 +477,7 @@ class Cluster:
             if pending:
                 out.put((instance, pod, pending.decode("utf-8", "replace")))
         except (ApiException, HTTPError, OSError) as error:
-            note = translate(f"log of Pod {pod}", error).message
+            note = self.translate(f"log of Pod {pod}", error).message
             out.put((instance, pod, f"{describe.NOTE_PREFIX}{note}"))
         finally:
             out.put((instance, pod, None))

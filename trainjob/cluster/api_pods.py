@@ -4,8 +4,8 @@ server's portforward subresource, as `kubectl port-forward` does.
 
 With `trainjob.cluster.api` the only modules that call the API server (import-linter keeps it
 so). The connection, the request timeout and the error mapping are `api`'s (`Cluster.core`,
-`call`, `translate`, `network_cause`): every failure is one `ClusterError` in the API server's
-words, as there.
+`Cluster.call`, `Cluster.translate`, `network_cause`): every failure is one `ClusterError` in
+the API server's words, as there.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from kubernetes import stream as _k8s_stream
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from trainjob.cluster.api import REQUEST_TIMEOUT, Cluster, Obj, call, k8s, network_cause, translate
+from trainjob.cluster.api import Cluster, Obj, k8s, network_cause
 from trainjob.cluster.errors import ClusterError
 
 k8s_stream: Any = _k8s_stream  # partly typed, as in `api`
@@ -39,10 +39,10 @@ class Pods:
         """Create the Pod; ClusterError with the API server's words when it is refused (Pod
         Security admission, a quota, RBAC)."""
         name = body["metadata"]["name"]
-        created = call(
+        created = self.cluster.call(
             f"create Pod {self.namespace}/{name}",
             lambda: self.cluster.core.create_namespaced_pod(
-                self.namespace, body, _request_timeout=REQUEST_TIMEOUT
+                self.namespace, body, _request_timeout=self.cluster.timeout
             ),
         )
         result: Obj = self.cluster.connection.api.sanitize_for_serialization(created)
@@ -52,28 +52,29 @@ class Pods:
         """The Pod, or None when it is gone."""
         try:
             pod = self.cluster.core.read_namespaced_pod(
-                name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+                name, self.namespace, _request_timeout=self.cluster.timeout
             )
         except ApiException as error:
             if error.status == 404:
                 return None
-            raise translate(f"read Pod {self.namespace}/{name}", error) from error
+            raise self.cluster.translate(f"read Pod {self.namespace}/{name}", error) from error
         except (HTTPError, OSError) as error:
-            raise translate(f"read Pod {self.namespace}/{name}", error) from error
+            raise self.cluster.translate(f"read Pod {self.namespace}/{name}", error) from error
         result: Obj = self.cluster.connection.api.sanitize_for_serialization(pod)
         return result
 
     def delete(self, name: str) -> None:
         """Delete the Pod at once (no grace: it serves nobody any more); gone is fine."""
+        what = f"delete Pod {self.namespace}/{name}"
         try:
             self.cluster.core.delete_namespaced_pod(
-                name, self.namespace, grace_period_seconds=0, _request_timeout=REQUEST_TIMEOUT
+                name, self.namespace, grace_period_seconds=0, _request_timeout=self.cluster.timeout
             )
         except ApiException as error:
             if error.status != 404:
-                raise translate(f"delete Pod {self.namespace}/{name}", error) from error
+                raise self.cluster.translate(what, error) from error
         except (HTTPError, OSError) as error:
-            raise translate(f"delete Pod {self.namespace}/{name}", error) from error
+            raise self.cluster.translate(what, error) from error
 
     def forward(self, pod: str, remote_port: int, address: str, port: int | None) -> Forwarder:
         """Listen on address:port (None: `remote_port` if free, else any free port) and carry

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from trainjob.cliutil import EXIT_FAILED, CliError
 from trainjob.cluster import objects
-from trainjob.cluster.errors import INSTALL_HINT, ClusterError
+from trainjob.cluster.errors import DEFAULT_REQUEST_TIMEOUT, INSTALL_HINT, ClusterError
 from trainjob.core import constants
 
 if TYPE_CHECKING:  # imported when a command runs: it imports the kubernetes package
@@ -32,8 +32,22 @@ def add_cluster_flags(parser: argparse.ArgumentParser, *, all_namespaces: bool =
     )  # fmt: skip
     group.add_argument("--context", help="kubeconfig context (default: the current one)")
     group.add_argument("-n", "--namespace", help="default: the context's namespace, else 'default'")
+    group.add_argument(
+        "--request-timeout", type=_request_timeout, default=DEFAULT_REQUEST_TIMEOUT,
+        metavar="DURATION",
+        help="how long to wait for the API server to answer a request before giving up (1s, "
+        f"2m; 0: for ever; default {DEFAULT_REQUEST_TIMEOUT:g}s)",
+    )  # fmt: skip
     if all_namespaces:
         group.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+
+
+def _request_timeout(text: str) -> float:
+    """kubectl's --request-timeout: a duration (`30s`, `2m`; a bare number is seconds)."""
+    try:
+        return objects.parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_no_tty(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +100,9 @@ def connected(args: argparse.Namespace) -> Iterator[api.Cluster]:
     try:
         cluster_api = load_api()
         cluster = cluster_api.Cluster(
-            cluster_api.connect(args.kubeconfig, args.context, args.namespace)
+            cluster_api.connect(
+                args.kubeconfig, args.context, args.namespace, request_timeout=args.request_timeout
+            )
         )
         yield cluster
     except (ClusterError, objects.ShowError) as error:
