@@ -150,6 +150,34 @@ def test_a_job_created_suspended_is_created_and_suspended_and_created_only_once(
     assert len(resumed.create_pods) == 2
 
 
+def test_suspended_before_it_started_it_deleted_nothing_and_stays_at_attempt_0() -> None:
+    """Created suspended (or queued by Kueue): it never had a Pod or Service, so its Event
+    does not claim it deleted them, and its first Pods, once resumed, are attempt 0."""
+    world = World(make_job({"chief": 1, "worker": 2}, run_policy={"suspend": True}))
+    decision = world.reconcile(at(0))
+    suspended = [e.message for e in decision.events if e.reason == "Suspended"]
+    assert suspended == ["Suspended TrainJob before it started: no Pod or Service was created"]
+    assert decision.delete_pods == () and decision.delete_services == ()
+    assert [world.status.record(key).attempt for key in world.job.replica_keys()] == [0, 0, 0]
+    assert world.status.start_time is None
+    world.job = dataclasses.replace(
+        world.job, run_policy=dataclasses.replace(world.job.run_policy, suspend=False)
+    )
+    resumed = world.reconcile(at(5))
+    assert sorted(resumed.create_pods) == [("chief", 0, 0), ("worker", 0, 0), ("worker", 1, 0)]
+
+
+def test_a_job_suspended_after_it_ran_still_says_it_deleted_its_pods() -> None:
+    world = started(make_job({"worker": 1}))
+    world.job = dataclasses.replace(
+        world.job, run_policy=dataclasses.replace(world.job.run_policy, suspend=True)
+    )
+    decision = world.reconcile(at(10))
+    suspended = [e.message for e in decision.events if e.reason == "Suspended"]
+    assert suspended == ["Suspended TrainJob: deleted its Pods and Services"]
+    assert world.status.record(("worker", 0)).attempt == 1  # its Pod's exit is now stale
+
+
 def test_all_replicas_running_makes_the_job_running() -> None:
     world = World(make_job({"worker": 2}))
     world.reconcile(at(0))

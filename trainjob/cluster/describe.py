@@ -15,6 +15,7 @@ from trainjob.cluster.objects import (
     Obj,
     age,
     align,
+    hold_of,
     human_duration,
     name_of,
     namespace_of,
@@ -92,6 +93,11 @@ def describe_text(
         condition = status.condition(ctype)
         if condition is not None and condition.status:
             lines.append(f"Cause:        {condition.reason}: {condition.message}")
+    hold = hold_of(obj)
+    if hold is not None:  # why it waits (Kueue's words), what exists of it, what starts it
+        lines.append(f"Suspended:    {hold.reason}: {hold.message}")
+        lines.append(f"              {hold.meanwhile[0].upper()}{hold.meanwhile[1:]}")
+        lines.append(f"Next:         {hold.resume}")
     report = report_of(raw)
     if report is not None:
         lines.append(f"Progress:     {view.progress_line(report)}")
@@ -122,7 +128,8 @@ def describe_text(
             replica_rows.append(
                 [
                     label(key),
-                    entry.get("state") or "Starting",
+                    # A replica with no Pod of its attempt: starting, unless the job waits.
+                    entry.get("state") or (hold.state if hold is not None else "Starting"),
                     str(entry.get("attempt") or 0),
                     NONE if exit_code is None else str(exit_code),
                     entry.get("reason") or "",

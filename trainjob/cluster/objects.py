@@ -8,7 +8,9 @@ as `kubectl get -o json` prints them).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -50,6 +52,78 @@ def parse_job(obj: Obj) -> spec.TrainJob:
     except spec.SpecError as error:
         problems = "; ".join(str(p) for p in error.problems)
         raise ShowError(f"TrainJob {name_of(obj)} cannot be read: {problems}") from error
+
+
+# ----- a job that waits suspended -----
+# The label Kueue's Workloads carry for the job they admit (the operator's Kueue integration
+# sets it too: kueue_workload.JOB_UID_LABEL).
+KUEUE_JOB_UID_LABEL: Final = "kueue.x-k8s.io/job-uid"
+# The Suspended condition's reasons while Kueue holds the job (kueue_workload.JOB_REASON_*):
+# waiting for admission (again), or its Workload finished before the job ran.
+KUEUE_WAITING_REASONS: Final = (st.REASON_QUEUED, st.REASON_EVICTED_BY_QUEUE)
+KUEUE_FINISHED_REASON: Final = "WorkloadFinished"
+RESUME_PATCH: Final = json.dumps({"spec": {"runPolicy": {"suspend": False}}}, separators=(",", ":"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Hold:
+    """A job that waits suspended, said as it is: Queued (Kueue holds it) or Suspended, as
+    `kubectl get tj` says; why (the Suspended condition, in Kueue's words while Kueue holds
+    it); whether it ever started (else nothing was ever created for it); how it goes on."""
+
+    state: str
+    reason: str
+    message: str
+    started: bool
+    resume: str
+
+    @property
+    def meanwhile(self) -> str:
+        """What exists of the job while it waits."""
+        if self.started:
+            return (
+                "stopped: its Pods and Services were deleted; it resumes from its checkpoint "
+                "as a new attempt"
+            )
+        return "not started: no Pod or Service is created until it starts"
+
+
+def hold_of(obj: Obj) -> Hold | None:
+    """How a suspended, unfinished job waits; None for any other job."""
+    status = status_of(obj)
+    condition = status.condition(st.SUSPENDED)
+    if condition is None or not condition.status or status.finished:
+        return None
+    started = status.start_time is not None  # set whenever its Pods may be created
+    return Hold(
+        state=st.state_of(status),
+        reason=condition.reason,
+        message=condition.message,
+        started=started,
+        resume=resume_hint(obj, condition.reason, started),
+    )
+
+
+def resume_hint(obj: Obj, reason: str, started: bool) -> str:
+    """What starts a suspended job: Kueue's admission, or its user unsuspending it."""
+    name, namespace = name_of(obj), namespace_of(obj)
+    if reason in KUEUE_WAITING_REASONS:
+        uid = (obj.get("metadata") or {}).get("uid") or "<uid>"
+        when = (
+            "resumes it once it admits its Workload again"
+            if started
+            else "starts it once it admits its Workload"
+        )
+        return (
+            f"Kueue {when}; where it waits: kubectl describe workloads -n {namespace} "
+            f"-l {KUEUE_JOB_UID_LABEL}={uid}"
+        )
+    if reason == KUEUE_FINISHED_REASON:
+        return "Kueue finished its Workload, so it does not start: delete it and submit it again"
+    return (
+        "It waits for spec.runPolicy.suspend to be false: "
+        f"kubectl patch tj {name} -n {namespace} --type merge -p '{RESUME_PATCH}'"
+    )
 
 
 # What the API server sets on an object it stores: a manifest saved with `get -o yaml` carries

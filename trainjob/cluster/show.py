@@ -17,9 +17,11 @@ from typing import Any, Final
 
 from trainjob.cluster.objects import (
     NONE,
+    Hold,
     Obj,
     age,
     align,
+    hold_of,
     name_of,
     namespace_of,
     parse_job,
@@ -133,11 +135,14 @@ def elapsed_seconds(obj: Obj, now: datetime.datetime) -> float:
     return view.elapsed(start, end)
 
 
-def rows_of(job: spec.TrainJob, status: st.JobStatus) -> list[view.ReplicaRow]:
+def rows_of(job: spec.TrainJob, status: st.JobStatus, waiting: str = "") -> list[view.ReplicaRow]:
+    """A row per replica; one with no Pod of its attempt shows `waiting` (Queued, Suspended)
+    when the job waits suspended, else the view's "Starting"."""
     rows = []
     for key in job.replica_keys():
         record = status.record(key)
-        rows.append(view.ReplicaRow(key, record.state, record.attempt, record.exit_code, None))
+        state = record.state or waiting
+        rows.append(view.ReplicaRow(key, state, record.attempt, record.exit_code, None))
     return rows
 
 
@@ -145,10 +150,11 @@ def snapshot(obj: Obj, now: datetime.datetime) -> view.Snapshot:
     """The live table's state of a cluster job, from its status alone."""
     job, status = parse_job(obj), status_of(obj)
     report = report_of(obj.get("status"))
+    hold = hold_of(obj)
     return view.Snapshot(
         job=job,
         status=status,
-        rows=rows_of(job, status),
+        rows=rows_of(job, status, "" if hold is None else hold.state),
         progress=replica_progress(job, report),
         elapsed_seconds=elapsed_seconds(obj, now),
         report=report,
@@ -223,10 +229,27 @@ def event_key(event: Obj) -> tuple[str, int]:
 
 
 def attach_hint(obj: Obj) -> str:
+    """What Ctrl-C in `attach` leaves behind: the job goes on (or waits, and for what) on the
+    cluster, and how to attach again."""
+    hold = hold_of(obj)
+    where = f"TrainJob {name_of(obj)} keeps running on the cluster. "
+    if hold is not None:
+        where = (
+            f"TrainJob {name_of(obj)} stays {hold.state} on the cluster ({hold.meanwhile}).\n"
+            f"{hold.resume}\n"
+        )
     return (
-        f"Detached: TrainJob {name_of(obj)} keeps running on the cluster. Attach again with:\n"
+        f"Detached: {where}Attach again with:\n"
         f"  trainjob attach {name_of(obj)} -n {namespace_of(obj)}\n"
     )
+
+
+def hold_lines(hold: Hold, said: Sequence[str]) -> list[str]:
+    """What `attach` says of a job that waits suspended, when it first sees it so (or sees a
+    new reason): why, unless an Event it printed said so already (Events expire after an
+    hour, the condition stays), then what exists of it and what starts it."""
+    why = [] if hold.message in said else [f"* {hold.reason}: {hold.message}"]
+    return [*why, f"  {hold.state}, {hold.meanwhile}.", f"  {hold.resume}"]
 
 
 # ----- wait -----

@@ -361,18 +361,24 @@ def _suspend(
     work: Work, pods: Mapping[ReplicaKey, ObservedReplica], services: set[ReplicaKey]
 ) -> Decision:
     """Suspend deletes every Pod and Service and keeps status (what Kueue needs). Pods of the
-    suspended attempt become stale, so none of their exits is ever counted as a failure."""
+    suspended attempt become stale, so none of their exits is ever counted as a failure.
+
+    A job suspended before it started (created suspended, or queued by Kueue) never had a Pod
+    or Service: no startTime (set whenever Pods may be created), none observed. Its replicas
+    stay at attempt 0 (no stale Pod to tell apart) and its Event says nothing was deleted."""
     newly = not work.status.is_true(st.SUSPENDED)
     if newly:
-        for key, record in work.replicas.items():
-            if record.state != st.STATE_SUCCEEDED:
-                work.replicas[key] = record.next_attempt()
+        never_started = work.status.start_time is None and not pods and not services
+        if not never_started:
+            for key, record in work.replicas.items():
+                if record.state != st.STATE_SUCCEEDED:
+                    work.replicas[key] = record.next_attempt()
         work.condition(st.SUSPENDED, True, REASON_SUSPENDED, "TrainJob is suspended")
         if work.is_true(st.RUNNING):
             work.condition(st.RUNNING, False, REASON_SUSPENDED, "TrainJob is suspended")
         if work.is_true(st.RESTARTING):
             work.condition(st.RESTARTING, False, REASON_SUSPENDED, "TrainJob is suspended")
-        work.event("Normal", "Suspended", "Suspended TrainJob: deleted its Pods and Services")
+        work.event("Normal", "Suspended", _suspended_message(never_started))
     delete_pods = tuple(key for key, pod in pods.items() if not pod.deleting)
     new_status = dataclasses.replace(
         work.status,
@@ -386,6 +392,13 @@ def _suspend(
         delete_services=tuple(sorted(services)),
         events=tuple(work.events),
     )
+
+
+def _suspended_message(never_started: bool) -> str:
+    """The Suspended Event's words: what suspending did."""
+    if never_started:
+        return "Suspended TrainJob before it started: no Pod or Service was created"
+    return "Suspended TrainJob: deleted its Pods and Services"
 
 
 def invalid_spec(

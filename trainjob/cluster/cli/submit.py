@@ -215,6 +215,8 @@ def follow(cluster: api.Cluster, name: str, streams: Streams, no_tty: bool) -> i
     color = tty and not os.environ.get("NO_COLOR")
     terminal = Terminal(out, tty=tty, color=color)
     seen: set[tuple[str, int]] = set()
+    said: list[str] = []  # the messages of the Events printed
+    told: tuple[str, str] | None = None  # the hold last explained (reason, message)
     last_progress: str | None = None
     job = cluster.get_job(name)
     try:
@@ -223,7 +225,13 @@ def follow(cluster: api.Cluster, name: str, streams: Streams, no_tty: bool) -> i
             for event in describe.sort_events(cluster.events([name])):
                 if show.event_key(event) not in seen:
                     seen.add(show.event_key(event))
+                    said.append(str(event.get("message") or ""))
                     terminal.emit(show.event_lines([event])[0])
+            hold = objects.hold_of(job)
+            if hold is not None and (hold.reason, hold.message) != told:
+                told = (hold.reason, hold.message)
+                for line in show.hold_lines(hold, said):
+                    terminal.emit(line)
             report = objects.report_of(job.get("status"))
             text = None if report is None else view.progress_line(report)
             if text != last_progress and text is not None and not tty:
