@@ -848,3 +848,58 @@ class Kube:
             accept_type=METADATA_LIST,
         )
         return bool(json.loads(payload).get("items"))
+
+    # -- a failed container's log tail (log_causes.py) --------------------------------------
+
+    async def read_log_tail(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        tail_lines: int,
+        limit_bytes: int,
+        timeout: float,
+    ) -> str | None:
+        """The last `tail_lines` lines of a container's log (GET pods/<pod>/log), at most
+        `limit_bytes` of them (the kubelet counts them from the first line it sends), read
+        within `timeout` seconds (shorter than other requests: the API server asks the node's
+        kubelet, which may be gone, and a reconcile waits for this). None when there is no log
+        to read: the Pod is gone (404), it is not on a node or its container never ran (400);
+        TransientError when the API server or the kubelet failed (5xx, unreachable, slow)."""
+        what = f"reading the log of {namespace}/{pod} ({container})"
+        params = {
+            "container": container,
+            "tailLines": str(tail_lines),
+            "limitBytes": str(limit_bytes),
+        }
+        try:
+            async with self._turns:
+                client = self._http()
+                async with client.get(
+                    self._server + core_path(namespace, "pods", pod, "log"),
+                    params=params,
+                    # The log is text; a failure is a Status in JSON.
+                    headers={"Accept": "text/plain, application/json"},
+                    timeout=aiohttp.ClientTimeout(total=timeout),
+                ) as response:
+                    status = response.status
+                    if status != 200:
+                        payload = await response.read()
+                    else:
+                        # Never more than asked for, even from a server that ignores
+                        # limitBytes.
+                        chunks: list[bytes] = []
+                        size = 0
+                        async for chunk in response.content.iter_chunked(65536):
+                            chunks.append(chunk)
+                            size += len(chunk)
+                            if size >= limit_bytes:
+                                break
+                        payload = b"".join(chunks)[:limit_bytes]
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise TransientError(f"{what}: API server unreachable: {exc!r}") from exc
+        if status == 200:
+            return payload.decode("utf-8", errors="replace")
+        if status in (400, 404):
+            return None
+        raise self._failure(client, status, payload, what)

@@ -42,7 +42,7 @@ from typing import Any
 
 from trainjob.core import naming, policy, render, spec
 from trainjob.core import status as st
-from trainjob_operator import children, gang, gang_sync, kube, kueue, writes
+from trainjob_operator import children, gang, gang_sync, kube, kueue, log_causes, writes
 from trainjob_operator import kueue_patches as kp
 from trainjob_operator import kueue_workload as kw
 from trainjob_operator.context import OperatorContext
@@ -144,7 +144,12 @@ async def reconcile_job(
         # Pods, Services or status of ours.
         return Outcome(None)
 
-    observed = {p.key: p.observed for p in mine_pods}
+    # A failed replica of one's own command whose termination message names no exception
+    # quotes the last one in its log instead (each log read once), and a refused write on a
+    # volume says how to fix it.
+    observed = await log_causes.observed_with_causes(
+        rt.kube, namespace, job, mine_pods, old.finished, seen.log_causes
+    )
     pod_uids = {p.key: p.uid for p in mine_pods}
     service_uids = {s.key: s.uid for s in mine_services}
 

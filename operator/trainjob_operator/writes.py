@@ -104,6 +104,9 @@ class Seen:
     refused: dict[policy.ReplicaKey, str] = dataclasses.field(default_factory=dict)
     # Consecutive reconciles that met a refusal: the retry backs off (2 s doubling to 60 s).
     refusals: int = 0
+    # Causes read from failed Pods' logs, by Pod uid (None: read, none found): each log is
+    # read once (log_causes.py), and forgotten with its Pod.
+    log_causes: dict[str, str | None] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

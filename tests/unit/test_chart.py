@@ -233,6 +233,7 @@ def test_clusterwide_mode_uses_a_clusterrole_only() -> None:
     for resource in ("pods", "services"):
         assert grants(docs, "ClusterRole", "", resource, "create")
     assert grants(docs, "ClusterRole", "trainjob.dev", "trainjobs/status", "patch")
+    assert grants(docs, "ClusterRole", "", "pods/log", "get")  # a failed replica's cause
     assert not grants(docs, "ClusterRole", "", "namespaces", "list")
     assert grants(docs, "ClusterRole", "", "nodes", "watch")  # lost nodes
     assert not grants(docs, "ClusterRole", "", "nodes", "patch")

@@ -199,6 +199,21 @@ def test_the_summary_of_a_failed_cluster_job_names_cause_and_log_command() -> No
     assert "  cause:      worker-0: exit code 1 (Error)\n" in bare
 
 
+def test_the_summary_quotes_the_operators_cause_never_a_progress_bar() -> None:
+    """Issue 32: a Keras progress bar filled the termination message; the operator quotes the
+    exception it read in the log (the replica's record), and the bar itself is no cause."""
+    bar = "\r 69/70 [=====>.] - ETA: 0s - loss: 1.6131\b\b\b\b"
+    pods = [pod("mnist-worker-0", "worker", 0, containerStatuses=container(
+        {"terminated": {"exitCode": 1, "message": bar}}))]  # fmt: skip
+    assert "worker-0: exit code 1 (Error)" in view.summary_text(show.summary(FAILED, pods, NOW))
+    record = st.ReplicaRecord(0, "Failed", 1, "Error", message="PermissionDeniedError: /train; x")
+    quoted = stored(
+        {("worker", 0): record}, [("Failed", True, "ReplicaFailed", "worker 0 exited")], done=True
+    )
+    text = view.summary_text(show.summary(quoted, pods, NOW))
+    assert "  cause:      worker-0: PermissionDeniedError: /train; x\n" in text
+
+
 def test_a_final_progress_report_is_not_quoted_as_a_cause() -> None:
     final = core_progress.termination_message(core_progress.Report(state="Failed", step=3))
     pods = [pod("mnist-worker-0", "worker", 0, containerStatuses=container(

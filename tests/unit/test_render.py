@@ -8,9 +8,10 @@ import json
 import pathlib
 from typing import Any
 
+import pytest
 import yaml
 
-from trainjob.core import render, spec
+from trainjob.core import convert, render, spec
 
 ROOT = pathlib.Path(__file__).parents[2]
 
@@ -216,6 +217,82 @@ def test_users_security_context_wins_and_own_images_may_run_as_root() -> None:
         "capabilities": {"add": ["SYS_PTRACE"]},
         "allowPrivilegeEscalation": False,
     }
+
+
+def kubeflow_keras_api_job() -> spec.TrainJob:
+    """Kubeflow's keras-API example as `trainjob convert` makes it: the template mounts its
+    own claim at /train; no spec.checkpoint, no securityContext."""
+    tfjob = yaml.safe_load((ROOT / "tests/corpus/tfjob/keras-api-volume.yaml").read_text())
+    return spec.parse(convert.convert_tfjob(tfjob).trainjob)
+
+
+def with_volumes(volumes: list[dict[str, Any]], security: dict[str, Any] | None = None) -> Any:
+    """A one-worker job of one's own image whose template declares `volumes`."""
+    pod_spec: dict[str, Any] = {
+        "containers": [{"name": "tensorflow", "image": "tf:1", "command": ["python", "t.py"]}],
+        "volumes": volumes,
+    }
+    if security is not None:
+        pod_spec["securityContext"] = security
+    return spec.parse(
+        {
+            "apiVersion": "trainjob.dev/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": {"name": "own"},
+            "spec": {"replicaSpecs": {"worker": {"replicas": 1, "template": {"spec": pod_spec}}}},
+        }
+    )
+
+
+def test_a_templates_own_claim_is_writable_through_fs_group() -> None:
+    """Issue 32: a converted Kubeflow job that mounts its own claim (no spec.checkpoint) got
+    no fsGroup, so a fresh root-owned volume refused the non-root user's checkpoint."""
+    pod = render.render_pod(kubeflow_keras_api_job(), "worker", 0, 0, OPTIONS, None)
+    security = pod["spec"]["securityContext"]
+    assert security["fsGroup"] == render.RUNTIME_IMAGE_UID
+    assert security["fsGroupChangePolicy"] == "OnRootMismatch"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"persistentVolumeClaim": {"claimName": "data"}},
+        {"ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}},
+        {"csi": {"driver": "disk.csi.example.com"}},
+        {"gcePersistentDisk": {"pdName": "disk-1"}},
+    ],
+)
+def test_every_disk_like_volume_gets_fs_group(source: dict[str, Any]) -> None:
+    pod = render.render_pod(with_volumes([{"name": "v", **source}]), "worker", 0, 0, OPTIONS, None)
+    assert pod["spec"]["securityContext"]["fsGroup"] == render.RUNTIME_IMAGE_UID
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {},  # no source: an emptyDir, writable by everyone already
+        {"emptyDir": {}},
+        {"configMap": {"name": "c"}},
+        {"secret": {"secretName": "s"}},
+        {"hostPath": {"path": "/data"}},  # the kubelet never changes its ownership
+        {"nfs": {"server": "nfs", "path": "/"}},  # nor an NFS share's
+    ],
+)
+def test_volumes_fs_group_cannot_help_get_none(source: dict[str, Any]) -> None:
+    pod = render.render_pod(with_volumes([{"name": "v", **source}]), "worker", 0, 0, OPTIONS, None)
+    assert "fsGroup" not in pod["spec"]["securityContext"]
+
+
+def test_a_templates_own_fs_group_wins_without_a_change_policy_of_ours() -> None:
+    job = with_volumes([{"name": "v", "persistentVolumeClaim": {"claimName": "d"}}], {"fsGroup": 7})
+    security = render.render_pod(job, "worker", 0, 0, OPTIONS, None)["spec"]["securityContext"]
+    assert security["fsGroup"] == 7
+    assert "fsGroupChangePolicy" not in security
+
+
+def test_mount_paths_are_the_tf_containers_and_the_checkpoint() -> None:
+    assert render.mount_paths(kubeflow_keras_api_job(), "worker") == ("/train",)
+    assert render.mount_paths(load_example("mnist-multiworker.yaml"), "worker") == ("/checkpoints",)
 
 
 def byo_job(image: str | None, runtime: bool) -> spec.TrainJob:

@@ -29,8 +29,8 @@ from trainjob.cluster.objects import (
     report_of,
     status_of,
 )
+from trainjob.core import observe, spec
 from trainjob.core import progress as core_progress
-from trainjob.core import spec
 from trainjob.core import status as st
 from trainjob.local import view
 from trainjob.local.outcome import Cause, Summary, failed_replicas
@@ -166,31 +166,36 @@ def logs_command(obj: Obj, replica: str | None = None) -> str:
     return f"trainjob logs {target} -n {namespace_of(obj)} --cluster"
 
 
-def _termination_message(pods: Sequence[Obj], key: ReplicaKey) -> str | None:
-    """The last line of the replica container's termination message, unless it is the
-    runtime's final progress report."""
+def _termination_cause(pods: Sequence[Obj], key: ReplicaKey) -> str | None:
+    """The cause in the replica container's termination message, read as the operator reads
+    it (`observe.termination_cause`): never the runtime's final progress report, nor a
+    progress bar that filled the log's tail."""
     for pod in pods:
         if pod_key(pod) != key:
             continue
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
             terminated = (container.get("state") or {}).get("terminated") or {}
-            message = str(terminated.get("message") or "").strip()
-            if message and core_progress.from_termination_message(message) is None:
-                return message.splitlines()[-1]
+            cause = observe.termination_cause(terminated.get("message"))
+            if cause:
+                return cause
     return None
 
 
 def summary(obj: Obj, pods: Sequence[Obj], now: datetime.datetime) -> Summary:
     """The final summary of a cluster job, as `trainjob run` prints one for a local run; the
-    causes quote the failed replicas' termination messages (or their exit codes) and say
+    causes quote the failed replicas' last words (or their exit codes) and say
     which command prints their logs."""
     job, status = parse_job(obj), status_of(obj)
     report = report_of(obj.get("status"))
     causes = []
     for key in failed_replicas(status, job):
         record = status.record(key)
-        line = _termination_message(pods, key) or (
-            f"exit code {record.exit_code}" + (f" ({record.reason})" if record.reason else "")
+        # The operator's quote first: it read the log where the termination message had no
+        # exception (a Keras progress bar fills the kubelet's 2 KiB tail: issue 32).
+        line = (
+            record.message
+            or _termination_cause(pods, key)
+            or f"exit code {record.exit_code}" + (f" ({record.reason})" if record.reason else "")
         )
         causes.append(Cause(label(key), line, logs_command(obj, label(key))))
     checkpoint = (

@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from trainjob.core import constants, policy, status
+from trainjob.core import constants, lastwords, policy, status
 
 # The scheduler's PodScheduled=False reason for a Pod that fits no node.
 REASON_UNSCHEDULABLE: Final = policy.REASON_UNSCHEDULABLE
@@ -111,9 +111,10 @@ def _waiting(pod_status: Mapping[str, Any]) -> tuple[str, str] | None:
 
 def termination_cause(message: object) -> str | None:
     """The replica's own last words in its termination message: the runtime's error line (a
-    JSON object beside its final progress report), else the last line of whatever else the
-    container wrote there (FallbackToLogsOnError puts the log's tail there: a Python crash
-    ends with its exception line). None for a progress report alone or nothing."""
+    JSON object beside its final progress report), else what a person would read as the cause
+    in whatever else the container wrote there (FallbackToLogsOnError puts the log's 2 KiB
+    tail there): the last traceback's exception line, else the last line unless it is a
+    redrawn progress bar (`lastwords`). None for a progress report alone or nothing."""
     if not isinstance(message, str) or not message.strip():
         return None
     text = message.strip()
@@ -125,8 +126,8 @@ def termination_cause(message: object) -> str | None:
         if isinstance(parsed, Mapping):
             error = parsed.get(TERMINATION_ERROR_KEY)
             return cut_cause(str(error)) if error else None
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return cut_cause(lines[-1]) if lines else None
+    found = lastwords.last_exception(message) or lastwords.last_line(message)
+    return cut_cause(found) if found else None
 
 
 def cut_cause(text: str) -> str:

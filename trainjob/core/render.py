@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
 from trainjob.core import constants, naming, progress, spec, tfconfig
 
@@ -110,7 +110,7 @@ def render_pod(
     pod_spec["containers"] = containers
     pod_spec["restartPolicy"] = "Never"
     pod_spec["securityContext"] = _pod_security_context(
-        job, dict(pod_spec.get("securityContext") or {})
+        job, dict(pod_spec.get("securityContext") or {}), pod_spec.get("volumes") or []
     )
     if options.restricted_defaults:
         _restrict(pod_spec)
@@ -218,24 +218,91 @@ def progress_env(
     }
 
 
-def _pod_security_context(job: spec.TrainJob, given: dict[str, Any]) -> dict[str, Any]:
+# Volume sources whose files fsGroup cannot or need not make writable: read-only by design
+# (configMap, secret, projected, downwardAPI, image), writable by everyone already (emptyDir;
+# a volume with no source is one), or never chowned by the kubelet (hostPath, nfs: their owner
+# is changed on the host or the server). Every other source (persistentVolumeClaim, ephemeral,
+# csi, a cloud disk) may be a fresh disk whose root only root can write.
+_NO_FS_GROUP_NEEDED: Final = frozenset(
+    {
+        "name",
+        "configMap",
+        "secret",
+        "projected",
+        "downwardAPI",
+        "image",
+        "emptyDir",
+        "hostPath",
+        "nfs",
+        "gitRepo",
+    }
+)
+
+
+def needs_fs_group(volumes: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a Pod with `volumes` mounts a volume that fsGroup makes writable."""
+    return any(set(volume) - _NO_FS_GROUP_NEEDED for volume in volumes)
+
+
+def _pod_security_context(
+    job: spec.TrainJob, given: dict[str, Any], volumes: Iterable[Mapping[str, Any]]
+) -> dict[str, Any]:
     """Defaults that let the pod run in a namespace enforcing the Pod Security Standard
     "restricted"; every key the user set wins.
 
     runAsNonRoot only when the trainjob runtime runs (its images run as user 1000): forced on
     a user's own image that runs as root (most TensorFlow images do), kubelet would refuse to
     start the container. fsGroup makes a fresh, root-owned volume (a cloud disk, a local PV)
-    writable by the runtime's group; OnRootMismatch skips the recursive chown when the
-    volume's root already has that group (a resumed job with many checkpoint files)."""
+    writable by the runtime's group, whichever volume it is: spec.checkpoint's claim or one
+    the template mounts itself (Kubeflow's keras-API example checkpoints to its own claim at
+    /train; without it, a non-root image's first checkpoint failed with Permission denied:
+    issue 32). fsGroup adds its group to every process of the Pod, so any user of any image
+    can write there. OnRootMismatch skips the recursive chown when the volume's root already
+    has that group (a resumed job with many checkpoint files)."""
     result = dict(given)
     result.setdefault("seccompProfile", {"type": "RuntimeDefault"})
     if job.runtime is not None:
         result.setdefault("runAsNonRoot", True)
-    has_volume = job.checkpoint is not None and job.checkpoint.claim_name is not None
-    if has_volume and "fsGroup" not in result:
+    has_claim = job.checkpoint is not None and job.checkpoint.claim_name is not None
+    if (has_claim or needs_fs_group(volumes)) and "fsGroup" not in result:
         result["fsGroup"] = RUNTIME_IMAGE_UID
         result.setdefault("fsGroupChangePolicy", "OnRootMismatch")
     return result
+
+
+def _template_tf_container(job: spec.TrainJob, replica_type: str) -> Mapping[str, Any]:
+    """The template's container that render_pod makes the TensorFlow one."""
+    template = job.replica_specs[replica_type].template
+    containers = [dict(c) for c in (template.get("spec") or {}).get("containers") or []]
+    if not containers:
+        return {"name": constants.DEFAULT_CONTAINER_NAME}
+    return containers[_tf_container_index(containers)]
+
+
+def tf_container_name(job: spec.TrainJob, replica_type: str) -> str:
+    """The name of the TensorFlow container in the Pods of `replica_type`."""
+    return str(_template_tf_container(job, replica_type).get("name") or "")
+
+
+def runs_runtime(job: spec.TrainJob, replica_type: str) -> bool:
+    """Whether the Pods of `replica_type` run the trainjob runtime (which writes its own
+    exception line to the termination message), not a command of the template's own."""
+    return job.runtime is not None and "command" not in _template_tf_container(job, replica_type)
+
+
+def mount_paths(job: spec.TrainJob, replica_type: str) -> tuple[str, ...]:
+    """Where the TensorFlow container of `replica_type` has volumes mounted (the template's
+    and spec.checkpoint's claim): a write refused under one of them is the volume's owner
+    refusing it (`trainjob.core.lastwords.ownership_hint`)."""
+    container = _template_tf_container(job, replica_type)
+    paths = [
+        str(m["mountPath"])
+        for m in container.get("volumeMounts") or []
+        if isinstance(m, Mapping) and m.get("mountPath")
+    ]
+    if job.checkpoint is not None and job.checkpoint.claim_name is not None:
+        paths.append(job.checkpoint.path)
+    return tuple(dict.fromkeys(paths))
 
 
 def _restrict(pod_spec: dict[str, Any]) -> None:

@@ -100,6 +100,11 @@ No wildcards, no Secrets, no ConfigMaps.
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, create, delete]
+# A failed replica of one's own command whose termination message names no exception: the
+# tail of its log is read once for the exception that ended it (bounded in lines and bytes).
+- apiGroups: [""]
+  resources: [pods/log]
+  verbs: [get]
 # One headless Service per replica (the TF_CONFIG host names): same life cycle as the Pods.
 - apiGroups: [""]
   resources: [services]
