@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from tests.controlplane.tools import REPO_ROOT
 from tests.integration.operator_harness import (
     GROUP,
     Cluster,
+    attempt,
     meta,
     pod_spec,
     running_operator,
@@ -320,6 +322,22 @@ def _first_line(process: subprocess.Popen[str]) -> str:
     return process.stdout.readline()
 
 
+def _read_until(process: subprocess.Popen[str], text: str) -> str:
+    """What a process prints until `text`, within T seconds, read from its pipe unbuffered (a
+    line-buffered reader would hold lines that select() then no longer sees)."""
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    deadline = time.monotonic() + T
+    seen = b""
+    while text.encode() not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"{text!r} not printed within {T}s: {seen.decode()}"
+        chunk = os.read(fd, 65536)
+        assert chunk, f"it ended before printing {text!r}: {seen.decode()}"
+        seen += chunk
+    return seen.decode()
+
+
 def test_cli_attach_follows_to_the_summary_and_detaches(cluster: Cluster, kubeconfig: Path) -> None:
     ns = cluster.namespace
     cluster.create_job(trainjob("live", chief=1, workers=1))
@@ -359,6 +377,53 @@ def test_cli_attach_follows_to_the_summary_and_detaches(cluster: Cluster, kubeco
     assert "  progress:   50% (1/2)  step 60/120  loss 0.4321" in out
     assert "last exit:  chief-0=0 (Succeeded, attempt 0)" in out
     assert f"logs:       trainjob logs live -n {ns} --cluster" in out
+
+
+def test_cli_a_job_created_suspended_is_shown_waiting_not_starting(
+    cluster: Cluster, kubeconfig: Path
+) -> None:
+    """A job created suspended, through the real operator: its Event does not claim Pods were
+    deleted, `describe` and `attach` say it waits and has nothing yet (not "Starting attempt
+    1", not "keeps running") and how to resume it; resumed that way, its Pods are attempt 0."""
+    ns = cluster.namespace
+    cluster.create_job(trainjob("held", chief=1, workers=1, run_policy={"suspend": True}))
+    cluster.wait_condition("held", "Suspended")
+
+    def described() -> str | None:
+        code, out, err = run(kubeconfig, "describe", "held", "-n", ns)
+        assert code == 0, err
+        return out if "Suspended TrainJob before it started" in out else None
+
+    out = waits.wait_until(described, timeout=T, what="the Suspended Event in describe")
+    assert "State:        Suspended\n" in out
+    assert "Not started: no Pod or Service is created until it starts\n" in out
+    resume = f"kubectl patch tj held -n {ns} --type merge -p "
+    assert resume in out
+    replicas = out.split("Replicas:\n")[1].split("Events:")[0].splitlines()[1:]
+    assert [row.split()[:3] for row in replicas] == [
+        ["chief-0", "Suspended", "0"],
+        ["worker-0", "Suspended", "0"],
+    ]
+    assert "Starting" not in out and "deleted its Pods" not in out
+
+    detaching = _attach(kubeconfig, "held", "-n", ns, "--no-tty")
+    try:
+        first = _read_until(detaching, "not started")  # what it waits for, in its first poll
+        detaching.send_signal(signal.SIGINT)
+        rest, _ = detaching.communicate(timeout=T)
+    finally:
+        if detaching.poll() is None:
+            detaching.kill()
+            detaching.wait()
+    told = first + rest
+    assert detaching.returncode == 130, told
+    assert "Suspended, not started: no Pod or Service is created until it starts." in told
+    assert "Detached: TrainJob held stays Suspended on the cluster (not started" in told
+    assert resume in told and "keeps running" not in told and "Starting" not in told
+
+    cluster.patch_job("held", {"spec": {"runPolicy": {"suspend": False}}})
+    pods = cluster.wait_pods("held", {"held-chief-0", "held-worker-0"})
+    assert [attempt(p) for p in pods.values()] == [0, 0]
 
 
 def test_cli_client_create_get_list_progress_wait_delete(
