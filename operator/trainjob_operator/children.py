@@ -23,6 +23,10 @@ SERVICES: Final = "services"
 WORKLOADS: Final = "workloads"  # Kueue's, with the Kueue integration on
 PODGROUPS: Final = "podgroups"  # the gang scheduler's, with gang scheduling on
 
+# Pod phases in which every container has stopped: such a Pod holds no node resources and
+# no quota, whether or not the object is still there.
+TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChildPod:
@@ -100,6 +104,12 @@ def index_pod(body: Mapping[str, Any]) -> ChildPod | None:
     return ChildPod(
         key, observed, str(metadata.get("uid") or ""), controller_uid(metadata), node_name
     )
+
+
+def holds_resources(pod: ChildPod) -> bool:
+    """Whether the Pod may still run a container: not in a terminal phase. A Pod being
+    deleted still does until its containers stop (up to its grace period)."""
+    return pod.observed.phase not in TERMINAL_PHASES
 
 
 def index_service(body: Mapping[str, Any]) -> ChildService | None:

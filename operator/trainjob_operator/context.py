@@ -9,8 +9,9 @@ import asyncio
 import dataclasses
 import datetime
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from trainjob.core import render
 from trainjob_operator import (
@@ -23,6 +24,7 @@ from trainjob_operator import (
     kueue,
     metrics,
     nodes,
+    pods_left,
     watchdog,
 )
 from trainjob_operator import kueue_workload as kw
@@ -146,13 +148,55 @@ async def release_workloads(
     workloads: Sequence[Mapping[str, Any]] | None = None,
 ) -> None:
     """A deleted job's Workloads (default: those the index holds for it) are finished and
-    released. A failure is logged: the Workload is then deleted by the garbage collector,
-    and its next watch event (deletionTimestamp set) releases it (`_release_if_orphaned`)."""
+    released once the job's Pods are gone (see `pods_stopped`). A failure is logged: the
+    Workload is then deleted by the garbage collector, and its next watch event
+    (deletionTimestamp set) releases it (`_release_if_orphaned`)."""
     if workloads is None:
         workloads = [w.body for w in rt.child_index.workloads(key)]
     if not workloads:
         return
     try:
+        if not await pods_stopped(rt, key, workloads):
+            logger.warning(
+                "Released the Workloads of deleted TrainJob %s/%s while some of its Pods "
+                "still run (%.0fs after it was deleted)",
+                *key,
+                RELEASE_WAIT_SECONDS,
+            )
+            now = datetime.datetime.now(datetime.timezone.utc)
         await kueue.finalize(rt.kube, workloads, now)
     except (kube.TransientError, kube.RejectedError) as exc:
         logger.warning("Could not release the Workloads of TrainJob %s/%s: %s", *key, exc)
+
+
+# How long a deleted job's Workloads keep their quota while the garbage collector stops
+# its Pods: their termination grace period (30 s unless the template says otherwise) and
+# some. Past it the quota is given back anyway: a Pod stuck on a lost node must not hold
+# a queue for ever (the node controller's own eviction takes 5 minutes to start).
+RELEASE_WAIT_SECONDS: Final = 120.0
+RELEASE_POLL_FIRST: Final = 0.5
+RELEASE_POLL_MAX: Final = 5.0
+
+
+async def pods_stopped(
+    rt: OperatorContext, key: JobKey, workloads: Sequence[Mapping[str, Any]]
+) -> bool:
+    """Wait until no Pod of the deleted job may still run, or RELEASE_WAIT_SECONDS have
+    passed (False). Why wait: the TrainJob is gone at once, but the garbage collector
+    deletes its Pods afterwards and each stops within its grace period; the Workload's
+    quota pays for them until then (Kueue would admit another job onto their nodes). The
+    job has no reconcile loop any more (and with per-namespace watches, no Pod watch either
+    once it was the namespace's last job), so the Pods are asked of the API server, with a
+    growing pause between asks."""
+    owners = {uid for wl in workloads if (uid := kw.owner_uid(wl)) is not None}
+    deadline = time.monotonic() + RELEASE_WAIT_SECONDS
+    asks = 0
+    while True:
+        indexed = rt.child_index.pods(key)
+        if all([await pods_left.gone(rt.kube, key[0], key[1], uid, indexed) for uid in owners]):
+            return True
+        asks += 1
+        pause = kube.retry_delay(asks, RELEASE_POLL_FIRST, RELEASE_POLL_MAX)
+        if time.monotonic() + pause > deadline:
+            return False
+        await asyncio.sleep(pause)

@@ -56,7 +56,7 @@ REQUEUE_ANNOTATION: Final = "trainjob.dev/room-appeared-at"
 REQUEUE_INTERVAL_SECONDS: Final = 5.0
 REQUEUES_PER_ROOM: Final = 2
 # A Pod that is done holds no node: the gang's PodGroup may go once only these are left.
-DONE_PHASES: Final = frozenset({"Succeeded", "Failed"})
+DONE_PHASES: Final = children.TERMINAL_PHASES
 
 
 def pod_group_name(job: spec.TrainJob) -> str:

@@ -5,8 +5,9 @@ Kueue's `jobframework.ReconcileGenericJob`, which its TFJob integration used); t
 decisions are kueue_workload.py's and kueue_patches.py's, the API calls go through kube.py.
 In order:
 
-1. A finished job finishes its Workload (Finished=True: Kueue releases the quota), then
-   drops the Workload's `resource-in-use` finalizer. A deleted job does the same.
+1. A finished job finishes its Workload (Finished=True: Kueue releases the quota) once
+   its clean-up has stopped the Pods it stops, then drops the Workload's `resource-in-use`
+   finalizer. A deleted job does the same.
 2. Exactly one Workload matches the job (by a stored hash of its podSets): a stale one is
    dropped (the job stopped first if it ran under it), a missing one is made, but only once
    the job is suspended and has no Pods.
@@ -15,6 +16,12 @@ In order:
    podSetUpdates) into its templates and unsuspends it; evicted or not admitted and running
    -> one patch suspends it and restores its templates from the Workload. Once an evicted
    job has no Pods, its admission is cleared so Kueue can queue it again.
+
+Every step that gives quota back (clearing an admission, finishing a Workload, releasing
+or replacing one, making a new one) waits until no Pod of the job may still run, and asks
+pods_left.gone, which does not trust the child index's "none" (a watch cache that may not
+have seen the Pods created a moment ago, by this operator or by its predecessor): quota
+is never given back while a Pod it paid for runs.
 4. PodsReady follows the job's Running condition (Kueue evicts a job that never reports it).
 
 Suspending is the policy engine's ordinary suspend: Pods are deleted (SIGTERM: the runtime
@@ -38,7 +45,7 @@ from typing import Any, Final
 
 from trainjob.core import naming, render, spec
 from trainjob.core import status as st
-from trainjob_operator import children, config, kube
+from trainjob_operator import children, config, kube, pods_left
 from trainjob_operator import kueue_patches as kp
 from trainjob_operator import kueue_workload as kw
 
@@ -240,6 +247,20 @@ class _Job:
     raw: Mapping[str, Any]
     job: spec.TrainJob
     namespace: str
+    # The job's Pods as the child index holds them.
+    pods: Sequence[children.ChildPod] = ()
+    # pods_left.gone's answer, asked at most once per pass: nothing this pass does before
+    # the policy's decision changes it (the stop only patches the job).
+    _gone: bool | None = None
+
+    async def pods_gone(self) -> bool:
+        """Whether no Pod of the job may still run (see pods_left)."""
+        if self._gone is None:
+            meta = _meta(self.raw)
+            self._gone = await pods_left.gone(
+                self.api, self.namespace, str(meta.get("name")), str(meta.get("uid")), self.pods
+            )
+        return self._gone
 
     @property
     def suspended(self) -> bool:
@@ -282,12 +303,21 @@ async def sync(
     namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
     status = st.from_dict(raw.get("status") or {})
     mine = [w.body for w in workloads if w.owner_uid in (uid, None)]
-    this = _Job(api, raw, job, namespace)
+    this = _Job(api, raw, job, namespace, pods)
 
     if status.finished:
         succeeded = status.is_true(st.SUCCEEDED)
         cond = status.condition(st.SUCCEEDED if succeeded else st.FAILED)
         message = cond.message if cond is not None else ""
+        unfinished = [wl for wl in mine if not kw.is_finished(wl)]
+        # The clean-up stops the Pods still running (ps, evaluator, the workers of a chief
+        # that succeeded): the quota goes back once they have stopped. Under cleanPodPolicy
+        # None the user keeps them running, outside Kueue's account, as Kueue's own TFJob
+        # integration leaves them.
+        # (Asked only while a Workload is unfinished: a finished job at rest lists nothing.)
+        stopping = unfinished and job.run_policy.clean_pod_policy != "None"
+        if stopping and not await this.pods_gone():
+            return Step(this.raw, mine[0], None)
         for wl in mine:
             await _finish(
                 api, wl, kw.REASON_SUCCEEDED if succeeded else kw.REASON_FAILED, message, now
@@ -316,6 +346,9 @@ async def sync(
             # Kueue admitted for the old shape must not run the new one (ensureOneWorkload).
             if not this.suspended:
                 await this.stop(wl, f"Workload {_meta(wl).get('name')} no longer matches the job")
+            if kw.has_quota_reservation(wl) and not await this.pods_gone():
+                # Its quota pays for the Pods being stopped: it goes once they are gone.
+                return Step(this.raw, None, kp.hold_reason(None, kw.queue_name(job.labels)))
             fresh = await _current(api, wl)
             if fresh is not None:
                 await _release(api, fresh)
@@ -326,7 +359,8 @@ async def sync(
         if workload is None:
             if not this.suspended:
                 await this.stop(None, "no Workload admitted yet")
-            if pods:
+            if not await this.pods_gone():
+                # A new Workload is admitted for Pods yet to be made, not for these.
                 return Step(this.raw, None, kp.hold_reason(None, kw.queue_name(job.labels)))
             manifest = kw.build_workload(job, namespace, owner, options, await _priority(api, job))
             created = await api.create_object(manifest, kw.WORKLOADS)
@@ -337,7 +371,8 @@ async def sync(
     wl_name = str(_meta(workload).get("name"))
     if kw.is_deleting(workload):
         await this.stop(workload, f"Workload {wl_name} is deleted")
-        fresh = await _current(api, workload)
+        # Our finalizer keeps its quota held until the Pods it paid for are gone.
+        fresh = await _current(api, workload) if await this.pods_gone() else None
         if fresh is not None:
             await _release(api, fresh)
         return Step(this.raw, None, kp.hold_reason(None, kw.queue_name(job.labels)))
@@ -354,7 +389,7 @@ async def sync(
     evicted = kw.condition(workload, kw.EVICTED)
     if evicted is not None and evicted.get("status") == "True":
         await this.stop(workload, f"evicted ({evicted.get('reason')}): {evicted.get('message')}")
-        if kw.has_quota_reservation(workload) and not pods:
+        if kw.has_quota_reservation(workload) and await this.pods_gone():
             # The Pods are gone: give the quota back so Kueue can queue the job again.
             await _patch_workload_status(api, workload, kp.clear_admission_status(workload, now))
             logger.info("Cleared the admission of evicted Workload %s/%s", namespace, wl_name)

@@ -42,7 +42,16 @@ from typing import Any
 
 from trainjob.core import naming, policy, render, spec
 from trainjob.core import status as st
-from trainjob_operator import children, gang, gang_sync, kube, kueue, log_causes, writes
+from trainjob_operator import (
+    children,
+    gang,
+    gang_sync,
+    kube,
+    kueue,
+    log_causes,
+    pods_left,
+    writes,
+)
 from trainjob_operator import kueue_patches as kp
 from trainjob_operator import kueue_workload as kw
 from trainjob_operator.context import OperatorContext
@@ -209,8 +218,13 @@ async def reconcile_job(
         await rt.kube.delete_service(
             namespace, naming.child_name(name, rtype, index), service_uids.get((rtype, index))
         )
-    if gang_plan.delete and group is not None:
-        # After the Pods (none is left running): a Pod whose group is gone is never placed.
+    if (
+        gang_plan.delete
+        and group is not None
+        and await pods_left.gone(rt.kube, namespace, name, uid, mine_pods)
+    ):
+        # After the Pods (none is left running, confirmed by a read: the index may not have
+        # seen a Pod created a moment ago): a Pod whose group is gone is never placed.
         await gang_sync.delete_pod_group(rt.kube, rt.settings, namespace, group)
     refusals: dict[policy.ReplicaKey, str] = {}
     try:
