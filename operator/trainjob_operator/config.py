@@ -56,6 +56,7 @@ ENV_PROGRESS_CERT_DIR: Final = "TRAINJOB_PROGRESS_CERT_DIR"
 ENV_PROGRESS_INTERVAL: Final = "TRAINJOB_PROGRESS_INTERVAL_SECONDS"
 ENV_PROGRESS_WRITES: Final = "TRAINJOB_PROGRESS_STATUS_WRITES_PER_SECOND"
 ENV_RESTRICTED: Final = "TRAINJOB_RESTRICTED_POD_DEFAULTS"
+ENV_NETWORK_POLICY: Final = "TRAINJOB_NETWORK_POLICY"
 ENV_KUEUE: Final = "TRAINJOB_KUEUE"
 ENV_KUEUE_MANAGE_ALL: Final = "TRAINJOB_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME"
 ENV_KUEUE_NAMESPACES: Final = "TRAINJOB_KUEUE_MANAGED_NAMESPACES"
@@ -108,6 +109,10 @@ class Settings:
     # label selector `kueue_namespaces` does (Kueue's manageJobsWithoutQueueName).
     kueue: bool = False
     kueue_manage_all: bool = False
+    # One NetworkPolicy per job that wants it (spec.networkIsolation: Job): only the job's
+    # replicas reach its TensorFlow ports (netpol.py). False: none (the cluster manages
+    # policies itself).
+    network_policy: bool = True
     kueue_namespaces: str = DEFAULT_KUEUE_NAMESPACES
 
     @property
@@ -287,6 +292,15 @@ def parser() -> argparse.ArgumentParser:
         f"images of your own run in restricted namespaces (env {ENV_RESTRICTED})",
     )
     p.add_argument(
+        "--no-network-policy",
+        action="store_false",
+        dest="network_policy",
+        default=None,
+        help="create no NetworkPolicy for the jobs (by default each job gets one that lets "
+        "only its own replicas reach its TensorFlow ports), for clusters that manage "
+        f"policies themselves (env {ENV_NETWORK_POLICY}=false)",
+    )
+    p.add_argument(
         "--kueue",
         action="store_true",
         default=None,
@@ -391,6 +405,11 @@ def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             args.restricted_pod_defaults
             if args.restricted_pod_defaults is not None
             else _bool(env.get(ENV_RESTRICTED))
+        ),
+        network_policy=(
+            args.network_policy
+            if args.network_policy is not None
+            else _bool(env.get(ENV_NETWORK_POLICY, "true"))
         ),
         kueue=args.kueue if args.kueue is not None else _bool(env.get(ENV_KUEUE)),
         kueue_manage_all=(

@@ -4,7 +4,8 @@ Every decision is the core's (`policy.reconcile`); this module only turns a Deci
 calls through `kube`, in an order that is safe to interrupt at any point (the operator may be
 killed between any two calls and the next reconcile converges):
 
-    post Events → write status → delete stale children → create Services → PodGroup → Pods
+    post Events → write status → delete stale children → NetworkPolicy → PodGroup →
+    Services → Pods
 
 - The decision is recorded before it is acted on. A verdict that destroys evidence (clean-up
   of a finished job deletes its Pods) or a restart (a new attempt, counted toward
@@ -49,6 +50,7 @@ from trainjob_operator import (
     kube,
     kueue,
     log_causes,
+    netpol,
     pods_left,
     writes,
 )
@@ -228,6 +230,12 @@ async def reconcile_job(
         await gang_sync.delete_pod_group(rt.kube, rt.settings, namespace, group)
     refusals: dict[policy.ReplicaKey, str] = {}
     try:
+        if decision.create_pods and netpol.wanted(rt.settings, job):
+            # The job's NetworkPolicy comes before any of its Pods: none runs unprotected.
+            words = await netpol.ensure(rt.kube, job, namespace, owner)
+            if words is not None:
+                refusals.update({(t, i): netpol.refusal(words) for t, i, _ in decision.create_pods})
+                decision = dataclasses.replace(decision, create_pods=())
         if make_group:
             words = await gang_sync.create_pod_group(
                 rt.kube, rt.settings, job, namespace, options, owner

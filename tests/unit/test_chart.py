@@ -500,3 +500,19 @@ def test_progress_endpoint_certificate_service_and_network_policy() -> None:
     assert not of_kind(off, "NetworkPolicy") and not of_kind(off, "Secret")
     off_args = only(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not [a for a in off_args if a.startswith("--progress")]
+
+
+def test_network_policies_are_created_by_default_and_can_be_left_to_the_cluster() -> None:
+    for mode in ("clusterwide", "namespaced"):
+        docs = template(*MODES[mode])
+        kind = "ClusterRole" if mode == "clusterwide" else "Role"
+        assert grants(docs, kind, "networking.k8s.io", "networkpolicies", "create")
+        # Only what it needs: the garbage collector deletes a job's policy with the job.
+        for verb in ("get", "list", "patch", "delete"):
+            assert not grants(docs, kind, "networking.k8s.io", "networkpolicies", verb)
+        args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--no-network-policy" not in args
+    off = template("--set", "networkPolicy.enabled=false")
+    assert not grants(off, "ClusterRole", "networking.k8s.io", "networkpolicies", "create")
+    args = only(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-network-policy" in args

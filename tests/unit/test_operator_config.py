@@ -128,3 +128,10 @@ def test_watch_idle_flag_and_environment() -> None:
     assert config.from_args([], env).watch_idle_seconds == 30.0
     assert config.from_args(["--watch-idle-seconds", "5"], env).watch_idle_seconds == 5.0
     assert config.from_args(["--watch-idle-seconds", "0"], {}).watch_idle_seconds == 1.0
+
+
+def test_network_policies_are_on_unless_the_flag_or_environment_says_otherwise() -> None:
+    assert config.from_args([], {}).network_policy is True
+    assert config.from_args(["--no-network-policy"], {}).network_policy is False
+    assert config.from_args([], {config.ENV_NETWORK_POLICY: "false"}).network_policy is False
+    assert config.from_args([], {config.ENV_NETWORK_POLICY: "true"}).network_policy is True

@@ -20,6 +20,8 @@ CLEAN_POD_POLICIES: Final = ("All", "Running", "None")
 # What runPolicy.progressDeadlineSeconds does to a job whose chief reports no new step.
 PROGRESS_DEADLINE_ACTIONS: Final = ("Restart", "Fail")
 SUCCESS_POLICIES: Final = ("ChiefOrWorker0", "AllWorkers")
+# spec.networkIsolation (trainjob.core.isolation): Job (default) or None.
+NETWORK_ISOLATIONS: Final = ("Job", "None")
 STRATEGIES: Final = (
     "Auto",
     "MultiWorkerMirrored",
@@ -145,6 +147,8 @@ class TrainJob:
     labels: Mapping[str, str]
     # The controller that runs the job (spec.managedBy): None is this operator.
     managed_by: str | None = None
+    # spec.networkIsolation: whether only the job's replicas reach its TensorFlow ports.
+    network_isolation: str = NETWORK_ISOLATIONS[0]
 
     def replicas(self, replica_type: str) -> int:
         spec = self.replica_specs.get(replica_type)

@@ -27,6 +27,7 @@ from trainjob.core.model import (
     FRAMEWORKS,
     MAX_JOB_NAME_LENGTH,
     MAX_REPLICAS,
+    NETWORK_ISOLATIONS,
     OBJECT_META_FIELDS,
     PROGRESS_DEADLINE_ACTIONS,
     RESTART_POLICIES,
@@ -54,6 +55,7 @@ __all__ = [
     "MAX_JOB_NAME_LENGTH",
     "MAX_REPLICAS",
     "MAX_YAML_NODES",
+    "NETWORK_ISOLATIONS",
     "OBJECT_META_FIELDS",
     "PROGRESS_DEADLINE_ACTIONS",
     "RESTART_POLICIES",
@@ -132,6 +134,7 @@ def parse(manifest: object, *, require_images: bool = True) -> TrainJob:
             "checkpoint",
             "runPolicy",
             "successPolicy",
+            "networkIsolation",
         ),
     )
     managed_by = c.string(spec.get("managedBy"), "spec.managedBy")
@@ -142,6 +145,12 @@ def parse(manifest: object, *, require_images: bool = True) -> TrainJob:
     run_policy = _parse_run_policy(c, spec.get("runPolicy"))
     success_policy = c.enum(
         spec.get("successPolicy"), "spec.successPolicy", SUCCESS_POLICIES, SUCCESS_POLICIES[0]
+    )
+    network_isolation = c.enum(
+        spec.get("networkIsolation"),
+        "spec.networkIsolation",
+        NETWORK_ISOLATIONS,
+        NETWORK_ISOLATIONS[0],
     )
     job = TrainJob(
         name=name,
@@ -158,6 +167,7 @@ def parse(manifest: object, *, require_images: bool = True) -> TrainJob:
         success_policy=success_policy,
         labels={str(k): str(v) for k, v in labels.items()},
         managed_by=managed_by,
+        network_isolation=network_isolation,
     )
     _check_topology(c, job)
     if require_images:

@@ -114,6 +114,13 @@ No wildcards, no Secrets, no ConfigMaps.
 - apiGroups: [""]
   resources: [events]
   verbs: [create, delete]
+{{- if .Values.networkPolicy.enabled }}
+# One NetworkPolicy per TrainJob (only its own replicas reach its TensorFlow ports), created
+# before its Pods; the garbage collector deletes it with the job (ownerReference).
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create]
+{{- end }}
 {{- if .Values.kueue.enabled }}
 # Kueue: one Workload per queued TrainJob. Index and watch them (list/watch) with the Pods,
 # create it, keep its PodsReady/Finished conditions and clear an evicted admission (status
