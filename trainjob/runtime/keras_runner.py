@@ -170,9 +170,7 @@ def run(
         and importlib.util.find_spec("tensorboard")
     ):
         callbacks.append(
-            tf.keras.callbacks.TensorBoard(
-                layout.tensorboard_dir(checkpoint_dir), update_freq="epoch", profile_batch=0
-            )
+            runtime_callbacks.TensorBoardCallback(layout.tensorboard_dir(checkpoint_dir))
         )
     callbacks.extend(spec.callbacks)
     validation = spec.validation_fn() if spec.validation_fn and not is_ps else None
