@@ -61,7 +61,12 @@ class Incarnation:
 
     async def show(self, plural: str) -> None:
         """The index sees every object of `plural` that exists now (a watch caught up)."""
-        listing = await self.api.list_labelled(self.namespace, plural, "trainjob.dev/job-name")
+        group, version = (
+            ("kueue.x-k8s.io", "v1beta2") if plural == children.WORKLOADS else ("", "v1")
+        )
+        listing = await self.api.list_labelled(
+            self.namespace, plural, "trainjob.dev/job-name", group, version
+        )
         self.rt.child_index.replace(plural, self.namespace, listing.items)
 
     async def reconcile(self) -> reconciler.Outcome:
@@ -79,7 +84,10 @@ class Incarnation:
                     self.seen,
                 )
             except kube.ConflictError:
+                # The job or a Workload changed since the index's copy (Kueue writes often):
+                # the Workload watch would have caught up, as it does here.
                 self.seen = writes.Seen()
+                await self.show(children.WORKLOADS)
         raise AssertionError("the reconcile kept conflicting")
 
     async def close(self) -> None:
