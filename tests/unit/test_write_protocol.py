@@ -89,6 +89,10 @@ class Recorder:
         self.calls.append((kind, name))
         return True
 
+    async def create_object(self, manifest: dict[str, Any], plural: str) -> dict[str, Any]:
+        self.calls.append((str(manifest["kind"]), str(manifest["metadata"]["name"])))
+        return manifest
+
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
         self.calls.append(("delete Pod", name))
 
@@ -115,7 +119,7 @@ def reconcile(api: Recorder, seen: writes.Seen) -> reconciler.Outcome:
     return asyncio.run(once())
 
 
-def test_a_new_job_is_recorded_before_any_child_is_made_services_before_pods() -> None:
+def test_a_new_job_is_recorded_before_any_child_is_made_its_policy_first_pods_last() -> None:
     api = Recorder()
     seen = writes.Seen()
     outcome = reconcile(api, seen)
@@ -124,8 +128,10 @@ def test_a_new_job_is_recorded_before_any_child_is_made_services_before_pods() -
     assert "event" in kinds[:status_at] and not {"Service", "Pod"} & set(kinds[:status_at])
     assert api.written_at == "7"  # conditional on the version decided from
     made = api.calls[status_at + 1 :]
-    assert [kind for kind, _ in made] == ["Service"] * 3 + ["Pod"] * 3
-    assert {name for _, name in made} == {"mnist-chief-0", "mnist-worker-0", "mnist-worker-1"}
+    # The NetworkPolicy before any Pod: no replica's TensorFlow port is ever open to all.
+    assert [kind for kind, _ in made] == ["NetworkPolicy"] + ["Service"] * 3 + ["Pod"] * 3
+    assert made[0] == ("NetworkPolicy", "mnist")
+    assert {name for _, name in made[1:]} == {"mnist-chief-0", "mnist-worker-0", "mnist-worker-1"}
     # Our write is not yet in a watched copy: the job is not at rest, the loop remembers it.
     assert seen.known is not None and not outcome.at_rest and not outcome.done
 
