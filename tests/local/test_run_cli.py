@@ -270,7 +270,8 @@ def test_a_port_taken_at_a_restart_waits_instead_of_failing_the_job(tmp_path: Pa
     )
     write_job(tmp_path / "job.yaml", manifest)
     out = tmp_path / "out.log"
-    run = start_run(["-f", "job.yaml", "--run-dir", "run"], tmp_path, out)
+    # On this machine's network: in the run's own (the default) no other process can take it.
+    run = start_run(["-f", "job.yaml", "--run-dir", "run", "--host-network"], tmp_path, out)
     blocker = socket.socket()
     try:
         procs = wait_until(lambda: _alive(tmp_path / "run", 2), TIMEOUT, "both", out.read_text)

@@ -14,6 +14,8 @@ Pure (no I/O; import-linter keeps them away from processes):
 With side effects:
 
 - :mod:`trainjob.local.supervisor`: the replicas' processes (start, poll, stop, signals).
+- :mod:`trainjob.local.netns`: the run's own network, loopback only (TensorFlow's servers
+  listen on every interface): made by a holder process, joined by every replica.
 - :mod:`trainjob.local.rundir`: the run directory: lock, status.json, processes.json, logs.
 - :mod:`trainjob.local.terminal`: log lines and the live table on the output stream.
 - :mod:`trainjob.local.data`: the shared data dir and the offline MNIST prepared once.

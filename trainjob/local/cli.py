@@ -111,6 +111,13 @@ def add_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "checkpoint and overwrites the exported model)",
     )
     parser.add_argument(
+        "--host-network",
+        action="store_true",
+        help="run the replicas on this machine's network, as spec.networkIsolation: None does "
+        "(for downloads, services on its loopback); their TensorFlow ports then listen on every "
+        "interface. Default: a network of the run's own, loopback only",
+    )
+    parser.add_argument(
         "--max-processes",
         type=_positive_int,
         metavar="N",
@@ -212,6 +219,7 @@ def cmd_run(args: argparse.Namespace, streams: Streams) -> int:
             python=sys.executable,
             data_dir=data_dir,
             python_path=supervisor.package_root(),
+            host_network=args.host_network,
         )
     except plan.PlanError as error:
         raise CliError(f"{name}: {error}") from error

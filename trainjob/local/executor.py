@@ -23,6 +23,7 @@ from trainjob.core import status as st
 from trainjob.local import (
     data,
     logfilter,
+    netns,
     outcome,
     plan,
     replica_progress,
@@ -81,6 +82,7 @@ class Executor:
         self.progress_at: datetime.datetime | None = None
         self._filters: dict[ReplicaKey, logfilter.FilterState] = {}
         self._finished_attempts: set[tuple[ReplicaKey, int]] = set()
+        self._network_hinted = False
         keys = plan.all_keys(run_plan)
         self._width = view.prefix_width(keys)
         self._styles = {key: view.prefix_style(i) for i, key in enumerate(keys)}
@@ -197,7 +199,7 @@ class Executor:
     # ----- processes -----
     def _start(self, key: ReplicaKey, attempt: int) -> None:
         process = self.plan.process(key)
-        if supervisor.port_in_use(process.port):
+        if self.processes.port_in_use(process.port):
             # Like a Pod that cannot get its host port: Pending until the port is free (the
             # startup deadline bounds the wait); starting it would fail in gRPC's bind.
             if self.processes.wait_for_port(key, attempt):
@@ -219,7 +221,35 @@ class Executor:
             for failure in failures:
                 cause = self.recorder.cause(failure.key)
                 self.emit(view.exit_line(cause, failure.exit_code))
+                self._hint_network(cause)
         self.recorder.write_processes(self.processes.records)
+
+    def _network(self) -> None:
+        """The replicas' network of their own, or a plain warning, once, that they have none."""
+        if not self.plan.private_network:
+            return  # the plan's note said so
+        problem = self.processes.use_private_network()
+        if problem is None:
+            self.emit(f"note: network: {plan.PRIVATE_NETWORK}")
+        else:
+            self.emit(
+                "warning: the replicas run on this machine's network: a network of their own "
+                f"cannot be made here ({problem}). Their TensorFlow ports listen on every "
+                "interface, and whoever reaches one can run code as you (README, Security; "
+                "--host-network chooses this and silences the warning)"
+            )
+
+    def _hint_network(self, cause: outcome.Cause) -> None:
+        """Once: a replica that failed looking for the network was denied it by us."""
+        if self._network_hinted or self.processes.network is None:
+            return
+        if netns.wanted_network(cause.line):
+            self._network_hinted = True
+            self.emit(
+                f"hint: {cause.replica} looked for a network; the replicas have only the run's "
+                "loopback. Jobs that download data or use this machine's services run with "
+                "--host-network (their TensorFlow ports then listen on every interface)"
+            )
 
     def _on_stop_signal(self, name: str) -> None:
         if self.stop_signal is not None:
@@ -297,6 +327,7 @@ class Executor:
                 return self._summary(started)
             stopping = False
             try:
+                self._network()
                 while True:
                     self._drain_lines()
                     self._notice_reader_gone()

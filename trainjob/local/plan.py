@@ -45,6 +45,12 @@ DEFAULT_TF_ENV: Final[Mapping[str, str]] = {
     "PYTHONUNBUFFERED": "1",
 }
 _PYTHON_NAMES: Final = frozenset({"python", "python3"})
+# spec.networkIsolation's opt-out (trainjob.core.isolation.ISOLATION_NONE).
+NETWORK_ISOLATION_NONE: Final = spec.NETWORK_ISOLATIONS[1]
+PRIVATE_NETWORK: Final = (
+    "loopback only, the run's own: no one outside the run reaches the replicas' TensorFlow "
+    "ports, and they reach no other network (--host-network: this machine's)"
+)
 # tensorflow-datasets' own variable for its default data_dir.
 TFDS_DATA_DIR: Final = "TFDS_DATA_DIR"
 
@@ -83,6 +89,9 @@ class RunPlan:
     prepare_mnist: bool  # whether the offline MNIST must exist in data_dir (runtime jobs)
     processes: tuple[ProcessPlan, ...]
     notes: tuple[str, ...] = ()
+    # Whether the replicas get a network of the run's own, loopback only (trainjob.local.netns):
+    # a TensorFlow server listens on every interface, and runs any graph it is sent.
+    private_network: bool = True
 
     def process(self, key: ReplicaKey) -> ProcessPlan:
         for process in self.processes:
@@ -173,11 +182,14 @@ def make_plan(
     data_dir: str | None,
     python_path: str | None = None,
     default_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    host_network: bool = False,
 ) -> RunPlan:
     """Everything needed to start the job's processes; no process is started here.
 
     `ports` has one free port per replica (the executor finds them); `python_path` is prepended
-    to PYTHONPATH so `-m trainjob` works without installing the package.
+    to PYTHONPATH so `-m trainjob` works without installing the package; `host_network`
+    (`trainjob run --host-network`) runs the replicas on this machine's network, as
+    `spec.networkIsolation: None` does.
     """
     missing = [key for key in job.replica_keys() if key not in ports]
     if missing:
@@ -191,6 +203,13 @@ def make_plan(
     if job.checkpoint is not None and job.checkpoint.claim_name:
         notes.append(
             f"checkpoint claim {job.checkpoint.claim_name} is replaced by {checkpoint_dir}"
+        )
+    private_network = not host_network and job.network_isolation != NETWORK_ISOLATION_NONE
+    if not private_network:
+        why = "--host-network" if host_network else "spec.networkIsolation: None"
+        notes.append(
+            f"the replicas use this machine's network ({why}): their TensorFlow ports listen "
+            "on every interface, and whoever reaches one can run code as you"
         )
     processes: list[ProcessPlan] = []
     for rtype, index in job.replica_keys():
@@ -235,6 +254,7 @@ def make_plan(
         prepare_mnist=data_dir is not None and needs_mnist(job),
         processes=tuple(processes),
         notes=tuple(notes),
+        private_network=private_network,
     )
 
 
@@ -277,6 +297,8 @@ def format_plan(plan: RunPlan) -> str:
         f" activeDeadlineSeconds={policy.active_deadline_seconds}"
         f" startupDeadlineSeconds={policy.startup_deadline_seconds}"
     )
+    if plan.private_network:
+        lines.append(f"  network:        {PRIVATE_NETWORK}")
     lines.extend(f"  note: {note}" for note in plan.notes)
     for process in plan.processes:
         restart = job.replica_specs[process.key[0]].restart_policy

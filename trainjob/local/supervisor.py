@@ -16,9 +16,11 @@ import datetime
 import errno
 import os
 import queue
+import select
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -26,10 +28,12 @@ from types import FrameType
 from typing import IO, Final
 
 from trainjob.core import policy
-from trainjob.local import plan
+from trainjob.local import netns, plan
 from trainjob.local.plan import ReplicaKey
 
 EXEC_FAILED_EXIT_CODE: Final = 127  # what a shell reports for a command it cannot run
+# A Python start and two system calls: seconds only on a machine that is very busy.
+NETWORK_START_SECONDS: Final = 30.0
 STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 Line = tuple[ReplicaKey, int, str]  # replica, attempt, the line without its end
@@ -113,6 +117,106 @@ class Server:
         except subprocess.TimeoutExpired:
             self._popen.kill()
             self._popen.wait()
+
+
+class PrivateNetwork:
+    """The run's own network namespace, loopback only (see `trainjob.local.netns` for why and
+    how): held by a helper process, joined by every replica before its exec."""
+
+    def __init__(self, holder: subprocess.Popen[bytes], namespaces: list[tuple[int, int]]):
+        self._holder = holder
+        self._namespaces = namespaces  # (open fd, CLONE_NEW*), the user namespace first
+        self._setns = netns.joiner()
+
+    @classmethod
+    def start(
+        cls, environ: Mapping[str, str], timeout: float = NETWORK_START_SECONDS
+    ) -> PrivateNetwork | str:
+        """The namespace, or why there is none (in words for the user)."""
+        env = dict(environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_root(), environ.get("PYTHONPATH")) if p
+        )
+        try:
+            holder = subprocess.Popen(
+                [sys.executable, "-m", "trainjob.local.netns"],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches the supervisor, which closes it
+            )
+        except OSError as error:
+            return f"cannot start {sys.executable}: {error}"
+        answer = _first_line(holder, timeout)
+        if answer != netns.READY:
+            _stop_holder(holder)
+            if answer.startswith(netns.UNAVAILABLE):
+                return answer[len(netns.UNAVAILABLE) :]
+            return f"its helper process failed: {answer or 'no answer'}"
+        namespaces: list[tuple[int, int]] = []
+        try:
+            for kind, flag in (("user", netns.CLONE_NEWUSER), ("net", netns.CLONE_NEWNET)):
+                ours, theirs = f"/proc/self/ns/{kind}", f"/proc/{holder.pid}/ns/{kind}"
+                if os.path.samestat(os.stat(ours), os.stat(theirs)):
+                    continue  # root made no user namespace: nothing to join there
+                namespaces.append((os.open(theirs, os.O_RDONLY | os.O_CLOEXEC), flag))
+        except OSError as error:
+            for fd, _ in namespaces:
+                os.close(fd)
+            _stop_holder(holder)
+            return f"cannot open the namespace: {error}"
+        return cls(holder, namespaces)
+
+    def enter(self) -> None:
+        """Join the namespaces: run in the forked child before exec (the fds are still open
+        there; close_fds and O_CLOEXEC close them after)."""
+        for fd, flag in self._namespaces:
+            self._setns(fd, flag)
+
+    def port_in_use(self, port: int) -> bool:
+        """Whether something in the namespace listens on `port` (only the run's replicas can)."""
+        return netns.listening(self._holder.pid, port)
+
+    def close(self) -> None:
+        for fd, _ in self._namespaces:
+            os.close(fd)
+        self._namespaces = []
+        _stop_holder(self._holder)
+
+
+def _first_line(process: subprocess.Popen[bytes], timeout: float) -> str:
+    """The holder's one-line answer; when it writes something else (a traceback), the end of
+    what it wrote before exiting or before `timeout` seconds passed."""
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    text = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        first, newline, _ = text.decode("utf-8", errors="replace").partition("\n")
+        if newline and first.startswith((netns.READY, netns.UNAVAILABLE)):
+            return first.strip()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        text += chunk
+    return " / ".join(text.decode("utf-8", errors="replace").strip().splitlines()[-3:])
+
+
+def _stop_holder(holder: subprocess.Popen[bytes]) -> None:
+    """Close its stdin (it exits then); SIGKILL if it does not within seconds."""
+    for stream in (holder.stdin, holder.stdout):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    try:
+        holder.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        holder.kill()
+        holder.wait()
 
 
 @contextlib.contextmanager
@@ -208,6 +312,22 @@ class Supervisor:
         self._stopped_attempts: set[tuple[ReplicaKey, int]] = set()
         self.lines: queue.Queue[Line] = queue.Queue()
         self.records: dict[ReplicaKey, ProcessRecord] = {}
+        self.network: PrivateNetwork | None = None  # None: replicas use this machine's network
+
+    def use_private_network(self) -> str | None:
+        """Start every later replica in a network of the run's own (loopback only); why that
+        cannot be done here, else None."""
+        network = PrivateNetwork.start(self._environ)
+        if isinstance(network, str):
+            return network
+        self.network = network
+        return None
+
+    def port_in_use(self, port: int) -> bool:
+        """Whether another process listens on `port` where the replicas will bind it."""
+        if self.network is not None:
+            return self.network.port_in_use(port)
+        return port_in_use(port)
 
     # ----- what is running -----
     def any_alive(self) -> bool:
@@ -267,8 +387,11 @@ class Supervisor:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stopped as a whole
+                # Safe with our reader threads: it takes no lock they could hold at the fork
+                # (no import, no I/O, no queue), only setns through a function looked up before.
+                preexec_fn=None if self.network is None else self.network.enter,  # noqa: PLW1509
             )
-        except OSError as error:
+        except (OSError, subprocess.SubprocessError) as error:
             message = f"=== trainjob: cannot start {process.argv[0]!r}: {error}"
             log.write(f"{message}\n".encode())
             log.close()
@@ -375,3 +498,6 @@ class Supervisor:
                     self._record(key, child)
             if child.reader is not None:
                 child.reader.join(timeout=5)
+        if self.network is not None:
+            self.network.close()
+            self.network = None
