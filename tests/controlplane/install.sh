@@ -16,6 +16,8 @@
 #   kubelet, kube-proxy   from the same k8s.io/kubernetes module and version as the control plane
 #   coredns               CoreDNS with the node's plugins (wrapper module tests/controlplane/coredns)
 #   pause                 the pause container's binary, compiled from k8s.io/kubernetes's pause.c
+#   kube-network-policies NetworkPolicy enforcement (wrapper module
+#                         tests/controlplane/network-policies), in a folder of its own
 #   Debian packages: containerd, runc, containernetworking-plugins, buildah, debootstrap,
 #   iptables, gcc + libc6-dev (for pause), chromium (the e2e tier opens `trainjob tensorboard`
 #   in headless Chromium), tmux and screen (tests/local/test_multiplexer.py draws the live
@@ -51,6 +53,7 @@ HELM_VERSION="v3.22.0"
 COREDNS_VERSION="$(modversion "$HERE/coredns/go.mod" github.com/coredns/coredns)"
 KUEUE_VERSION="$(modversion "$HERE/kueue/go.mod" sigs.k8s.io/kueue)"
 PLUGINS_VERSION="$(modversion "$HERE/scheduler-plugins/go.mod" sigs.k8s.io/scheduler-plugins)"
+NETPOL_VERSION="$(modversion "$HERE/network-policies/go.mod" sigs.k8s.io/kube-network-policies)"
 NODE=""
 PACKAGES_ONLY=""
 for arg in "$@"; do
@@ -247,6 +250,12 @@ build_node() {
     strip "$out/pause"
 }
 
+build_network_policies() {
+    local out="$1" _version="$2"
+    (cd "$HERE/network-policies" && "$GO" build -trimpath -ldflags "-s -w" \
+        -o "$out/kube-network-policies" .)
+}
+
 if [[ -n "$PACKAGES_ONLY" ]]; then
     install_node_packages
     echo "==> ${SUMMARY[-1]}"
@@ -263,6 +272,7 @@ build_into scheduler-plugins "$PLUGINS_VERSION" build_scheduler_plugins schedule
 if [[ -n "$NODE" ]]; then
     install_node_packages
     build_into node "$K8S_VERSION-coredns-$COREDNS_VERSION" build_node kubelet kube-proxy coredns pause
+    build_into network-policies "$NETPOL_VERSION" build_network_policies kube-network-policies
 fi
 
 echo "==> trainjob test tools ($("$GO" version)), total $((SECONDS - total_start))s"

@@ -13,6 +13,10 @@ Parts (all run as child processes of the test, as root):
   module (install.sh), cgroupfs driver on the v1 hierarchy, image garbage collection off;
 - **CoreDNS** (kubernetes plugin only, no upstream) on the node's address, the pods'
   nameserver; cluster domain ``cluster.local``;
+- **kube-network-policies** (SIG Network's NetworkPolicy enforcement, built by install.sh):
+  the bridge CNI enforces no NetworkPolicy. It gives a verdict on the first packet of each
+  new connection to or from a pod, which an iptables NFQUEUE rule sends it (see
+  ``_start_network_policies`` for why iptables rather than its own nftables rules);
 - the **pause** image built here, and the images of ``images/build.sh`` imported into
   containerd (no registry);
 - storage: a default StorageClass ``standard`` with local PersistentVolumes in the work dir
@@ -56,6 +60,10 @@ BRIDGE: Final = "tj-cni0"
 POD_CIDR: Final = "10.244.0.0/24"
 CLUSTER_DOMAIN: Final = "cluster.local"
 FORWARD_CHAIN: Final = "TRAINJOB-NODE"
+# mangle POSTROUTING: the first packet of each pod connection, to kube-network-policies.
+NETPOL_CHAIN: Final = "TRAINJOB-NETPOL"
+NETPOL_QUEUE: Final = 100
+NFQUEUES: Final = Path("/proc/net/netfilter/nfnetlink_queue")
 PAUSE_IMAGE: Final = "localhost/trainjob/pause:3.10"
 CRI_NAMESPACE: Final = "k8s.io"
 IMPORTED_FROM_LABEL: Final = "trainjob.dev/buildah-image-id"
@@ -82,6 +90,10 @@ def kubernetes_version() -> str:
     return go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
 
 
+def network_policies_version() -> str:
+    return go_mod_version(HERE / "network-policies" / "go.mod", "sigs.k8s.io/kube-network-policies")
+
+
 @dataclass(frozen=True)
 class NodeTools:
     """Binaries of the node: built ones from install.sh --node, the rest from Debian."""
@@ -90,6 +102,7 @@ class NodeTools:
     kube_proxy: Path
     coredns: Path
     pause: Path
+    network_policies: Path
     containerd: Path = Path("/usr/bin/containerd")
     ctr: Path = Path("/usr/bin/ctr")
     runc: Path = Path("/usr/sbin/runc")
@@ -104,6 +117,9 @@ class NodeTools:
             kube_proxy=built / "kube-proxy",
             coredns=built / "coredns",
             pause=built / "pause",
+            network_policies=base
+            / f"network-policies-{network_policies_version()}"
+            / "kube-network-policies",
         )
 
     def require(self) -> NodeTools:
@@ -112,6 +128,7 @@ class NodeTools:
             self.kube_proxy,
             self.coredns,
             self.pause,
+            self.network_policies,
             self.containerd,
             self.ctr,
             self.runc,
@@ -291,6 +308,7 @@ class Node:
             self._import_images()
             self._start_coredns()
             self._start_kube_proxy()
+            self._start_network_policies()
             self._start_kubelet()
             self._create_storage()
         except BaseException:
@@ -305,7 +323,7 @@ class Node:
         if kubelet is not None and kubelet.running() and self.plane.components:
             with contextlib.suppress(ControlPlaneError, subprocess.TimeoutExpired):
                 self._drain()
-        for name in ("kubelet", "kube-proxy", "coredns"):
+        for name in ("kubelet", "kube-network-policies", "kube-proxy", "coredns"):
             component = self._component(name)
             if component is not None:
                 try:
@@ -333,7 +351,10 @@ class Node:
             errors.append(f"still mounted: {left}")
         if self.tools.kube_proxy.exists():
             _run([self.tools.kube_proxy, "--cleanup"], check=False)
-        if self._iptables is not None:
+        if self.tools.network_policies.exists():
+            # Its own stop removes its table; this covers a process that died before.
+            _run([self.tools.network_policies, "--cleanup"], check=False)
+        if self._iptables is not None:  # NETPOL_CHAIN and FORWARD_CHAIN go with the rest
             left_chains = self._iptables.restore()
             if left_chains:
                 errors.append(f"iptables chains left: {left_chains}")
@@ -350,16 +371,23 @@ class Node:
 
     def _clean_after_crash(self) -> None:
         """What a node killed without its stop left behind (kubelet pods' shims, kube-proxy's
-        rules, our FORWARD chain, mounts, the bridge), so this start begins from nothing."""
+        rules, kube-network-policies' table, our FORWARD and POSTROUTING chains, mounts, the
+        bridge), so this start begins from nothing. A queue rule left without its controller
+        would drop every new pod connection."""
         # tj-node0 is there already: host_network_up made it for the control plane.
         if not [found for found in leftovers() if NODE_LINK not in found]:
             return
         self._kill_shims()
         _run([self.tools.kube_proxy, "--cleanup"], check=False)
-        if FORWARD_CHAIN in _chains("iptables", "filter"):
-            _run(["iptables", "-w", "-D", "FORWARD", "-j", FORWARD_CHAIN], check=False)
-            _run(["iptables", "-w", "-F", FORWARD_CHAIN], check=False)
-            _run(["iptables", "-w", "-X", FORWARD_CHAIN], check=False)
+        _run([self.tools.network_policies, "--cleanup"], check=False)
+        for table, hook, chain in (
+            ("filter", "FORWARD", FORWARD_CHAIN),
+            ("mangle", "POSTROUTING", NETPOL_CHAIN),
+        ):
+            if chain in _chains("iptables", table):
+                _run(["iptables", "-w", "-t", table, "-D", hook, "-j", chain], check=False)
+                _run(["iptables", "-w", "-t", table, "-F", chain], check=False)
+                _run(["iptables", "-w", "-t", table, "-X", chain], check=False)
         unmount_all([STATE_DIR])
         self._remove_cgroups()
         if _link_exists(BRIDGE):
@@ -639,6 +667,56 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         )
         self._spawn("kube-proxy", [self.tools.kube_proxy, f"--config={config}", "--v=1"])
 
+    def _start_network_policies(self) -> None:
+        """kube-network-policies, and the rule that sends it the first packet of each new
+        connection from or to a pod (the rest of a connection follows its conntrack entry).
+
+        Why an iptables rule: the controller writes nftables rules whose ``queue`` statement
+        needs the kernel's nft_queue (CONFIG_NFT_QUEUE), which this machine's kernel lacks
+        (and loads no modules), so its table never loads and it would enforce nothing; the
+        xt ``NFQUEUE`` target is built in. The rule mirrors the controller's own chain: at
+        POSTROUTING (after kube-proxy's DNAT, so a Service's traffic is judged by its pod),
+        root's own sockets pass (kubelet's probes: node traffic stays allowed, as Kubernetes
+        says), established flows pass, the rest queues. It queues every pod connection, not
+        only those of pods a policy selects (the controller keeps that set in its nftables
+        table): the verdict for an unselected pod is accept, at the cost of one user-space
+        round trip per connection. No ``--queue-bypass``: while the controller is down, new
+        pod connections are refused, as the controller does by default (fail closed)."""
+        if any(line.split()[0] == str(NETPOL_QUEUE) for line in _nfqueues()):
+            raise ControlPlaneError(
+                f"NFQUEUE {NETPOL_QUEUE} is taken by another process ({NFQUEUES}); "
+                "is another test node running?"
+            )
+        component = self._spawn(
+            "kube-network-policies",
+            [
+                self.tools.network_policies,
+                f"--kubeconfig={self.plane.kubeconfig}",
+                f"--hostname-override={NODE_NAME}",
+                f"--nfqueue-id={NETPOL_QUEUE}",
+                f"--metrics-bind-address={ports.LOOPBACK}:{ports.free_port()}",
+                # V(2): one line per judged connection (its pods and verdict): what a test
+                # that fails on a refused connection needs to read.
+                "--v=2",
+            ],
+        )
+        # The queue is bound once its informers have synced: from then on it judges.
+        self.plane.wait_healthy(
+            component,
+            lambda: any(line.split()[0] == str(NETPOL_QUEUE) for line in _nfqueues()),
+            what=f"kube-network-policies to bind NFQUEUE {NETPOL_QUEUE}",
+        )
+        queue = ["-j", "NFQUEUE", "--queue-num", str(NETPOL_QUEUE)]
+        _run(["iptables", "-w", "-t", "mangle", "-N", NETPOL_CHAIN])
+        for rule in (
+            ["-m", "owner", "--uid-owner", "0", "-j", "RETURN"],
+            ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"],
+            ["-s", POD_CIDR, *queue],
+            ["-d", POD_CIDR, *queue],
+        ):
+            _run(["iptables", "-w", "-t", "mangle", "-A", NETPOL_CHAIN, *rule])
+        _run(["iptables", "-w", "-t", "mangle", "-I", "POSTROUTING", "1", "-j", NETPOL_CHAIN])
+
     def _start_kubelet(self) -> None:
         pki_dir = self.root / "pki"
         pki_dir.mkdir(parents=True, exist_ok=True)
@@ -838,6 +916,14 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                     directory.rmdir()
 
 
+def _nfqueues() -> list[str]:
+    """The bound NFQUEUEs, one line each (the queue number first)."""
+    try:
+        return [line for line in NFQUEUES.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
 def _dirs(top: Path) -> Iterator[Path]:
     yield top
     for dirpath, dirnames, _ in os.walk(top):
@@ -885,7 +971,7 @@ def running_node(
 
 def leftovers() -> list[str]:
     """What a stopped node must not leave behind: its interfaces, state mounts, kubelet
-    cgroups, FORWARD rule, and processes of its containerd (shims included)."""
+    cgroups, FORWARD and POSTROUTING rules, and processes of its containerd (shims included)."""
     found = [f"interface {link}" for link in (NODE_LINK, BRIDGE) if _link_exists(link)]
     found += [f"mount {m}" for m in _mounts_under([STATE_DIR])]
     found += [
@@ -895,6 +981,8 @@ def leftovers() -> list[str]:
     ]
     if FORWARD_CHAIN in _chains("iptables", "filter"):
         found.append(f"iptables chain {FORWARD_CHAIN}")
+    if NETPOL_CHAIN in _chains("iptables", "mangle"):
+        found.append(f"iptables chain mangle {NETPOL_CHAIN}")
     socket = str(STATE_DIR / "containerd.sock").encode()
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
