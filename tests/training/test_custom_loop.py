@@ -267,3 +267,33 @@ def test_parameter_server_sample_of_unbatched_scalars_runs_to_the_end(tmp_path: 
     # One worker runs the scheduled steps in order: 1 + 2 + 3 + 4 + 5.
     assert epochs[0]["metrics"]["total"] == 15.0, epochs
     assert all(e["examples_per_sec"] > 0 for e in epochs), epochs
+
+
+def test_the_gpu_path_runs_two_multi_worker_mirrored_workers_to_the_end(
+    tmp_path: Path, mnist_data_dir: Path
+) -> None:
+    """``loss_check: at_reports`` (what a GPU gets): logs reduced at reports only, examples and
+    the NaN flag kept in variables; two workers still agree on every report and count the job's
+    examples (32 per step over both workers, the host path's number)."""
+    config = _config(mnist_data_dir, loss_check="at_reports", progress_every_steps=5)
+    replicas, progress = _start(
+        tmp_path,
+        "gpupath",
+        {"worker": 2},
+        config,
+        tmp_path / "ckpt",
+        "MultiWorkerMirrored",
+    )
+    try:
+        codes = harness.wait_exit(list(replicas.values()), 180)
+    finally:
+        harness.stop_all(list(replicas.values()))
+    assert set(codes.values()) == {0}, harness.dump_logs(list(replicas.values()))
+    events = harness.read_events(progress)
+    assert _steps(events, "worker-0") == [5, 10, 15, 20], events
+    epochs = harness.events_of(events, "worker-0", "epoch")
+    assert [e["step"] for e in epochs] == [10, 20], epochs
+    assert all(isinstance(e["loss"], float) for e in epochs), epochs
+    assert all(e["examples_per_sec"] > 0 for e in epochs), epochs
+    ends = harness.events_of(events, "worker-1", "end")
+    assert ends and ends[-1]["step"] == 20, events

@@ -52,15 +52,31 @@ def _train(
 
 
 @pytest.mark.parametrize(
-    ("entrypoint", "every"),
-    [("build", 1), ("build", 0), ("build_loop", 1)],
+    ("entrypoint", "every", "check"),
+    [
+        ("build", 1, "auto"),
+        ("build", 0, "auto"),
+        ("build_loop", 1, "auto"),
+        # The GPU path, run on the CPU: host reads at reports only; the custom loop's on-device
+        # flag still names the NaN step by its own number, at a step event or the epoch's end.
+        ("build", 1, "at_reports"),
+        ("build_loop", 1, "at_reports"),
+        ("build_loop", 0, "at_reports"),
+    ],
     # fit checks a step's loss at once where a step event fetches the logs, else one step late.
-    ids=["fit-step-events", "fit-no-step-events", "custom-loop"],
+    ids=[
+        "fit-step-events",
+        "fit-no-step-events",
+        "custom-loop",
+        "fit-at-reports",
+        "custom-loop-device-flag",
+        "custom-loop-device-flag-at-epoch-end",
+    ],
 )
 def test_a_nan_loss_stops_the_replica_with_exit_6_and_its_line(
-    tmp_path: Path, entrypoint: str, every: int
+    tmp_path: Path, entrypoint: str, every: int, check: str
 ) -> None:
-    config = dict(CONFIG, progress_every_steps=every)
+    config = dict(CONFIG, progress_every_steps=every, loss_check=check)
     code, events, err, message = _train(tmp_path, f"trainjob.samples.diverge:{entrypoint}", config)
     assert code == exitcodes.exit_code(FailureKind.NON_FINITE_LOSS) == 6, err
     steps = [e["step"] for e in events if e["event"] == "step"]
@@ -90,3 +106,14 @@ def test_the_opt_out_trains_on_to_the_end(tmp_path: Path) -> None:
     assert all(isinstance(losses[s], float) for s in range(1, 7)), losses
     assert all(losses[s] is None for s in range(7, 11)), losses
     assert NAN_LINE not in err
+
+
+def test_fit_on_the_gpu_path_without_step_events_stops_at_the_epoch_end(tmp_path: Path) -> None:
+    """Keras' loss is the epoch's running mean: once NaN it stays NaN, so the check at the
+    epoch's end catches it, named by the step it was read at."""
+    config = dict(CONFIG, progress_every_steps=0, loss_check="at_reports")
+    code, _events, err, _ = _train(tmp_path, "trainjob.samples.diverge:build", config)
+    assert code == 6, err
+    assert err.strip().splitlines()[-1] == (
+        "NonFiniteLossError: loss became nan at step 10 (epoch 1)"
+    ), err

@@ -55,6 +55,11 @@ ENV_CONFIG: Final = "TRAINJOB_CONFIG"
 ENV_CHECKPOINT_DIR: Final = "TRAINJOB_CHECKPOINT_DIR"
 ENV_PROGRESS_FILE: Final = "TRAINJOB_PROGRESS_FILE"
 ENV_DATA_DIR: Final = "TRAINJOB_DATA_DIR"  # tfds data_dir (images bake MNIST into /data)
+# The fewest GPUs any chief/worker has, when every one has its own (the runtime picks NCCL).
+ENV_WORKER_GPUS: Final = "TRAINJOB_WORKER_GPUS"
+# "true" when replicas may share a GPU (local mode): the runtime turns on memory growth.
+ENV_GPU_SHARED: Final = "TRAINJOB_GPU_SHARED"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
 ENV_DTENSOR_CLIENT_ID: Final = "DTENSOR_CLIENT_ID"
 ENV_DTENSOR_NUM_CLIENTS: Final = "DTENSOR_NUM_CLIENTS"
 ENV_DTENSOR_JOB_NAME: Final = "DTENSOR_JOB_NAME"

@@ -26,6 +26,8 @@ Fields (absent or ``null`` when not known):
 ``initial_epoch``   (``start``) the epoch training resumes at; 0 on a fresh start
 ``initial_step``    (``start``) the global step training resumes at
 ``tf_version``      (``start``) the TensorFlow version the replica runs
+``devices``         (``start``) what TensorFlow sees: ``gpus`` (count), ``names``,
+                    ``cuda_build``, ``cuda_version``: a CPU run is said, never silent
 ``export``          (``end``, chief only) path of the exported model
 ``status``          (``end``) ``succeeded`` or the :class:`~trainjob.runtime.exitcodes.FailureKind`
 ``progress``        (the reporting replica: the chief, else worker 0) the job's progress

@@ -102,6 +102,37 @@ def replica_env(
         env[constants.ENV_CONFIG] = json.dumps(dict(job.runtime.config), sort_keys=True)
         if job.runtime.strategy == "DTensor":
             env.update(dtensor_env(cluster, replica_type, index))
+        fewest = worker_gpus(job)
+        if fewest > 0:
+            env[constants.ENV_WORKER_GPUS] = str(fewest)
     if checkpoint_dir is not None:
         env[constants.ENV_CHECKPOINT_DIR] = checkpoint_dir
     return env
+
+
+def template_gpus(job: spec.TrainJob, replica_type: str) -> int:
+    """GPUs the tensorflow container of a replica type asks for (``nvidia.com/gpu``, the limit,
+    else the request: the device plugin's resource is an integer with no overcommit)."""
+    container = spec.tf_container(job.replica_specs[replica_type].template) or {}
+    resources = container.get("resources")
+    if not isinstance(resources, Mapping):
+        return 0
+    for kind in ("limits", "requests"):
+        values = resources.get(kind)
+        value = values.get(constants.GPU_RESOURCE) if isinstance(values, Mapping) else None
+        if value is not None:
+            try:
+                return max(0, int(str(value)))
+            except ValueError:
+                return 0
+    return 0
+
+
+def worker_gpus(job: spec.TrainJob) -> int:
+    """The fewest GPUs any all-reduce task (chief, worker) asks for; 0 when one asks for none.
+
+    Each replica sees only its own devices; this tells every one of them whether all its peers
+    have GPUs too, which NCCL needs (the runtime picks NCCL only then)."""
+    types = [t for t in (constants.CHIEF, constants.WORKER) if job.replica_specs.get(t)]
+    counts = [template_gpus(job, t) for t in types if job.replica_specs[t].replicas > 0]
+    return min(counts) if counts else 0

@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainjob.runtime import preemption, progress
+from trainjob.runtime import devices, preemption, progress
 from trainjob.runtime.exitcodes import Preempted
 from trainjob.runtime.losscheck import LaggedLossCheck, LossCheck, check_logs
 from trainjob.runtime.preemption import StopRequest
@@ -78,7 +78,7 @@ class ProgressCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._epoch_start = 0.0
         self._epoch_step0 = 0
         self._epoch_examples0 = 0
-        self._batches = 0
+        self._last_step = 0
         self._lagged = LaggedLossCheck()
 
     def _global_step(self) -> int:
@@ -95,6 +95,7 @@ class ProgressCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch = epoch
         self._epoch_step0 = self._global_step()
+        self._last_step = self._epoch_step0
         self._epoch_examples0 = self._examples_seen() if self._examples_seen is not None else 0
         self._epoch_start = time.perf_counter()
         if not self._started:
@@ -117,11 +118,12 @@ class ProgressCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
             self._save_before_stop(batch)
             raise Preempted(f"signal {self._stop.signum} received during epoch {self._epoch}")
         # The step from counters already on the host (no device sync): the reporter's
-        # clock for the ETA; reports go from its own thread.
+        # clock for the ETA; reports go from its own thread. With steps_per_execution=N,
+        # `batch` is the execution's last batch and the hook runs once per N steps.
         step = self._epoch_step0 + batch + 1
         self._emitter.tick(step)
-        self._batches += 1
-        if self._every_steps > 0 and self._batches % self._every_steps == 0:
+        previous, self._last_step = self._last_step, step
+        if devices.report_due(previous, step, self._every_steps):
             values = fetched_logs(logs)
             if self._loss_check is not LossCheck.OFF:
                 # Fetched for the event anyway: this step's loss is checked at once.

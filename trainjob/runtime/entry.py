@@ -21,7 +21,7 @@ from typing import Any
 
 from trainjob.core import constants
 from trainjob.core import progress as core_progress
-from trainjob.runtime import data, exitcodes, progress, reporter, summaries
+from trainjob.runtime import data, devices, exitcodes, progress, reporter, summaries
 from trainjob.runtime import settings as settings_mod
 from trainjob.runtime.exitcodes import EntrypointError, FailureKind
 from trainjob.runtime.preemption import StopWatcher
@@ -45,6 +45,9 @@ def prepare_process_env(env: MutableMapping[str, str], settings: RuntimeSettings
     if settings.cluster.get(constants.PS):
         # Lets the coordinator see a lost worker/ps as an error instead of retrying forever.
         env.setdefault("GRPC_FAIL_FAST", "use_caller")
+    if devices.memory_growth(settings.config, env):
+        # TF reads it when it creates its GPU devices: set before anything touches a GPU.
+        env.setdefault(devices.TF_FORCE_GPU_ALLOW_GROWTH, "true")
 
 
 def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
@@ -67,6 +70,12 @@ def _run(
 ) -> dict[str, Any]:
     import tensorflow as tf  # lazily: the CLI and the core never pay for it
 
+    from trainjob.runtime import strategy as strategy_mod
+
+    # Before any runner: a replica given GPUs that would train on its CPU stops here, and the
+    # start event (whoever writes it) says which devices training uses.
+    seen = strategy_mod.check_gpus(tf, os.environ, settings.config)
+    emitter.start_fields["devices"] = seen.event_fields()
     checkpoint_dir = settings.checkpoint_dir or tempfile.mkdtemp(prefix="trainjob-")
     role = settings_mod.task_role(
         settings_mod.PARAMETER_SERVER if settings.cluster.get(constants.PS) else settings.strategy,

@@ -97,7 +97,7 @@ def run(
     name = settings_mod.resolve_strategy(
         settings.strategy, settings.cluster, num_gpus=num_gpus, has_tpu=has_tpu
     )
-    strategy = strategy_mod.build(tf, name, settings.config)
+    strategy = strategy_mod.build(tf, name, settings.config, env=os.environ, local_gpus=num_gpus)
     is_ps = name == settings_mod.PARAMETER_SERVER
     ctx = make_context(
         settings, name, 1 if is_ps else strategy.num_replicas_in_sync, checkpoint_dir
@@ -135,7 +135,10 @@ def run(
         # The datasets live on the workers: examples/s is estimated from config.batch_size.
         data = tf.keras.utils.experimental.DatasetCreator(spec.dataset_fn)
     else:
-        counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="trainjob_examples")
+        # Where the input pipeline runs (tf.data runs on the host): created without a device
+        # it would land on GPU:0, a cross-device update per batch from the pipeline.
+        with tf.device("/cpu:0"):
+            counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="trainjob_examples")
         data = strategy.distribute_datasets_from_function(
             counting_dataset_fn(tf, dataset_fn, counter)
         )
@@ -160,7 +163,7 @@ def run(
             save_freq=spec.save_freq,
             backup_dir=backup,
             single_writer=not agreed_stop,
-            loss_check=loss_check_for(settings.config, parameter_server=is_ps),
+            loss_check=loss_check_for(settings.config, parameter_server=is_ps, on_gpu=num_gpus > 0),
         ),
     ]
     # TF >= 2.21 no longer depends on the tensorboard package; log only where it is installed.

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainjob.runtime import contract, exitcodes, layout, preemption, progress
+from trainjob.runtime import contract, devices, exitcodes, layout, preemption, progress
 from trainjob.runtime import settings as settings_mod
 from trainjob.runtime.exitcodes import ConfigError, Preempted
 from trainjob.runtime.preemption import StopRequest, StopWatcher
@@ -92,6 +92,7 @@ class _Epoch:
     started: float
     first_step: int
     examples: float = 0.0
+    examples_at_start: float = 0.0  # the on-device counter's value when the epoch began
 
 
 def _numbers(values: Mapping[str, Any]) -> dict[str, float]:
@@ -127,6 +128,13 @@ class LoopRunner:
             settings.config.get("progress_every_steps", DEFAULT_PROGRESS_EVERY_STEPS)
         )
         self.stop_on_nonfinite_loss = settings_mod.stop_on_nonfinite_loss(settings.config)
+        # On a GPU the step keeps its numbers on the device (examples, a non-finite loss flag)
+        # and the host reads them at reports only (see devices.loss_check_mode); the CPU path
+        # reads each step's loss and example count, which costs nothing there.
+        on_gpu = bool(tf.config.list_physical_devices("GPU"))
+        self.on_device = not self.is_ps and (
+            devices.loss_check_mode(settings.config, on_gpu=on_gpu) == devices.AT_REPORTS
+        )
         self.handler: Any = None
         self.coordinator: Any = None
         self._pending: list[Any] = []  # ParameterServer: RemoteValues of this epoch's steps
@@ -177,7 +185,25 @@ class LoopRunner:
             # Examples are counted from the data, whatever batch size the dataset uses.
             return logs, example_count(tf, tf.nest.flatten(batch)[0])
 
-        step_var = self.step_var
+        if self.on_device:
+            self._build_on_device_step(replica_fn)
+        else:
+            self._build_host_step(replica_fn, op)
+        if self.is_ps:
+            self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+
+            def per_worker_dataset_fn() -> Any:
+                return strategy.distribute_datasets_from_function(spec.dataset_fn)
+
+            dataset = self.coordinator.create_per_worker_dataset(tf.function(per_worker_dataset_fn))
+        else:
+            dataset = strategy.distribute_datasets_from_function(spec.dataset_fn)
+        self.iterator = iter(dataset)
+
+    def _build_host_step(self, replica_fn: Any, op: Any) -> None:
+        """The step returns its reduced logs and example count (read by the host each step)."""
+        tf, strategy, step_var = self.tf, self.strategy, self.step_var
+        sum_op = tf.distribute.ReduceOp.SUM
         counts_in_graph = not self.is_ps
 
         def train_step(iterator: Any) -> tuple[dict[str, Any], Any]:
@@ -190,16 +216,43 @@ class LoopRunner:
             return reduced, strategy.reduce(sum_op, examples, axis=None)
 
         self.train_step = tf.function(train_step)
-        if self.is_ps:
-            self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
-            def per_worker_dataset_fn() -> Any:
-                return strategy.distribute_datasets_from_function(spec.dataset_fn)
+    def _build_on_device_step(self, replica_fn: Any) -> None:
+        """The step keeps its numbers on the device and returns this worker's logs unreduced.
 
-            dataset = self.coordinator.create_per_worker_dataset(tf.function(per_worker_dataset_fn))
-        else:
-            dataset = strategy.distribute_datasets_from_function(spec.dataset_fn)
-        self.iterator = iter(dataset)
+        No collective beyond the gradients' and no value the host waits for: examples add up
+        in a variable (this worker's replicas, times the workers, which run in step with one
+        batch each, as the Keras counter counts), and the first step whose loss (on any of this
+        worker's replicas) is NaN/Inf is kept in another with its loss; the host reads them,
+        and reduces the logs, at reports only."""
+        tf, strategy, step_var = self.tf, self.strategy, self.step_var
+        workers = float(self.settings.num_workers)
+        # Plain variables (this worker's own, not mirrored), on the device the step runs on.
+        self.examples_var = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.bad_step_var = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        self.bad_loss_var = tf.Variable(0.0, dtype=tf.float32, trainable=False)
+        examples_var, bad_step, bad_loss = self.examples_var, self.bad_step_var, self.bad_loss_var
+
+        def train_step(iterator: Any) -> Any:
+            logs, examples = strategy.run(replica_fn, args=(next(iterator),))
+            step_var.assign_add(1)
+            local = tf.add_n(
+                [tf.cast(x, tf.float64) for x in strategy.experimental_local_results(examples)]
+            )
+            examples_var.assign_add(local * workers)
+            if "loss" in logs:
+                losses = [
+                    tf.reduce_mean(tf.cast(x, tf.float32))
+                    for x in strategy.experimental_local_results(logs["loss"])
+                ]
+                loss = tf.add_n(losses) / float(len(losses))
+                first = tf.logical_and(bad_step < 0, tf.logical_not(tf.math.is_finite(loss)))
+                step = tf.cast(tf.convert_to_tensor(step_var), tf.int64)
+                bad_step.assign(tf.where(first, step, bad_step))
+                bad_loss.assign(tf.where(first, loss, bad_loss))
+            return logs
+
+        self.train_step = tf.function(train_step)
 
     def build_preemption_handler(self, stop: StopRequest) -> None:
         """TF's handler where a stop must be agreed on by several workers (MWMS)."""
@@ -223,6 +276,15 @@ class LoopRunner:
             )
 
     # -- steps, saves ---------------------------------------------------------------------
+
+    def _check_device_flag(self) -> None:
+        """The on-device path's check (at reports): the first NaN/Inf step, by its number."""
+        if not self.on_device or not self.stop_on_nonfinite_loss:
+            return
+        bad = int(self.bad_step_var.numpy())
+        if bad >= 0:
+            loss = float(self.bad_loss_var.numpy())
+            exitcodes.check_loss(loss, step=bad, epoch=epoch_of(bad - 1, self.spec.steps_per_epoch))
 
     def _check_loss(self, logs: Mapping[str, Any]) -> None:
         """Stop the replica (exit 6) when the step's ``loss`` is NaN or +/-Inf: every step
@@ -267,10 +329,22 @@ class LoopRunner:
             return None
 
     def _fetch(self, result: Any) -> dict[str, float]:
+        if self.on_device:
+            # This worker's per-replica logs, reduced now (a collective under
+            # MultiWorkerMirrored: every worker reports at the same steps).
+            op = (
+                self.tf.distribute.ReduceOp.SUM
+                if self.spec.reduction == "sum"
+                else self.tf.distribute.ReduceOp.MEAN
+            )
+            return _numbers({k: self.strategy.reduce(op, v, axis=None) for k, v in result.items()})
         if self.coordinator is not None:
             fetched = self._remote(result)
             return {} if fetched is None else _numbers(fetched[0])
         return _numbers(result[0])
+
+    def _examples_so_far(self) -> float:
+        return float(self.examples_var.numpy()) if self.on_device else 0.0
 
     def save(self, *, reason: str | None = None) -> None:
         step = self.host_step
@@ -306,15 +380,17 @@ class LoopRunner:
         )
         alone = writes_alone(self.name, self.settings.num_workers)
         logs: dict[str, float] = {}
-        epoch = _Epoch(time.perf_counter(), self.host_step)
+        epoch = _Epoch(time.perf_counter(), self.host_step, 0.0, self._examples_so_far())
         while self.host_step < total:
             result = self._run_step()
             self.host_step += 1
             self.emitter.tick(self.host_step)
-            if self.coordinator is None:
-                epoch.examples += float(result[1])  # on the host each step already
+            if self.coordinator is None and not self.on_device:
+                # On the CPU the step's results are host tensors already (free to read).
+                epoch.examples += float(result[1])
                 self._check_loss(result[0])
             if progress_due(self.host_step, self.every_progress):
+                self._check_device_flag()
                 logs = self._fetch(result)
                 self._check_loss(logs)  # ParameterServer: where results are fetched anyway
                 self.emitter.emit(
@@ -335,8 +411,11 @@ class LoopRunner:
             ):
                 self._barrier(epoch)
             if epoch_done:
+                self._check_device_flag()
                 logs = self._fetch(result)
                 self._check_loss(logs)
+                if self.on_device:
+                    epoch.examples = float(self.examples_var.numpy()) - epoch.examples_at_start
                 if spec.epoch_end_fn is not None:
                     logs.update(_numbers(spec.epoch_end_fn(self.state)))
                 elapsed = max(time.perf_counter() - epoch.started, 1e-9)
@@ -354,7 +433,7 @@ class LoopRunner:
             ):
                 self.save()
             if epoch_done:
-                epoch = _Epoch(time.perf_counter(), self.host_step)
+                epoch = _Epoch(time.perf_counter(), self.host_step, 0.0, self._examples_so_far())
         self._barrier(epoch)
         return {"step": self.host_step, "logs": logs}
 

@@ -10,7 +10,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from trainjob.runtime import exitcodes
+from trainjob.runtime import devices, exitcodes
 from trainjob.runtime import settings as settings_mod
 
 
@@ -21,15 +21,23 @@ class LossCheck(enum.Enum):
     # Every step's loss, as tf.keras' TerminateOnNaN does, but read one step late (see
     # LaggedLossCheck) unless a step event fetches the logs anyway.
     EVERY_STEP = "every-step"
-    # ParameterServer: only where the logs are fetched anyway (step events, epoch ends);
-    # fetching each step would make the coordinator wait for every step it schedules.
+    # ParameterServer and GPUs: only where the logs are fetched anyway (step events, epoch
+    # ends); fetching each step would make the coordinator wait for every step it schedules,
+    # and on a GPU the host wait for the device.
     FETCHED = "fetched"
 
 
-def loss_check_for(config: Mapping[str, Any], *, parameter_server: bool) -> LossCheck:
+def loss_check_for(
+    config: Mapping[str, Any], *, parameter_server: bool, on_gpu: bool = False
+) -> LossCheck:
+    """On a GPU (or ``loss_check: at_reports``) only where the logs are fetched anyway: a host
+    read of a device value waits for the whole device queue (see
+    :func:`trainjob.runtime.devices.loss_check_mode`)."""
     if not settings_mod.stop_on_nonfinite_loss(config):
         return LossCheck.OFF
-    return LossCheck.FETCHED if parameter_server else LossCheck.EVERY_STEP
+    if parameter_server or devices.loss_check_mode(config, on_gpu=on_gpu) == devices.AT_REPORTS:
+        return LossCheck.FETCHED
+    return LossCheck.EVERY_STEP
 
 
 def check_logs(logs: Mapping[str, Any], *, step: int, epoch: int) -> None:

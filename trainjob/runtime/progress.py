@@ -52,6 +52,8 @@ class Emitter:
     reporter: reporter_mod.ProgressReporter | None = None
     # Sees every event (the chief's TensorBoard scalars: trainjob.runtime.summaries).
     summaries: Callable[[Mapping[str, Any]], None] | None = None
+    # Added to every ``start`` event, whichever runner writes it (the devices in use).
+    start_fields: dict[str, Any] = field(default_factory=dict)
 
     def tick(self, step: int) -> None:
         """The global step just completed (cheap: call it every step)."""
@@ -72,6 +74,8 @@ class Emitter:
             )
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        if event == "start":
+            fields = {**self.start_fields, **fields}
         record = make_event(
             event, replica=self.replica, chief=self.chief, now=time.time(), **fields
         )

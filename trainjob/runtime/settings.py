@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from trainjob.core import constants
+from trainjob.runtime import devices
 from trainjob.runtime.exitcodes import ConfigError
 
 # Canonical strategy names (TRAINJOB_STRATEGY is matched case-insensitively).
@@ -188,6 +189,7 @@ def from_env(env: Mapping[str, str]) -> RuntimeSettings:
     if data_dir is not None and not isinstance(data_dir, str):
         raise ConfigError("config key data_dir must be a string")
     stop_on_nonfinite_loss(config)  # a typo'd value fails here, before TensorFlow starts
+    devices.validate(config)
     settings = RuntimeSettings(
         entrypoint=entrypoint,
         strategy=strategy,

@@ -8,7 +8,7 @@ every later loss is NaN too, as in a real divergence. With the runtime's default
 stops there with exit code 6; with ``stop_on_nonfinite_loss: false`` it trains to the end.
 
 Config keys (``TRAINJOB_CONFIG``): ``nan_at_step`` (5; 0 = never), ``epochs`` (2),
-``steps_per_epoch`` (5), ``batch_size`` (global, 8).
+``steps_per_epoch`` (5), ``batch_size`` (global, 8), ``steps_per_execution`` (fit only, 1).
 """
 
 from __future__ import annotations
@@ -42,7 +42,12 @@ def build(ctx: runtime.TrainContext) -> runtime.TrainSpec:
 
     def model_fn() -> Any:
         model = tf.keras.Sequential([tf.keras.Input(shape=(FEATURES,)), tf.keras.layers.Dense(1)])
-        model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
+        # steps_per_execution: N steps per tf.function call (fewer host round trips).
+        model.compile(
+            optimizer=tf.keras.optimizers.SGD(0.01),
+            loss="mse",
+            steps_per_execution=ctx.get_int("steps_per_execution", 1),
+        )
         return model
 
     return runtime.TrainSpec(
