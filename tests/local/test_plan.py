@@ -245,3 +245,35 @@ def test_too_many_processes_and_rerun_refusal() -> None:
     assert plan.rerun_refusal(job, None, "/r") is None
     refusal = plan.rerun_refusal(job, {"state": "Succeeded", "completionTime": "T"}, "/r")
     assert refusal is not None and refusal.startswith("TrainJob big already Succeeded in /r (T)")
+
+
+def test_dry_run_shows_each_process_devices(
+    tmp_path: os.PathLike[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+    import pathlib
+
+    path = write_job(
+        pathlib.Path(tmp_path) / "job.yaml",
+        job_manifest(
+            "gpu",
+            {"worker": command_replica("pass", replicas=2), "ps": command_replica("pass")},
+        ),
+    )
+    out = io.StringIO()
+    code = run_main(
+        ["-f", str(path), "--dry-run", "--gpus", "0,1", "--run-dir", str(tmp_path)],
+        stdin=io.StringIO(""),
+        out=out,
+    )
+    text = out.getvalue()
+    assert code == 0, text
+    blocks = {block.split()[0]: block for block in text.split("\n\n")[1:]}
+    assert (
+        "devices: GPU 0\n" in blocks["worker-0"]
+        and "CUDA_VISIBLE_DEVICES=0\n" in blocks["worker-0"]
+    )
+    assert "devices: GPU 1\n" in blocks["worker-1"]
+    assert "TRAINJOB_WORKER_GPUS=1" in blocks["worker-1"]
+    assert "devices: CPU\n" in blocks["ps-0"] and "CUDA_VISIBLE_DEVICES=\n" in blocks["ps-0"]
+    assert "gpus:           from --gpus" in text

@@ -9,7 +9,7 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from trainjob.cliutil import (
@@ -23,7 +23,18 @@ from trainjob.cliutil import (
     source_name,
 )
 from trainjob.core import spec
-from trainjob.local import board, data, executor, outcome, plan, rundir, runs, supervisor, view
+from trainjob.local import (
+    board,
+    data,
+    executor,
+    gpus,
+    outcome,
+    plan,
+    rundir,
+    runs,
+    supervisor,
+    view,
+)
 
 RUN_DESCRIPTION: Final = """\
 Run a TrainJob on this machine: every replica is a process on 127.0.0.1 with the same
@@ -118,6 +129,18 @@ def add_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "interface. Default: a network of the run's own, loopback only",
     )
     parser.add_argument(
+        "--gpus",
+        metavar="all|none|IDS",
+        help="GPUs to share out round-robin over the processes that train (e.g. 0,1; default: "
+        "$CUDA_VISIBLE_DEVICES, else every GPU the NVIDIA driver lists); a GPU shared by "
+        "several processes gets memory growth; none: every process on the CPU",
+    )
+    parser.add_argument(
+        "--ps-on-gpu",
+        action="store_true",
+        help="give parameter servers GPUs too (default: ps on the CPU)",
+    )
+    parser.add_argument(
         "--max-processes",
         type=_positive_int,
         metavar="N",
@@ -185,6 +208,32 @@ def _tf_version() -> str | None:
     return None
 
 
+# One entry per GPU the NVIDIA kernel driver manages (its PCI bus id): counted without
+# TensorFlow in the CLI and without starting nvidia-smi.
+NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
+
+
+def _detected_gpus() -> int:
+    try:
+        return len(os.listdir(NVIDIA_GPUS_DIR))
+    except OSError:
+        return 0
+
+
+def _gpu_plan(
+    job: spec.TrainJob, args: argparse.Namespace, environ: Mapping[str, str]
+) -> gpus.GpuPlan | None:
+    option = gpus.parse_option(args.gpus) if args.gpus else None
+    pool, source = gpus.gpu_pool(
+        option,
+        caller_visible=environ.get(gpus.CUDA_VISIBLE_DEVICES),
+        detected=_detected_gpus() if option in (None, gpus.ALL) else 0,
+    )
+    if pool is None:
+        return None
+    return gpus.assign(job.replica_keys(), pool, source=source, ps_on_gpu=args.ps_on_gpu)
+
+
 def cmd_run(args: argparse.Namespace, streams: Streams) -> int:
     out = streams.out
     files: list[str] = args.file
@@ -220,8 +269,9 @@ def cmd_run(args: argparse.Namespace, streams: Streams) -> int:
             data_dir=data_dir,
             python_path=supervisor.package_root(),
             host_network=args.host_network,
+            gpu_plan=_gpu_plan(job, args, environ),
         )
-    except plan.PlanError as error:
+    except (plan.PlanError, gpus.GpuOptionError) as error:
         raise CliError(f"{name}: {error}") from error
     if args.dry_run:
         out.write(plan.format_plan(run_plan))

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from trainjob.core import constants, naming, spec, tfconfig
+from trainjob.local import gpus as gpus_mod
 
 ReplicaKey = tuple[str, int]
 
@@ -92,6 +93,8 @@ class RunPlan:
     # Whether the replicas get a network of the run's own, loopback only (trainjob.local.netns):
     # a TensorFlow server listens on every interface, and runs any graph it is sent.
     private_network: bool = True
+    # GPUs shared out per process (trainjob.local.gpus); None: no GPU found, env untouched.
+    gpus: gpus_mod.GpuPlan | None = None
 
     def process(self, key: ReplicaKey) -> ProcessPlan:
         for process in self.processes:
@@ -183,6 +186,7 @@ def make_plan(
     python_path: str | None = None,
     default_grace_seconds: float = DEFAULT_GRACE_SECONDS,
     host_network: bool = False,
+    gpu_plan: gpus_mod.GpuPlan | None = None,
 ) -> RunPlan:
     """Everything needed to start the job's processes; no process is started here.
 
@@ -222,6 +226,13 @@ def make_plan(
             tfconfig.replica_env(job, cluster, rtype, index, LOCAL_NAMESPACE, checkpoint_dir)
         )
         env[constants.ENV_PROGRESS_FILE] = progress_file
+        # The templates' nvidia.com/gpu mean nothing here: what counts is what this machine has.
+        env.pop(constants.ENV_WORKER_GPUS, None)
+        if gpu_plan is not None:
+            # A CUDA_VISIBLE_DEVICES the template sets itself wins, as in its Pod.
+            for key, value in gpu_plan.env((rtype, index)).items():
+                if key not in template_env:
+                    env[key] = value
         if data_dir is not None and job.runtime is not None:
             env[constants.ENV_DATA_DIR] = data_dir
         if data_dir is not None and TFDS_DATA_DIR not in template_env:
@@ -255,6 +266,7 @@ def make_plan(
         processes=tuple(processes),
         notes=tuple(notes),
         private_network=private_network,
+        gpus=gpu_plan,
     )
 
 
@@ -299,6 +311,11 @@ def format_plan(plan: RunPlan) -> str:
     )
     if plan.private_network:
         lines.append(f"  network:        {PRIVATE_NETWORK}")
+    if plan.gpus is not None:
+        lines.append(
+            f"  gpus:           from {plan.gpus.source}; processes that train share them "
+            "round-robin, ps on the CPU (--gpus, --ps-on-gpu)"
+        )
     lines.extend(f"  note: {note}" for note in plan.notes)
     for process in plan.processes:
         restart = job.replica_specs[process.key[0]].restart_policy
@@ -308,6 +325,8 @@ def format_plan(plan: RunPlan) -> str:
         )
         lines.append(f"  command: {shlex.join(process.argv)}")
         lines.append(f"  log:     {process.log_path}")
+        if plan.gpus is not None:
+            lines.append(f"  devices: {plan.gpus.describe(process.key)}")
         for key in sorted(process.env):
             lines.append(f"  {key}={process.env[key]}")
     return "\n".join(lines) + "\n"
