@@ -15,6 +15,7 @@ records them.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import hashlib
@@ -184,14 +185,18 @@ def status_fingerprint(status: Mapping[str, Any]) -> str:
     return json.dumps(owned, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def event_id(uid: str, fingerprint: str, position: int, event: policy.Event) -> str:
-    """The name suffix of the `position`-th Event of a decision made from TrainJob `uid` whose
-    status was `fingerprint`. The same transition decided again from the same recorded status
-    gets the same name, whatever else changed in between (the resourceVersion moves with
-    kopf's finalizer, labels, progress): a decision whose status write never landed (a
-    crash, a conflict) posts its Events once. A later transition starts from another status
-    (conditions carry their transition times), so it gets other names."""
-    key = f"{uid}/{fingerprint}/{position}/{event.type}/{event.reason}/{event.message}"
+def event_id(uid: str, fingerprint: str, occurrence: int, event: policy.Event) -> str:
+    """The name suffix of an Event of a decision made from TrainJob `uid` whose status was
+    `fingerprint`; `occurrence` counts the same Event (type, reason, message) earlier in the
+    same decision. The same transition decided again from the same recorded status gets the
+    same name, whatever else changed in between (the resourceVersion moves with kopf's
+    finalizer, labels, progress) and whatever other Events come with it (the next decision
+    may see more: a second replica that ended meanwhile adds an Event before the terminal
+    one, which a name by position in the list would count as another Succeeded): a decision
+    whose status write never landed (a crash, a conflict) posts each of its Events once. A
+    later transition starts from another status (conditions carry their transition times),
+    so it gets other names."""
+    key = f"{uid}/{fingerprint}/{occurrence}/{event.type}/{event.reason}/{event.message}"
     return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
@@ -209,8 +214,10 @@ async def post_events(
     uid, job_name = str(metadata.get("uid") or ""), str(metadata.get("name"))
     names: list[str] = []
     created: list[str] = []
-    for position, event in enumerate(events):
-        suffix = event_id(uid, fingerprint, position, event)
+    seen_before: collections.Counter[policy.Event] = collections.Counter()
+    for event in events:
+        suffix = event_id(uid, fingerprint, seen_before[event], event)
+        seen_before[event] += 1
         name = await api.post_event(dict(raw), event.type, event.reason, event.message, now, suffix)
         names.append(kube.event_name(job_name, suffix))
         if name is not None:

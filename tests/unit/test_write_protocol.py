@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 
+from trainjob.core import policy
 from trainjob_operator import config, context, kube, metrics, reconciler, writes
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
@@ -144,3 +145,29 @@ def test_a_conflicting_status_write_stops_the_reconcile_before_anything_is_made(
     assert [what for what, _ in api.calls if what not in ("event",)] == ["status"]
     # The next reconcile reads afresh, and knows which Events it posted for nothing.
     assert seen.stale and seen.superseded is not None and seen.superseded.names
+
+
+def test_a_transition_decided_again_with_more_events_posts_its_terminal_event_once() -> None:
+    """After a crash between posting a decision's Events and recording it, the next decision
+    from the same recorded status may see more (a second replica ended meanwhile) and add an
+    Event before the terminal one. Named by position, the terminal Event got a second name:
+    two Succeeded Events for one success (seen once in the chaos storm). Named by what it is
+    and how often it came before in its decision, it gets the same name: posted once (409)."""
+    succeeded = policy.Event("Normal", "TrainJobSucceeded", "TrainJob mnist succeeded (chief 0)")
+    stopped = policy.Event("Normal", "Stopped", "stopped worker 1")
+
+    def names(*events: policy.Event) -> list[str]:
+        posted, _ = asyncio.run(
+            writes.post_events(Recorder(), trainjob(), "fingerprint", events, NOW)
+        )
+        return posted
+
+    first = names(succeeded)
+    again = names(stopped, succeeded)
+    assert first[0] == again[1]
+    # Two identical Events of one decision still get two names.
+    twice = names(stopped, stopped)
+    assert twice[0] != twice[1]
+    # Another recorded status: another transition, other names.
+    other, _ = asyncio.run(writes.post_events(Recorder(), trainjob(), "other", [succeeded], NOW))
+    assert other != first
