@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from trainjob.core import constants
+from trainjob.core import tfjob as tfjob_core
 
 GANG_NONE: Final = "none"
 GANG_VOLCANO: Final = "volcano"
@@ -57,6 +58,8 @@ ENV_PROGRESS_INTERVAL: Final = "TRAINJOB_PROGRESS_INTERVAL_SECONDS"
 ENV_PROGRESS_WRITES: Final = "TRAINJOB_PROGRESS_STATUS_WRITES_PER_SECOND"
 ENV_RESTRICTED: Final = "TRAINJOB_RESTRICTED_POD_DEFAULTS"
 ENV_NETWORK_POLICY: Final = "TRAINJOB_NETWORK_POLICY"
+ENV_TFJOB: Final = "TRAINJOB_TFJOB"
+ENV_TFJOB_MODE: Final = "TRAINJOB_TFJOB_MODE"
 ENV_KUEUE: Final = "TRAINJOB_KUEUE"
 ENV_KUEUE_MANAGE_ALL: Final = "TRAINJOB_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME"
 ENV_KUEUE_NAMESPACES: Final = "TRAINJOB_KUEUE_MANAGED_NAMESPACES"
@@ -114,6 +117,11 @@ class Settings:
     # policies itself).
     network_policy: bool = True
     kueue_namespaces: str = DEFAULT_KUEUE_NAMESPACES
+    # Serve Kubeflow's kubeflow.org/v1 TFJobs too (doors.py), in takeover mode (no
+    # training-operator serves TFJobs: runPolicy.managedBy unset, training-operator's or ours)
+    # or coexist mode (it still runs: ours only). trainjob.core.tfjob.served.
+    tfjob: bool = False
+    tfjob_mode: str = tfjob_core.TAKEOVER
 
     @property
     def progress_enabled(self) -> bool:
@@ -200,6 +208,11 @@ def _float(value: str | None, name: str, default: float) -> float:
 
 def _bool(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def env_flag(env: Mapping[str, str], name: str) -> bool:
+    """Whether the environment variable `name` is set to a true value (1, true, yes, on)."""
+    return _bool(env.get(name))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -299,6 +312,20 @@ def parser() -> argparse.ArgumentParser:
         help="create no NetworkPolicy for the jobs (by default each job gets one that lets "
         "only its own replicas reach its TensorFlow ports), for clusters that manage "
         f"policies themselves (env {ENV_NETWORK_POLICY}=false)",
+    )
+    p.add_argument(
+        "--tfjob",
+        action="store_true",
+        default=None,
+        help="serve Kubeflow's kubeflow.org/v1 TFJobs as training-operator v1.9.4 does (its CRD "
+        f"must be installed; env {ENV_TFJOB})",
+    )
+    p.add_argument(
+        "--tfjob-mode",
+        choices=tfjob_core.MODES,
+        help="takeover: serve TFJobs with runPolicy.managedBy unset, "
+        f"{tfjob_core.TRAINING_OPERATOR!r} or {tfjob_core.OURS!r} (no training-operator serves "
+        f"TFJobs); coexist: only {tfjob_core.OURS!r} (env {ENV_TFJOB_MODE}; default takeover)",
     )
     p.add_argument(
         "--kueue",
@@ -419,7 +446,19 @@ def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         ),
         kueue_namespaces=pick(args.kueue_managed_namespaces, ENV_KUEUE_NAMESPACES)
         or DEFAULT_KUEUE_NAMESPACES,
+        tfjob=args.tfjob if args.tfjob is not None else _bool(env.get(ENV_TFJOB)),
+        tfjob_mode=_tfjob_mode(pick(args.tfjob_mode, ENV_TFJOB_MODE)),
     )
+
+
+def _tfjob_mode(value: str | None) -> str:
+    if value is None or value == "":
+        return tfjob_core.TAKEOVER
+    if value not in tfjob_core.MODES:
+        raise ConfigError(
+            f"{ENV_TFJOB_MODE}: must be one of {', '.join(tfjob_core.MODES)}, got {value!r}"
+        )
+    return value
 
 
 SERVICE_ACCOUNT_TOKEN: Final = "/var/run/secrets/kubernetes.io/serviceaccount/token"

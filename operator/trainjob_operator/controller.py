@@ -153,8 +153,12 @@ class Controller:
         workers: int = WORKERS,
         pause: Pause | None = None,
         reconcile: Reconcile = reconciler.reconcile_job,
+        kind: str = "TrainJob",
     ) -> None:
+        """`kind`: the kind this loop serves (one loop per kind: doors.py); its `reconcile`
+        reads that kind."""
         self.rt = rt
+        self.kind = kind
         self._reconcile_job = reconcile
         self.workers = workers
         self.queue: workqueue.WorkQueue[JobKey] = workqueue.WorkQueue()
@@ -167,8 +171,16 @@ class Controller:
         # Per job: the event set once its scope's children have been listed.
         self._listed: dict[JobKey, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        rt.on_wake = self.wake
-        rt.has_loop = self.known.__contains__
+        # A child's event wakes its job in whichever loop knows it (a TrainJob's and a
+        # TFJob's loops share the child index and its informers).
+        wake_before, has_loop_before = rt.on_wake, rt.has_loop
+
+        def wake(key: JobKey) -> None:
+            wake_before(key)
+            self.wake(key)
+
+        rt.on_wake = wake
+        rt.has_loop = lambda key: key in self.known or has_loop_before(key)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -236,7 +248,7 @@ class Controller:
             except asyncio.CancelledError:
                 raise
             except Exception:  # never lose a worker
-                logger.exception("The loop of TrainJob %s/%s failed", *key)
+                logger.exception("The loop of %s %s/%s failed", self.kind, *key)
                 self.queue.add_after(key, BACKOFF_MAX)
             finally:
                 self.queue.done(key)
@@ -270,14 +282,14 @@ class Controller:
             # Decided from a copy older than the job (our status write was conditional on
             # it): decide again from a fresh read, soon; not an error.
             state.conflicts += 1
-            logger.info("TrainJob %s/%s changed since it was read; deciding again", *key)
+            logger.info("%s %s/%s changed since it was read; deciding again", self.kind, *key)
             self.queue.add_after(key, kube.retry_delay(state.conflicts, 0.05, 5.0))
             return
         except (kube.TransientError, kube.RejectedError) as exc:
             self._retry(key, state, f"failed ({exc})", exc)
             return
         except Exception as exc:  # a bug must not stop this job's loop, nor any other job
-            logger.exception("Reconcile of TrainJob %s/%s crashed", *key)
+            logger.exception("Reconcile of %s %s/%s crashed", self.kind, *key)
             self._retry(key, state, "crashed", exc)
             return
         finally:
@@ -299,7 +311,7 @@ class Controller:
         state.failures += 1
         delay = kube.retry_after_failure(state.failures, error, BACKOFF_FIRST, BACKOFF_MAX)
         self.rt.metrics.reconcile_errors.labels(key[0]).inc()
-        logger.warning("Reconcile of TrainJob %s/%s %s; retrying in %.1fs", *key, what, delay)
+        logger.warning("Reconcile of %s %s/%s %s; retrying in %.1fs", self.kind, *key, what, delay)
         self.queue.add_after(key, delay)
 
     # -- parking and forgetting -------------------------------------------------------

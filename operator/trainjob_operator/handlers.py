@@ -33,20 +33,23 @@ import kopf
 from kopf._core.engines import peering
 from kopf._core.reactor import observation
 
-from trainjob.core import constants
+from trainjob.core import constants, tfjob
 from trainjob_operator import (
     config,
     context,
     controller,
+    doors,
     gang,
     informer,
     kube,
     metrics,
     progress_server,
+    reconciler,
 )
 
 CONTEXT_KEY: Final = "trainjob_context"
 CONTROLLER_KEY: Final = "trainjob_controller"
+TFJOB_CONTROLLER_KEY: Final = "trainjob_tfjob_controller"
 PROGRESS_KEY: Final = "trainjob_progress"
 # Why start-up refused to go on (kopf then stops; __main__ says it and exits 2).
 REFUSED_KEY: Final = "trainjob_refused"
@@ -162,6 +165,13 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         meters.serve(cfg.metrics_port)
         logger.info("Serving Prometheus metrics on :%d/metrics", cfg.metrics_port)
     await _wait_for_crd(api)
+    if cfg.tfjob:
+        refusal = await _tfjob_problem(api)
+        if refusal is not None:
+            memo[REFUSED_KEY] = refusal
+            await api.close()
+            raise kopf.PermanentError(refusal)
+        await _wait_for_tfjob_crd(api)
     if gang.wanted(cfg):
         refusal = await _pod_groups_problem(api, cfg)
         if refusal is not None:
@@ -185,6 +195,17 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     jobs = controller.Controller(runtime, pause=PAUSE)
     jobs.start()
     memo[CONTROLLER_KEY] = jobs
+    if cfg.tfjob:
+        tfjobs = controller.Controller(
+            runtime,
+            pause=PAUSE,
+            reconcile=functools.partial(
+                reconciler.reconcile_job, door=doors.TFJobDoor(mode=cfg.tfjob_mode)
+            ),
+            kind=tfjob.KIND,
+        )
+        tfjobs.start()
+        memo[TFJOB_CONTROLLER_KEY] = tfjobs
 
 
 async def _pod_groups_problem(api: kube.Kube, cfg: config.Settings) -> str | None:
@@ -231,11 +252,71 @@ async def _wait_for_crd(api: kube.Kube) -> None:
         await asyncio.sleep(delay)
 
 
+# training-operator's validating webhook (pkg/webhooks/tensorflow): while registered it
+# refuses every TFJob whose managedBy is ours, and with training-operator not serving TFJobs
+# (its handler unregistered) it refuses every TFJob create (failurePolicy: Fail).
+TRAINING_OPERATOR_WEBHOOKS: Final = "validator.training-operator.kubeflow.org"
+TRAINING_OPERATOR_TFJOB_WEBHOOK: Final = "validator.tfjob.training-operator.kubeflow.org"
+
+
+async def _tfjob_problem(api: kube.Kube) -> str | None:
+    """What would make serving TFJobs fight training-operator or be refused, in one line
+    with the fix; None: nothing found (or not allowed to look: then a warning)."""
+    try:
+        found = await api.get_object(
+            "admissionregistration.k8s.io",
+            "v1",
+            None,
+            "validatingwebhookconfigurations",
+            TRAINING_OPERATOR_WEBHOOKS,
+        )
+    except (kube.TransientError, kube.RejectedError) as exc:
+        logger.warning("Could not check for training-operator's TFJob webhook: %s", exc)
+        return None
+    hooks = (found or {}).get("webhooks") or []
+    if not any(h.get("name") == TRAINING_OPERATOR_TFJOB_WEBHOOK for h in hooks):
+        return None
+    return (
+        f"--tfjob: training-operator's TFJob webhook {TRAINING_OPERATOR_TFJOB_WEBHOOK} is "
+        f"registered (ValidatingWebhookConfiguration {TRAINING_OPERATOR_WEBHOOKS}): it refuses "
+        f"TFJobs managed by {tfjob.OURS} and, with training-operator serving TFJobs, the two "
+        "controllers would fight over the same Pods. Remove that webhook entry and run "
+        "training-operator without tfjob in --enable-scheme (or uninstall it), then start again"
+    )
+
+
+async def _wait_for_tfjob_crd(api: kube.Kube) -> None:
+    """Until the API server serves TFJobs (as for TrainJobs: kopf scans discovery once)."""
+    failures = 0
+    while True:
+        try:
+            if await api.serves(tfjob.GROUP, tfjob.VERSION, tfjob.PLURAL):
+                if failures:
+                    logger.info("The TFJob resource is served now")
+                return
+            reason = "the TFJob CRD is not installed"
+        except (kube.TransientError, kube.RejectedError) as exc:
+            reason = str(exc)
+        failures += 1
+        delay = kube.retry_delay(failures, BACKOFF_FIRST, 10.0)
+        logger.warning(
+            "--tfjob: waiting for the API server to serve %s.%s (%s: kubectl apply "
+            "--server-side -f crds/kubeflow.org_tfjobs.yaml, or the chart's tfjob.installCRD); "
+            "again in %.1fs",
+            tfjob.PLURAL,
+            tfjob.GROUP,
+            reason,
+            delay,
+        )
+        await asyncio.sleep(delay)
+
+
 @kopf.on.cleanup()
 async def trainjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
-    jobs = memo.get(CONTROLLER_KEY)
-    if isinstance(jobs, controller.Controller):
-        await jobs.close()
+    for key in (CONTROLLER_KEY, TFJOB_CONTROLLER_KEY):
+        jobs = memo.get(key)
+        if isinstance(jobs, controller.Controller):
+            await jobs.close()
     server = memo.get(PROGRESS_KEY)
     if isinstance(server, progress_server.ProgressServer):
         await server.close()
@@ -279,3 +360,27 @@ def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
 async def trainjob_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     """Created, changed, listed at operator start or after a pause, deleted: to the loop."""
     _controller(memo).observe(event.get("type"), event["object"])
+
+
+async def tfjob_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """A TFJob created, changed, listed or deleted (with --tfjob): to its loop."""
+    loop = memo.get(TFJOB_CONTROLLER_KEY)
+    if not isinstance(loop, controller.Controller):
+        raise kopf.TemporaryError("operator is not started yet", delay=1)
+    loop.observe(event.get("type"), event["object"])
+
+
+_serving_tfjobs: list[bool] = []
+
+
+def serve_tfjobs() -> None:
+    """Watch TFJobs (--tfjob): registered before kopf.run, which resolves what it watches
+    once at start."""
+    if not _serving_tfjobs:
+        kopf.on.event(tfjob.GROUP, tfjob.VERSION, tfjob.PLURAL)(tfjob_event)
+        _serving_tfjobs.append(True)
+
+
+# `kopf run -m trainjob_operator.handlers` takes its settings from the environment.
+if config.env_flag(os.environ, config.ENV_TFJOB):
+    serve_tfjobs()

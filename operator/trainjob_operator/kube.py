@@ -676,8 +676,10 @@ class Kube:
                 else {"generateName": f"{name}.", "namespace": namespace}
             ),
             "involvedObject": {
-                "apiVersion": constants.API_VERSION,
-                "kind": constants.KIND,
+                # The job's own kind: a TrainJob, or a TFJob (the SDK's get_job_logs reads
+                # the Events whose involvedObject.kind is TFJob).
+                "apiVersion": job.get("apiVersion") or constants.API_VERSION,
+                "kind": job.get("kind") or constants.KIND,
                 "name": name,
                 "namespace": namespace,
                 "uid": metadata.get("uid"),

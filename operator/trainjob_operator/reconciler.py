@@ -45,6 +45,7 @@ from trainjob.core import naming, policy, render, spec
 from trainjob.core import status as st
 from trainjob_operator import (
     children,
+    doors,
     gang,
     gang_sync,
     kube,
@@ -102,35 +103,43 @@ async def reconcile_job(
     now: datetime.datetime,
     live: Mapping[str, Any] | None,
     seen: writes.Seen,
+    door: doors.Door = doors.TRAINJOB,
 ) -> Outcome:
-    """`live`: the watched copy of the TrainJob (None: read it with a GET); `seen`: the job
-    loop's memory of it (see `writes.current_trainjob`)."""
-    raw = await writes.current_trainjob(rt.kube, namespace, name, live, seen)
+    """`live`: the watched copy of the job (None: read it with a GET); `seen`: the job
+    loop's memory of it (see `writes.current_trainjob`); `door`: the kind it came in by
+    (a TrainJob, or a TFJob: doors.py)."""
+    raw = await door.current(rt.kube, namespace, name, live, seen)
     if raw is None:
         return Outcome(None, done=True)
     metadata = raw.get("metadata") or {}
     if metadata.get("deletionTimestamp"):
         return Outcome(None, done=True)
+    if not door.accepts(raw):
+        # Another controller's job (a TFJob's runPolicy.managedBy, which is immutable).
+        return Outcome(None, at_rest=True)
+    api = door.recorder(rt.kube, raw)
     uid = str(metadata.get("uid") or "")
     raw_status = raw.get("status") if isinstance(raw.get("status"), Mapping) else {}
     assert isinstance(raw_status, Mapping)
     old = st.from_dict(raw_status)
 
-    try:
-        job = spec.parse(raw)
-    except spec.SpecError as exc:
-        message = "; ".join(str(problem) for problem in exc.problems)
-        await _mark_invalid(rt, raw, raw_status, old, None, message, now, seen)
-        return Outcome(None, at_rest=writes.settled(seen))
-
     mine_pods = [p for p in pods if p.owner_uid in (uid, None)]
     mine_services = [s for s in services if s.owner_uid in (uid, None)]
-    options = gang.render_options(job, rt.settings, namespace, rt.progress_endpoint())
+    try:
+        job = door.parse(raw)
+    except spec.SpecError as exc:
+        message = "; ".join(str(problem) for problem in exc.problems)
+        await _mark_invalid(rt, door, raw, raw_status, old, None, message, now, seen, mine_pods)
+        return Outcome(None, at_rest=writes.settled(seen))
+
+    options = _render_options(rt, door, raw, job, namespace)
 
     # Kueue first: it may suspend the job (before any Pod exists) or start it with the
     # admission's templates, and the decision below is made from the job as it left it.
     queued: kueue.Step | None = None
-    if await kueue.is_managed(rt.kube, rt.settings, rt.kueue_namespaces, job, namespace):
+    if door.own_kueue and await kueue.is_managed(
+        rt.kube, rt.settings, rt.kueue_namespaces, job, namespace
+    ):
         try:
             queued = await kueue.sync(
                 rt.kube,
@@ -148,8 +157,8 @@ async def reconcile_job(
         if queued.raw is not raw:
             raw = dict(queued.raw)
             seen.known = raw
-            job = spec.parse(raw)
-            options = gang.render_options(job, rt.settings, namespace, rt.progress_endpoint())
+            job = door.parse(raw)
+            options = _render_options(rt, door, raw, job, namespace)
     if kw.managed_elsewhere(job.managed_by):
         # MultiKueue runs this job on a worker cluster and mirrors its status here: no
         # Pods, Services or status of ours.
@@ -198,15 +207,16 @@ async def reconcile_job(
             bypassed = gang.bypass_events(job, rt.settings)
             decision = dataclasses.replace(decision, events=(*decision.events, *bypassed))
         requeue_gang_in = await rt.gangs.step((namespace, name), decision, group)
-    owner = render.Owner(name=name, uid=uid)
+    owner = _owner(door, raw, name, uid)
 
     # Record the decision before acting on it (see the module docstring for why).
     # kube.ConflictError (the job changed since it was read): the caller decides again.
     patch = writes.status_diff(raw_status, st.to_dict(job, decision.status))
-    written = await writes.record_decision(rt.kube, raw, decision.events, patch, now, seen)
+    written = await writes.record_decision(api, raw, decision.events, patch, now, seen)
     if written is None:
         return Outcome(None, done=True)
     raw = written
+    await door.publish(rt.kube, raw, decision.status, mine_pods, now, seen)
     raw_status = raw.get("status") if isinstance(raw.get("status"), Mapping) else {}
     assert isinstance(raw_status, Mapping)
     rt.metrics.transition(namespace, old, decision.status)
@@ -253,14 +263,16 @@ async def reconcile_job(
     except kube.RejectedError as exc:
         # The API server refused what the spec renders to (e.g. an invalid Pod template that
         # the CRD schema cannot check): the job can never run as written.
-        await _mark_invalid(rt, raw, raw_status, decision.status, job, str(exc), now, seen)
+        await _mark_invalid(
+            rt, door, raw, raw_status, decision.status, job, str(exc), now, seen, mine_pods
+        )
         return Outcome(None, at_rest=writes.settled(seen))
 
     if queued is not None:
         await kueue.sync_pods_ready(rt.kube, queued.workload, decision.status, now)
 
     if decision.delete_job:
-        await rt.kube.delete_trainjob(namespace, name, uid)
+        await api.delete_trainjob(namespace, name, uid)
         rt.metrics.forget(uid)
         return Outcome(None, done=True)
     if refusals:
@@ -276,6 +288,28 @@ async def reconcile_job(
         later = decision.requeue_after
         return Outcome(requeue_gang_in if later is None else min(later, requeue_gang_in))
     return Outcome(decision.requeue_after, at_rest=at_rest(decision, seen))
+
+
+def _render_options(
+    rt: OperatorContext,
+    door: doors.Door,
+    raw: Mapping[str, Any],
+    job: spec.TrainJob,
+    namespace: str,
+) -> render.RenderOptions:
+    progress = rt.progress_endpoint() if door.reports_progress else None
+    options = gang.render_options(job, rt.settings, namespace, progress)
+    types = door.kubeflow_types(raw)
+    return options if types is None else dataclasses.replace(options, kubeflow_types=types)
+
+
+def _owner(door: doors.Door, raw: Mapping[str, Any], name: str, uid: str) -> render.Owner:
+    source = doors.tfjob_of(raw)
+    if source:
+        return render.Owner(
+            name=name, uid=uid, api_version=str(source.get("apiVersion")), kind=door.kind
+        )
+    return render.Owner(name=name, uid=uid)
 
 
 async def _create_children(
@@ -366,6 +400,7 @@ async def _all(calls: Iterable[Coroutine[Any, Any, Any]]) -> None:
 
 async def _mark_invalid(
     rt: OperatorContext,
+    door: doors.Door,
     raw: Mapping[str, Any],
     raw_status: Mapping[str, Any],
     old: st.JobStatus,
@@ -373,6 +408,7 @@ async def _mark_invalid(
     message: str,
     now: datetime.datetime,
     seen: writes.Seen,
+    pods: Iterable[children.ChildPod],
 ) -> None:
     metadata = raw.get("metadata") or {}
     namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
@@ -387,9 +423,16 @@ async def _mark_invalid(
     patch = writes.status_diff(raw_status, wanted)
     if patch is None:
         return  # already marked
-    await writes.record_decision(
-        rt.kube, raw, [policy.Event("Warning", policy.REASON_INVALID, message)], patch, now, seen
+    written = await writes.record_decision(
+        door.recorder(rt.kube, raw),
+        raw,
+        [policy.Event("Warning", policy.REASON_INVALID, message)],
+        patch,
+        now,
+        seen,
     )
-    logger.warning("Marked TrainJob %s/%s Failed (InvalidSpec): %s", namespace, name, message)
+    if written is not None:
+        await door.publish(rt.kube, written, new, pods, now, seen)
+    logger.warning("Marked %s %s/%s Failed (InvalidSpec): %s", door.kind, namespace, name, message)
     rt.metrics.transition(namespace, old, new)
     rt.metrics.set_state(uid, namespace, st.state_of(new))

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from trainjob.core import constants, naming, progress, spec, tfconfig
+from trainjob.core import constants, naming, progress, spec, tfconfig, tfjob
 
 # The user the runtime images (images/trainjob*, `USER 1000`) run as, and its group.
 RUNTIME_IMAGE_UID = 1000
@@ -23,10 +23,12 @@ TFDS_DATA_DIR = "TFDS_DATA_DIR"
 
 @dataclasses.dataclass(frozen=True)
 class Owner:
-    """The TrainJob that owns the children (controller ownerReference)."""
+    """The job that owns the children (controller ownerReference): a TrainJob, or a TFJob."""
 
     name: str
     uid: str
+    api_version: str = constants.API_VERSION
+    kind: str = constants.KIND
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +54,17 @@ class RenderOptions:
     # image (runAsNonRoot with a non-root user, no privilege escalation, no capabilities), so
     # bring-your-own images run in restricted namespaces (an operator flag, off by default).
     restricted_defaults: bool = False
+    # The Kubeflow profile, for a TFJob's children (trainjob.core.tfjob): the TFJob's replica
+    # types by engine type (Chief or Master, PS, Worker, Evaluator). Its Pods are what
+    # training-operator v1.9.4 makes of the same template: its labels beside ours, TF_CONFIG
+    # only in the `tensorflow` container, and no defaults of ours in the template.
+    kubeflow_types: Mapping[str, str] | None = None
 
 
 def owner_reference(owner: Owner) -> dict[str, Any]:
     return {
-        "apiVersion": constants.API_VERSION,
-        "kind": constants.KIND,
+        "apiVersion": owner.api_version,
+        "kind": owner.kind,
         "name": owner.name,
         "uid": owner.uid,
         "controller": True,
@@ -104,14 +111,20 @@ def render_pod(
     if not containers:
         containers = [{"name": constants.DEFAULT_CONTAINER_NAME}]
     tf_index = _tf_container_index(containers)
-    containers[tf_index] = _tf_container(
-        job, containers[tf_index], env, spec.tf_port(replica.template), options
-    )
+    port = spec.tf_port(replica.template)
+    kubeflow = options.kubeflow_types
+    if kubeflow is not None:
+        containers[tf_index] = _kubeflow_tf_container(containers[tf_index], env, port)
+    else:
+        containers[tf_index] = _tf_container(job, containers[tf_index], env, port, options)
     pod_spec["containers"] = containers
     pod_spec["restartPolicy"] = "Never"
-    pod_spec["securityContext"] = _pod_security_context(
-        job, dict(pod_spec.get("securityContext") or {}), pod_spec.get("volumes") or []
-    )
+    if kubeflow is None:
+        pod_spec["securityContext"] = _pod_security_context(
+            job, dict(pod_spec.get("securityContext") or {}), pod_spec.get("volumes") or []
+        )
+    elif options.restricted_defaults:
+        pod_spec["securityContext"] = dict(pod_spec.get("securityContext") or {})
     if options.restricted_defaults:
         _restrict(pod_spec)
     if job.checkpoint is not None and job.checkpoint.claim_name is not None:
@@ -140,6 +153,8 @@ def render_pod(
         **dict(meta.get("labels") or {}),
         **naming.child_labels(job.name, replica_type, index),
     }
+    if kubeflow is not None:
+        labels.update(tfjob.kubeflow_labels(job.name, kubeflow, replica_type, index))
     if options.pod_group_name:
         labels["scheduling.x-k8s.io/pod-group"] = options.pod_group_name
     metadata: dict[str, Any] = {
@@ -400,6 +415,29 @@ def _tf_container(
     return result
 
 
+def _kubeflow_tf_container(
+    container: dict[str, Any], env: Mapping[str, str], port: int
+) -> dict[str, Any]:
+    """A TFJob's TensorFlow container as training-operator renders it: TF_CONFIG (none for a
+    single replica) only in the container named `tensorflow`, and `tfjob-port` added when
+    missing; nothing else of ours. The termination message falls back to the log's tail, so
+    a failure's cause reaches the TFJob's status and Events even after its Pod is gone."""
+    result = dict(container)
+    if result.get("name") == constants.DEFAULT_CONTAINER_NAME and constants.ENV_TF_CONFIG in env:
+        user_env = list(result.get("env") or [])
+        if not any(e.get("name") == constants.ENV_TF_CONFIG for e in user_env):
+            user_env.append(
+                {"name": constants.ENV_TF_CONFIG, "value": env[constants.ENV_TF_CONFIG]}
+            )
+        result["env"] = user_env
+    ports = list(result.get("ports") or [])
+    if not any(p.get("name") == constants.DEFAULT_PORT_NAME for p in ports):
+        ports.append({"name": constants.DEFAULT_PORT_NAME, "containerPort": port})
+    result["ports"] = ports
+    result.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    return result
+
+
 def ships_offline_data(job: spec.TrainJob, image: str, options: RenderOptions) -> bool:
     """Whether `image` is a trainjob runtime image (which has the offline MNIST in
     RUNTIME_IMAGE_DATA_DIR): the job's image when it runs the runtime, or the operator's
@@ -413,10 +451,16 @@ def render_service(
 ) -> dict[str, Any]:
     """A headless Service per replica gives each task the stable DNS name TF_CONFIG lists."""
     port = spec.tf_port(job.replica_specs[replica_type].template)
+    labels = naming.child_labels(job.name, replica_type, index)
+    selector = naming.replica_selector(job.name, replica_type, index)
+    if options.kubeflow_types is not None:
+        # training-operator's Service selects by its own four labels.
+        selector = tfjob.replica_selector(job.name, options.kubeflow_types, replica_type, index)
+        labels = {**labels, **selector}
     metadata: dict[str, Any] = {
         "name": naming.child_name(job.name, replica_type, index),
         "namespace": options.namespace,
-        "labels": naming.child_labels(job.name, replica_type, index),
+        "labels": labels,
     }
     if owner is not None:
         metadata["ownerReferences"] = [owner_reference(owner)]
@@ -426,7 +470,7 @@ def render_service(
         "metadata": metadata,
         "spec": {
             "clusterIP": "None",
-            "selector": naming.replica_selector(job.name, replica_type, index),
+            "selector": selector,
             "ports": [{"name": constants.DEFAULT_PORT_NAME, "port": port, "targetPort": port}],
             # Peers must resolve each other while TF starts, before any readiness probe passes.
             "publishNotReadyAddresses": True,

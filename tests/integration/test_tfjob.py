@@ -1,0 +1,246 @@
+"""Kubeflow's TFJob served by our operator (`--tfjob`) on a real API server with the v1.9.4
+TFJob CRD, Pods driven by patching their status like a kubelet: the Pods, Services and status
+a client of training-operator reads, a spec never written, and the TFJobs that are not ours
+left alone."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.tools import REPO_ROOT
+from tests.integration.operator_harness import (
+    NO_SCHEDULER,
+    TEST_IMAGE,
+    Cluster,
+    env_of,
+    meta,
+    module_cluster,
+    module_operator,
+    pod_spec,
+)
+from tests.support import manifests, operator_process, waits
+from trainjob.core import tfjob
+
+pytestmark = pytest.mark.integration
+
+T = 30.0
+TFJOB_CRD = REPO_ROOT / "crds/kubeflow/kubeflow.org_tfjobs.yaml"
+Obj = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_process.Operator]:
+    control_plane.apply_crds([TFJOB_CRD])
+    yield from module_operator(kubeconfig, tmp_path_factory, "test-a-tfjob", "--tfjob", timeout=T)
+
+
+class TFJobs(Cluster):
+    """The harness's Cluster, for TFJobs."""
+
+    def create_job(self, body: Obj) -> Obj:
+        return cast(
+            Obj,
+            self.custom.create_namespaced_custom_object(
+                tfjob.GROUP, tfjob.VERSION, self.namespace, tfjob.PLURAL, body
+            ),
+        )
+
+    def job(self, name: str) -> Obj | None:
+        try:
+            return cast(
+                Obj,
+                self.custom.get_namespaced_custom_object(
+                    tfjob.GROUP, tfjob.VERSION, self.namespace, tfjob.PLURAL, name
+                ),
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_job(self, name: str, patch: Obj) -> None:
+        self.custom.patch_namespaced_custom_object(
+            tfjob.GROUP, tfjob.VERSION, self.namespace, tfjob.PLURAL, name, patch
+        )
+
+    def conditions(self, name: str) -> list[tuple[str, str, str]]:
+        status = (self.job(name) or {}).get("status") or {}
+        return [(c["type"], c["status"], c["reason"]) for c in status.get("conditions") or []]
+
+    def wait_conditions(self, name: str, wanted: list[tuple[str, str, str]]) -> None:
+        try:
+            waits.wait_until(
+                lambda: self.conditions(name) == wanted, timeout=T, what=f"{name}: {wanted}"
+            )
+        except waits.WaitTimeoutError as exc:
+            raise waits.WaitTimeoutError(f"{exc}; have {self.conditions(name)}") from None
+
+
+@pytest.fixture
+def cluster(
+    operator: operator_process.Operator, api_client: k8s.ApiClient, namespace: str
+) -> Iterator[TFJobs]:
+    for plain in module_cluster(operator, api_client, namespace, "test-a-tfjob"):
+        yield TFJobs(api_client, plain.namespace)
+
+
+def a_tfjob(name: str, replicas: dict[str, int], run_policy: Obj | None = None, **spec: Any) -> Obj:
+    template = {
+        "spec": {
+            "schedulerName": NO_SCHEDULER,
+            "containers": [manifests.container(TEST_IMAGE, command=["python", "train.py"])],
+        }
+    }
+    body: Obj = {
+        "apiVersion": tfjob.API_VERSION,
+        "kind": tfjob.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "tfReplicaSpecs": {
+                rtype: {
+                    "replicas": count,
+                    "restartPolicy": "Never",
+                    "template": copy.deepcopy(template),
+                }
+                for rtype, count in replicas.items()
+            },
+            **spec,
+        },
+    }
+    if run_policy is not None:
+        body["spec"]["runPolicy"] = run_policy
+    return body
+
+
+def kubeflow_pods(cluster: TFJobs, job: str) -> dict[str, k8s.V1Pod]:
+    items = cluster.core.list_namespaced_pod(
+        cluster.namespace, label_selector=f"{tfjob.LABEL_JOB_NAME}={job}"
+    ).items
+    return {meta(p).name or "": p for p in items}
+
+
+def test_a_tfjob_runs_with_kubeflows_pods_and_status_and_its_spec_is_never_written(
+    cluster: TFJobs,
+) -> None:
+    created = cluster.create_job(a_tfjob("mnist", {"Worker": 2, "PS": 1}))
+    names = {"mnist-worker-0", "mnist-worker-1", "mnist-ps-0"}
+    waits.wait_until(lambda: set(kubeflow_pods(cluster, "mnist")) == names, timeout=T, what="pods")
+    cluster.wait_conditions("mnist", [("Created", "True", "TFJobCreated")])
+    pods = kubeflow_pods(cluster, "mnist")
+    worker0 = pods["mnist-worker-0"]
+    labels = meta(worker0).labels or {}
+    assert labels[tfjob.LABEL_JOB_ROLE] == "master"
+    assert labels[tfjob.LABEL_OPERATOR_NAME] == "tfjob-controller"
+    assert tfjob.LABEL_JOB_ROLE not in (meta(pods["mnist-ps-0"]).labels or {})
+    (owner,) = meta(worker0).owner_references or []
+    assert (owner.kind, owner.api_version, owner.uid, owner.controller) == (
+        "TFJob",
+        "kubeflow.org/v1",
+        created["metadata"]["uid"],
+        True,
+    )
+    tf_config = json.loads(env_of(worker0)["TF_CONFIG"] or "")
+    assert tf_config["task"] == {"type": "worker", "index": 0}
+    assert pod_spec(worker0).security_context is None or not pod_spec(
+        worker0
+    ).security_context.to_dict().get("seccomp_profile")
+    services = cluster.core.list_namespaced_service(
+        cluster.namespace, label_selector=f"{tfjob.LABEL_JOB_NAME}=mnist"
+    ).items
+    assert {meta(s).name for s in services} == names
+
+    for name in sorted(names):
+        cluster.set_running(name)
+    cluster.wait_conditions(
+        "mnist", [("Created", "True", "TFJobCreated"), ("Running", "True", "TFJobRunning")]
+    )
+    waits.wait_until(
+        lambda: (
+            (cluster.job("mnist") or {}).get("status", {}).get("replicaStatuses")
+            == {"Worker": {"active": 2}, "PS": {"active": 1}}
+        ),
+        timeout=T,
+        what="replicaStatuses counted from Running Pods",
+    )
+    cluster.set_exited("mnist-worker-0", 0)
+    cluster.wait_conditions(
+        "mnist",
+        [
+            ("Created", "True", "TFJobCreated"),
+            ("Running", "False", "TFJobRunning"),
+            ("Succeeded", "True", "TFJobSucceeded"),
+        ],
+    )
+    job = cluster.job("mnist") or {}
+    assert job["spec"] == created["spec"], "the TFJob's spec was written"
+    assert set(job["status"]) == {"conditions", "replicaStatuses", "startTime", "completionTime"}
+    # cleanPodPolicy None (TFJob's default): the PS and worker 1 are left running.
+    assert set(kubeflow_pods(cluster, "mnist")) == names
+    events = [(e.involved_object.kind, e.reason) for e in cluster.events("mnist")]
+    assert ("TFJob", "TFJobSucceeded") in events, events
+
+
+def test_a_tfjob_created_suspended_waits_then_resumes(cluster: TFJobs) -> None:
+    cluster.create_job(a_tfjob("later", {"Worker": 1}, run_policy={"suspend": True}))
+    cluster.wait_conditions(
+        "later",
+        [("Created", "True", "TFJobCreated"), ("Suspended", "True", "TFJobSuspended")],
+    )
+    job = cluster.job("later") or {}
+    assert "startTime" not in job["status"]
+    assert kubeflow_pods(cluster, "later") == {}
+    cluster.patch_job("later", {"spec": {"runPolicy": {"suspend": False}}})
+    waits.wait_until(
+        lambda: set(kubeflow_pods(cluster, "later")) == {"later-worker-0"}, timeout=T, what="pod"
+    )
+    cluster.wait_conditions(
+        "later",
+        [("Created", "True", "TFJobCreated"), ("Suspended", "False", "TFJobResumed")],
+    )
+    # A single replica: no TF_CONFIG, as training-operator.
+    assert "TF_CONFIG" not in env_of(kubeflow_pods(cluster, "later")["later-worker-0"])
+
+
+@pytest.mark.parametrize("managed_by", [tfjob.MULTIKUEUE, "example.com/another-controller"])
+def test_a_tfjob_of_another_controller_is_left_alone(cluster: TFJobs, managed_by: str) -> None:
+    cluster.create_job(a_tfjob("theirs", {"Worker": 1}, run_policy={"managedBy": managed_by}))
+    cluster.create_job(a_tfjob("ours", {"Worker": 1}))
+    cluster.wait_conditions("ours", [("Created", "True", "TFJobCreated")])
+    job = cluster.job("theirs") or {}
+    assert "status" not in job and tfjob.ANNOTATION_ENGINE_STATUS not in (
+        job["metadata"].get("annotations") or {}
+    )
+    assert kubeflow_pods(cluster, "theirs") == {}
+
+
+def test_a_tfjob_its_webhook_would_refuse_fails_naming_the_field(cluster: TFJobs) -> None:
+    body = a_tfjob("bad", {"Worker": 1})
+    body["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "main"
+    cluster.create_job(body)
+    cluster.wait_conditions(
+        "bad", [("Created", "True", "TFJobCreated"), ("Failed", "True", "TFJobFailed")]
+    )
+    message = ((cluster.job("bad") or {})["status"]["conditions"][-1])["message"]
+    assert "spec.tfReplicaSpecs[Worker].template.spec.containers" in message, message
+    assert "no container named tensorflow" in message, message
+    assert kubeflow_pods(cluster, "bad") == {}
+
+
+def test_a_tfjob_finished_is_deleted_after_its_ttl(cluster: TFJobs) -> None:
+    cluster.create_job(a_tfjob("brief", {"Worker": 1}, run_policy={"ttlSecondsAfterFinished": 1}))
+    waits.wait_until(
+        lambda: set(kubeflow_pods(cluster, "brief")) == {"brief-worker-0"}, timeout=T, what="pod"
+    )
+    cluster.set_exited("brief-worker-0", 0)
+    waits.wait_until(lambda: cluster.job("brief") is None, timeout=T, what="TTL deletion")

@@ -1,0 +1,268 @@
+"""The engine's verdict on a TFJob, shown in TFJob's own status (training-operator v1.9.4).
+
+Clients read this, not the engine's status: the SDK (`is_job_succeeded`: a condition of that
+type with status "True"), KFP's launcher and `kubectl get tfjob` (the *last* condition),
+Katib (gjson on the conditions), Kueue (`replicaStatuses[*].active`, Running for PodsReady,
+the first terminal condition). So the rules are training-operator's, exactly
+(`pkg/util/status.go`, `common/job.go`; research/tfjob-dropin.md §1.1-1.5):
+
+- conditions are updated, never rewritten: an updated type moves to the end of the list (the
+  terminal condition is last); Running and Restarting replace each other; Succeeded or Failed
+  flip an existing Running to False in place; nothing changes once Failed is True;
+- `replicaStatuses` is keyed by the canonical type and counted from the Pods' phases (a Running
+  Pod being deleted counts as failed), frozen once the job has finished, with the active ones
+  counted as succeeded on success; every `active` is 0 at once when the job is suspended;
+- `startTime` and `completionTime` are the engine's (startTime moves on resume).
+
+Where the engine knows more (the cause of a failure, a disruption not counted), it says so in
+the condition's message and in Events, never in a new condition type or field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from trainjob.core import constants
+from trainjob.core import status as st
+
+REASON_CREATED: Final = "TFJobCreated"
+REASON_RUNNING: Final = "TFJobRunning"
+REASON_RESTARTING: Final = "TFJobRestarting"
+REASON_SUCCEEDED: Final = "TFJobSucceeded"
+REASON_FAILED: Final = "TFJobFailed"
+REASON_SUSPENDED: Final = "TFJobSuspended"
+REASON_RESUMED: Final = "TFJobResumed"
+
+
+@dataclasses.dataclass(frozen=True)
+class PodPhase:
+    """One of the job's Pods, as replicaStatuses counts it."""
+
+    engine_type: str
+    phase: str
+    deleting: bool = False
+
+
+def _stamp(when: datetime.datetime) -> str:
+    return st.format_time(when)
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    condition_type: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: datetime.datetime,
+) -> list[dict[str, Any]]:
+    """training-operator's `setCondition` (util/status.go): no change once Failed is True, or
+    when the type already has this status and reason; else the type is taken out (with
+    Running/Restarting taking each other out, and a terminal type flipping Running to False)
+    and appended, keeping its lastTransitionTime when its status did not change."""
+    current = [dict(c) for c in conditions]
+    if any(c.get("type") == st.FAILED and c.get("status") == "True" for c in current):
+        return current
+    text = "True" if status else "False"
+    old = next((c for c in current if c.get("type") == condition_type), None)
+    if old is not None and old.get("status") == text and old.get("reason") == reason:
+        return current
+    transition = _stamp(now)
+    if old is not None and old.get("status") == text and old.get("lastTransitionTime"):
+        transition = str(old["lastTransitionTime"])
+    kept: list[dict[str, Any]] = []
+    for condition in current:
+        kind = condition.get("type")
+        if kind == condition_type:
+            continue
+        if {kind, condition_type} == {st.RUNNING, st.RESTARTING}:
+            continue
+        if condition_type in (st.SUCCEEDED, st.FAILED) and kind == st.RUNNING:
+            kept.append({**condition, "status": "False"})
+        else:
+            kept.append(condition)
+    kept.append(
+        {
+            "type": condition_type,
+            "status": text,
+            "reason": reason,
+            "message": message,
+            "lastUpdateTime": _stamp(now),
+            "lastTransitionTime": transition,
+        }
+    )
+    return kept
+
+
+def _is_true(conditions: Iterable[Mapping[str, Any]], condition_type: str) -> bool:
+    return any(c.get("type") == condition_type and c.get("status") == "True" for c in conditions)
+
+
+def finished(tfjob_status: Mapping[str, Any]) -> bool:
+    conditions = tfjob_status.get("conditions") or []
+    return _is_true(conditions, st.SUCCEEDED) or _is_true(conditions, st.FAILED)
+
+
+def _running(engine: st.JobStatus, types: Mapping[str, str]) -> bool:
+    """training-operator's Running: the chief's Pod runs; without a chief, any worker's."""
+    wanted = constants.CHIEF if constants.CHIEF in types else constants.WORKER
+    return any(
+        rtype == wanted and record.state == st.STATE_RUNNING
+        for (rtype, _), record in engine.replicas.items()
+    )
+
+
+def _failed_types(engine: st.JobStatus, types: Mapping[str, str]) -> str:
+    failed = sorted(
+        {types.get(rtype, rtype) for (rtype, _), r in engine.replicas.items() if r.exit_code}
+    )
+    return ", ".join(failed) or "some"
+
+
+def conditions_of(
+    previous: Sequence[Mapping[str, Any]],
+    engine: st.JobStatus,
+    types: Mapping[str, str],
+    namespace: str,
+    name: str,
+    now: datetime.datetime,
+) -> list[dict[str, Any]]:
+    """The TFJob's conditions after this reconcile, from the ones it had and the engine's."""
+    conditions = [dict(c) for c in previous]
+    if not any(c.get("type") == st.CREATED for c in conditions):
+        conditions = set_condition(
+            conditions, st.CREATED, True, REASON_CREATED, f"TFJob {name} is created.", now
+        )
+    suspended = engine.is_true(st.SUSPENDED)
+    if suspended and not engine.finished:
+        if _is_true(conditions, st.RUNNING):
+            conditions = set_condition(
+                conditions, st.RUNNING, False, REASON_SUSPENDED, f"TFJob {name} is suspended.", now
+            )
+        return set_condition(
+            conditions, st.SUSPENDED, True, REASON_SUSPENDED, f"TFJob {name} is suspended.", now
+        )
+    if _is_true(conditions, st.SUSPENDED):
+        conditions = set_condition(
+            conditions, st.SUSPENDED, False, REASON_RESUMED, f"TFJob {name} is resumed.", now
+        )
+    restarting = engine.condition(st.RESTARTING)
+    if engine.is_true(st.FAILED):
+        failed = engine.condition(st.FAILED)
+        cause = failed.message if failed is not None else ""
+        return set_condition(
+            conditions,
+            st.FAILED,
+            True,
+            REASON_FAILED,
+            f"TFJob {namespace}/{name} has failed: {cause}".rstrip(": "),
+            now,
+        )
+    if engine.is_true(st.SUCCEEDED):
+        return set_condition(
+            conditions,
+            st.SUCCEEDED,
+            True,
+            REASON_SUCCEEDED,
+            f"TFJob {namespace}/{name} successfully completed.",
+            now,
+        )
+    if restarting is not None and restarting.status:
+        return set_condition(
+            conditions,
+            st.RESTARTING,
+            True,
+            REASON_RESTARTING,
+            f"job {name} is restarting because {_failed_types(engine, types)} replica(s) "
+            f"failed. {restarting.message}".rstrip(),
+            now,
+        )
+    if _running(engine, types):
+        conditions = set_condition(
+            conditions,
+            st.RUNNING,
+            True,
+            REASON_RUNNING,
+            f"TFJob {namespace}/{name} is running.",
+            now,
+        )
+    return conditions
+
+
+def replica_statuses(
+    pods: Iterable[PodPhase], types: Mapping[str, str], suspended: bool, succeeded: bool
+) -> dict[str, dict[str, int]]:
+    """`replicaStatuses` counted from Pod phases (`core/status.go UpdateJobReplicaStatuses`):
+    Running is active, a Running Pod being deleted is failed, Pending is not counted; zero
+    counts are left out. Suspended: no active. Succeeded: the active ones count as succeeded."""
+    counts: dict[str, dict[str, int]] = {types[t]: {} for t in types}
+    for pod in pods:
+        name = types.get(pod.engine_type)
+        if name is None:
+            continue
+        entry = counts[name]
+        if pod.phase == "Running":
+            field = "failed" if pod.deleting else "active"
+        elif pod.phase == "Succeeded":
+            field = "succeeded"
+        elif pod.phase == "Failed":
+            field = "failed"
+        else:
+            continue
+        entry[field] = entry.get(field, 0) + 1
+    for entry in counts.values():
+        if succeeded and entry.get("active"):
+            entry["succeeded"] = entry.get("succeeded", 0) + entry.pop("active")
+        if suspended:
+            entry.pop("active", None)
+    return counts
+
+
+def view(
+    previous: Mapping[str, Any],
+    engine: st.JobStatus,
+    types: Mapping[str, str],
+    pods: Iterable[PodPhase],
+    namespace: str,
+    name: str,
+    now: datetime.datetime,
+) -> dict[str, Any]:
+    """The TFJob's status after this reconcile (the whole object, as training-operator writes
+    it with a full update); `previous` is the status it has now."""
+    old_conditions = previous.get("conditions")
+    conditions = conditions_of(
+        old_conditions if isinstance(old_conditions, list) else [],
+        engine,
+        types,
+        namespace,
+        name,
+        now,
+    )
+    result: dict[str, Any] = {"conditions": conditions}
+    old_counts = previous.get("replicaStatuses")
+    old_counts = old_counts if isinstance(old_counts, Mapping) else {}
+    if finished(previous) and old_counts:
+        result["replicaStatuses"] = dict(old_counts)  # as it ended
+    elif engine.is_true(st.SUSPENDED) and not engine.finished:
+        # Suspended: not counted again (the Pods are being deleted), only active zeroed.
+        result["replicaStatuses"] = {
+            name: {
+                k: v
+                for k, v in (old_counts.get(name) or {}).items()
+                if k != "active" and isinstance(v, int)
+            }
+            for name in types.values()
+        }
+    else:
+        result["replicaStatuses"] = replica_statuses(
+            pods, types, False, engine.is_true(st.SUCCEEDED)
+        )
+    if engine.start_time is not None and not (
+        engine.is_true(st.SUSPENDED) and not engine.finished and "startTime" not in previous
+    ):
+        result["startTime"] = _stamp(engine.start_time)
+    if engine.completion_time is not None:
+        result["completionTime"] = _stamp(engine.completion_time)
+    return result
