@@ -184,6 +184,9 @@ class Plan:
 
     create: bool = False
     delete: bool = False
+    # The group's minMember is not the job's (schedulingPolicy.minAvailable was changed):
+    # the group follows, as training-operator's SyncPodGroup does.
+    update: bool = False
     # (reason, message) when the job's Pods must not be created yet (policy.reconcile's
     # `held`): the group is not admitted by its scheduler.
     hold: tuple[str, str] | None = None
@@ -207,7 +210,10 @@ def plan(
     if group is None or group.deleting:
         hold = _volcano_hold(job, settings, None)
         return Plan(create=True, hold=hold)
-    return Plan(hold=_volcano_hold(job, settings, group))
+    return Plan(
+        update=group.min_member is not None and group.min_member != min_member(job),
+        hold=_volcano_hold(job, settings, group),
+    )
 
 
 def _volcano_hold(

@@ -38,6 +38,45 @@ async def create_pod_group(
     (read here: a class that cannot be read counts 0, as in training-operator). Returns the
     API server's words when it refuses the group (403: a quota, RBAC, a webhook), for the
     job's status; None when the group exists now."""
+    resources = await _min_resources(api, job, options)
+    manifest = gang.render_pod_group(job, settings, namespace, owner, resources)
+    try:
+        await api.create_object(manifest, children.PODGROUPS)
+    except kube.TransientError as exc:
+        if not exc.refused():
+            raise
+        logger.warning("Could not create PodGroup %s/%s: %s", namespace, job.name, exc)
+        return exc.api_message or str(exc)
+    return None
+
+
+async def update_pod_group(
+    api: kube.Kube,
+    settings: config.Settings,
+    job: spec.TrainJob,
+    namespace: str,
+    options: render.RenderOptions,
+    group: children.ChildPodGroup,
+) -> None:
+    """The group's minMember and minResources as the job's spec says now (its
+    schedulingPolicy.minAvailable was changed: a job that could never be placed can be)."""
+    resources = await _min_resources(api, job, options)
+    manifest = gang.render_pod_group(job, settings, namespace, render.Owner("", ""), resources)
+    resource = informer.pod_groups(settings.gang_scheduler)
+    await api.patch_object(
+        resource.group,
+        resource.version,
+        namespace,
+        resource.plural,
+        group.name,
+        {"spec": manifest["spec"]},
+    )
+    logger.info("Updated PodGroup %s/%s: minMember %d", namespace, group.name, gang.min_member(job))
+
+
+async def _min_resources(
+    api: kube.Kube, job: spec.TrainJob, options: render.RenderOptions
+) -> dict[str, str]:
     priorities: dict[str, int] = {}
     for class_name in sorted(gang.priority_class_names(job)):
         try:
@@ -49,16 +88,7 @@ async def create_pod_group(
             found = None
         value = (found or {}).get("value")
         priorities[class_name] = value if isinstance(value, int) else 0
-    resources = gang.min_resources(job, options, priorities)
-    manifest = gang.render_pod_group(job, settings, namespace, owner, resources)
-    try:
-        await api.create_object(manifest, children.PODGROUPS)
-    except kube.TransientError as exc:
-        if not exc.refused():
-            raise
-        logger.warning("Could not create PodGroup %s/%s: %s", namespace, job.name, exc)
-        return exc.api_message or str(exc)
-    return None
+    return gang.min_resources(job, options, priorities)
 
 
 async def delete_pod_group(

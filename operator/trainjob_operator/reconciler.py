@@ -230,6 +230,8 @@ async def reconcile_job(
         await rt.kube.delete_service(
             namespace, naming.child_name(name, rtype, index), service_uids.get((rtype, index))
         )
+    if gang_plan.update and group is not None:
+        await gang_sync.update_pod_group(rt.kube, rt.settings, job, namespace, options, group)
     if (
         gang_plan.delete
         and group is not None

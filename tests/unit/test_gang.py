@@ -206,12 +206,17 @@ FINISHED = st.JobStatus(
 )
 
 
-def test_the_podgroup_comes_first_and_is_never_updated() -> None:
+def test_the_podgroup_comes_first_and_is_updated_only_when_min_available_changes() -> None:
     job = make_job({"chief": 1, "worker": 2})
     assert gang.plan(job, PLUGINS, st.JobStatus(), [], None) == gang.Plan(create=True)
     running = [pod(("chief", 0), "Running"), pod(("worker", 0), "Running")]
     assert gang.plan(job, PLUGINS, st.JobStatus(), running, group("Running")) == gang.Plan()
     assert gang.plan(job, NO_GANG, st.JobStatus(), [], None) == gang.Plan()
+    # The SDK's gang e2e: minAvailable 10 cannot be placed; changed to 1, the group follows.
+    lowered = make_job({"chief": 1, "worker": 2}, scheduling={"minAvailable": 1})
+    assert gang.plan(lowered, PLUGINS, st.JobStatus(), [], group("Pending")) == gang.Plan(
+        update=True
+    )
 
 
 def test_the_podgroup_goes_after_the_last_running_pod() -> None:
