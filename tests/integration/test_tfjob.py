@@ -244,3 +244,57 @@ def test_a_tfjob_finished_is_deleted_after_its_ttl(cluster: TFJobs) -> None:
     )
     cluster.set_exited("brief-worker-0", 0)
     waits.wait_until(lambda: cluster.job("brief") is None, timeout=T, what="TTL deletion")
+
+
+VALIDATION = REPO_ROOT / "operator/trainjob_operator/deploy/tfjob-validation.yaml"
+
+
+@pytest.fixture
+def validation(control_plane: ControlPlane) -> Iterator[None]:
+    """The chart's ValidatingAdmissionPolicy for TFJobs (tfjob.validate), for one test: it
+    applies to every namespace."""
+    control_plane.kubectl("apply", "-f", str(VALIDATION))
+    try:
+        yield
+    finally:
+        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(VALIDATION))
+
+
+def refusal(cluster: TFJobs, body: Obj) -> str | None:
+    """The API server's words refusing `body` (None: created, and deleted again)."""
+    try:
+        cluster.create_job(body)
+    except ApiException as exc:
+        assert exc.status == 422, exc
+        return str(json.loads(exc.body)["message"])
+    cluster.custom.delete_namespaced_custom_object(
+        tfjob.GROUP, tfjob.VERSION, cluster.namespace, tfjob.PLURAL, body["metadata"]["name"]
+    )
+    return None
+
+
+def test_a_tfjob_its_webhook_would_refuse_is_refused_at_the_api_server(
+    cluster: TFJobs, validation: None
+) -> None:
+    no_tensorflow = a_tfjob("bad", {"Worker": 1, "PS": 1})
+    no_tensorflow["spec"]["tfReplicaSpecs"]["PS"]["template"]["spec"]["containers"][0]["name"] = (
+        "main"
+    )
+    # The policy takes effect once the API server has loaded it (its own informer).
+    words = waits.wait_until(
+        lambda: refusal(cluster, no_tensorflow), timeout=T, what="the policy in effect"
+    )
+    assert "There is no container named tensorflow in PS" in words, words
+    two_chiefs = a_tfjob("bad", {"Chief": 1, "Master": 1})
+    assert "must not have more than 1 Chief or Master" in (refusal(cluster, two_chiefs) or "")
+    theirs = a_tfjob("bad", {"Worker": 1}, run_policy={"managedBy": "example.com/x"})
+    assert 'spec.runPolicy.managedBy: Unsupported value: "example.com/x"' in (
+        refusal(cluster, theirs) or ""
+    )
+    ours = a_tfjob("good", {"Worker": 1}, run_policy={"managedBy": tfjob.OURS})
+    cluster.create_job(ours)
+    with pytest.raises(ApiException) as changed:
+        cluster.patch_job("good", {"spec": {"runPolicy": {"managedBy": tfjob.TRAINING_OPERATOR}}})
+    assert "field is immutable" in json.loads(changed.value.body)["message"]
+    # Kueue unsuspends by an update: a valid TFJob's updates pass.
+    cluster.patch_job("good", {"spec": {"runPolicy": {"suspend": True}}})

@@ -196,6 +196,51 @@ def test_chart_crds_are_byte_identical_copies() -> None:
         )
 
 
+def test_chart_files_are_byte_identical_copies_of_the_tfjob_crd_and_its_validation() -> None:
+    sources = {
+        "kubeflow.org_tfjobs.yaml": REPO_ROOT / "crds/kubeflow/kubeflow.org_tfjobs.yaml",
+        "tfjob-validation.yaml": REPO_ROOT
+        / "operator/trainjob_operator/deploy/tfjob-validation.yaml",
+    }
+    copies = {path.name: path for path in (CHART / "files").glob("*.yaml")}
+    assert set(copies) == set(sources), "the chart's files/ and the sources differ in files"
+    for name, source in sources.items():
+        assert copies[name].read_bytes() == source.read_bytes(), (
+            f"helm/trainjob-operator/files/{name} differs from {source.relative_to(REPO_ROOT)}"
+        )
+
+
+def test_tfjob_enabled_renders_the_crd_kept_on_uninstall_its_validation_and_the_rbac() -> None:
+    rendered = helm("template", "tj", str(CHART), "--set", "tfjob.enabled=true").stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    crd = next(d for d in docs if d["kind"] == "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "tfjobs.kubeflow.org"
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert {d["kind"] for d in docs} >= {
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+    args = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert "--tfjob" in args and "--tfjob-mode=takeover" in args
+    rules = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
+    assert any("tfjobs/status" in r["resources"] for r in rules)
+    without = helm(
+        "template",
+        "tj",
+        str(CHART),
+        "--set",
+        "tfjob.enabled=true",
+        "--set",
+        "tfjob.installCRD=false",
+        "--set",
+        "tfjob.validate=false",
+    ).stdout
+    assert "CustomResourceDefinition" not in without and "ValidatingAdmissionPolicy" not in without
+    assert "tfjobs" not in helm("template", "tj", str(CHART)).stdout
+
+
 # -- RBAC -----------------------------------------------------------------------------------
 
 

@@ -121,6 +121,21 @@ No wildcards, no Secrets, no ConfigMaps.
   resources: [networkpolicies]
   verbs: [create]
 {{- end }}
+{{- if .Values.tfjob.enabled }}
+# Kubeflow's TFJobs (--tfjob): watched (list/watch), read afresh (get), the engine's record
+# kept in an annotation (patch; the spec is never written), deleted after
+# ttlSecondsAfterFinished; their status written in TFJob's vocabulary; children carry a
+# blocking controller ownerReference to them (finalizers).
+- apiGroups: [kubeflow.org]
+  resources: [tfjobs]
+  verbs: [get, list, watch, patch, delete]
+- apiGroups: [kubeflow.org]
+  resources: [tfjobs/status]
+  verbs: [patch]
+- apiGroups: [kubeflow.org]
+  resources: [tfjobs/finalizers]
+  verbs: [update]
+{{- end }}
 {{- if .Values.kueue.enabled }}
 # Kueue: one Workload per queued TrainJob. Index and watch them (list/watch) with the Pods,
 # create it, keep its PodsReady/Finished conditions and clear an evicted admission (status
@@ -136,16 +151,18 @@ No wildcards, no Secrets, no ConfigMaps.
 {{- end }}
 {{- if eq .Values.gangScheduler.type "volcano" }}
 # Gang scheduling with Volcano: one PodGroup per TrainJob, created before its Pods (which wait
-# until Volcano enqueues it), watched for its phase, deleted after the Pods.
+# until Volcano enqueues it), watched for its phase, updated when minAvailable changes,
+# deleted after the Pods.
 - apiGroups: [scheduling.volcano.sh]
   resources: [podgroups]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, patch, delete]
 {{- else if eq .Values.gangScheduler.type "scheduler-plugins" }}
 # Gang scheduling with scheduler-plugins' Coscheduling: one PodGroup per TrainJob, created
-# before its Pods, watched for its phase, deleted after the Pods.
+# before its Pods, watched for its phase, updated when minAvailable changes, deleted after
+# the Pods.
 - apiGroups: [scheduling.x-k8s.io]
   resources: [podgroups]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, patch, delete]
 {{- end }}
 {{- if ne .Values.gangScheduler.type "none" }}
 # minResources of a gang: the replica templates' PriorityClass values order which Pods count.
