@@ -20,6 +20,7 @@ from typing import Any, Final
 import pytest
 import yaml
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import ControlPlane
 from tests.controlplane.tools import INSTALL_COMMAND, REPO_ROOT
@@ -275,6 +276,80 @@ def test_namespaced_mode_serves_its_namespace_with_a_role(
             cluster.wait_condition("ns-mode", "Running", timeout=T)
             cluster.delete_job("ns-mode")
             waits.wait_until(lambda: cluster.job("ns-mode") is None, timeout=T, what="job deleted")
+            assert not _permission_errors(op), "\n".join(_permission_errors(op))
+        finally:
+            op.stop()
+    finally:
+        _uninstall(control_plane, installed)
+
+
+def test_a_tfjob_runs_under_the_charts_rbac_with_tfjob_enabled(
+    control_plane: ControlPlane,
+    api_client: k8s.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """tfjob.enabled: the operator, as the chart's ServiceAccount with the chart's flags,
+    serves a TFJob from creation to TTL deletion with no permission refused (the TFJob CRD is
+    the chart's, or the one an earlier test applied: the chart leaves a CRD it did not
+    install alone). validate=false: the policy applies cluster-wide and is tested elsewhere."""
+    installed = _install(
+        control_plane,
+        f"--set=watchNamespaces={{{namespace}}}",
+        "--set=tfjob.enabled=true",
+        "--set=tfjob.validate=false",
+    )
+    try:
+        assert "--tfjob" in installed.operator_args
+        ext = k8s.ApiextensionsV1Api(api_client)
+        assert meta(ext.read_custom_resource_definition("tfjobs.kubeflow.org")).name
+        op = _start_as_service_account(
+            control_plane,
+            installed.namespace,
+            installed.service_account,
+            installed.operator_args,
+            tmp_path,
+        )
+        try:
+            custom = k8s.CustomObjectsApi(api_client)
+            body = {
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "TFJob",
+                "metadata": {"name": "tf"},
+                "spec": {
+                    "runPolicy": {"ttlSecondsAfterFinished": 1},
+                    "tfReplicaSpecs": {
+                        "Worker": {
+                            "replicas": 1,
+                            "template": trainjob("x")["spec"]["replicaSpecs"]["chief"]["template"],
+                        }
+                    },
+                },
+            }
+            custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "tfjobs", body)
+            cluster = Cluster(api_client, namespace)
+
+            def tfjob_conditions() -> list[str]:
+                try:
+                    found: Any = custom.get_namespaced_custom_object(
+                        "kubeflow.org", "v1", namespace, "tfjobs", "tf"
+                    )
+                except ApiException:
+                    return ["gone"]
+                return [c["type"] for c in (found.get("status") or {}).get("conditions") or []]
+
+            waits.wait_until(
+                lambda: cluster.pod("tf-worker-0") is not None, timeout=T, what="the TFJob's Pod"
+            )
+            cluster.set_running("tf-worker-0")
+            waits.wait_until(
+                lambda: tfjob_conditions() == ["Created", "Running"], timeout=T, what="Running"
+            )
+            cluster.set_exited("tf-worker-0", 0)
+            waits.wait_until(
+                lambda: tfjob_conditions() == ["gone"], timeout=T, what="success, then TTL"
+            )
+            assert op.running(), op.log_tail()
             assert not _permission_errors(op), "\n".join(_permission_errors(op))
         finally:
             op.stop()
