@@ -24,12 +24,14 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import Component, ControlPlane, ControlPlaneError
 from tests.controlplane.gang import GangScheduler, start_gang_scheduler
-from tests.controlplane.kueue import Kueue, start_kueue
+from tests.controlplane.kueue import EXTERNAL_FRAMEWORK, KUEUE_GROUP, Kueue, start_kueue
 from tests.controlplane.tools import REPO_ROOT, Tools, ToolsMissingError
 from tests.integration.kueue_harness import KUEUE_PODS_READY_TIMEOUT
 from tests.support import waits
 
 CRD_DIR = REPO_ROOT / "crds"
+# Kubeflow's TFJob CRD (v1.9.4, verbatim): applied by the tests that serve TFJobs.
+TFJOB_CRD = CRD_DIR / "kubeflow" / "kubeflow.org_tfjobs.yaml"
 
 
 def started_control_plane(
@@ -85,8 +87,20 @@ def kwok(control_plane: ControlPlane) -> Component:
 def kueue(control_plane: ControlPlane) -> Iterator[Kueue]:
     """The real Kueue controller against the session's control plane, its CRDs applied and
     its webhooks registered (started by the first test that needs it)."""
+    # Kueue's own TFJob integration too (kubeflow.org/tfjob, its webhooks), against our
+    # operator's --tfjob (test_kueue_tfjob.py): it needs only the TFJob CRD.
+    control_plane.apply_crds([TFJOB_CRD])
+    integrations = {
+        "frameworks": ["batch/job", "kubeflow.org/tfjob"],
+        "externalFrameworks": [EXTERNAL_FRAMEWORK],
+    }
     try:
-        controller = start_kueue(control_plane, pods_ready_timeout=f"{KUEUE_PODS_READY_TIMEOUT}s")
+        controller = start_kueue(
+            control_plane,
+            pods_ready_timeout=f"{KUEUE_PODS_READY_TIMEOUT}s",
+            extra_config={"integrations": integrations},
+            webhook_groups=(KUEUE_GROUP, "kubeflow.org"),
+        )
     except (ControlPlaneError, ToolsMissingError) as exc:
         pytest.fail(f"Kueue did not start: {exc}", pytrace=False)
     try:
