@@ -22,7 +22,7 @@ from kubernetes import config as k8s_config
 
 from tests.controlplane.cluster import ControlPlane, ControlPlaneError
 from tests.controlplane.kueue import KUEUE_NAMESPACE, Kueue, start_kueue
-from tests.integration.conftest import started_control_plane
+from tests.integration.conftest import TFJOB_CRD, started_control_plane
 from tests.integration.kueue_harness import KUEUE, KV, Queues, is_true, queued_job
 from tests.integration.operator_harness import Cluster, Obj
 from tests.support import operator_process, waits
@@ -35,7 +35,11 @@ MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 
 @pytest.fixture(scope="module")
 def worker_plane() -> Iterator[ControlPlane]:
-    yield from started_control_plane()
+    for plane in started_control_plane():
+        # The manager's Kueue has Kueue's own TFJob integration on (conftest.kueue): MultiKueue
+        # counts a worker Active only when it serves every enabled kind, TFJob included.
+        plane.apply_crds([TFJOB_CRD])
+        yield plane
 
 
 @pytest.fixture(scope="module")
