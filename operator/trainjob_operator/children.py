@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Generic, NamedTuple, TypeVar
 
-from trainjob.core import constants, observe, policy
+from trainjob.core import constants, observe, policy, tfjob
 
 JobKey = tuple[str, str]  # (namespace, TrainJob name)
 
@@ -22,6 +22,9 @@ PODS: Final = "pods"
 SERVICES: Final = "services"
 WORKLOADS: Final = "workloads"  # Kueue's, with the Kueue integration on
 PODGROUPS: Final = "podgroups"  # the gang scheduler's, with gang scheduling on
+# With --tfjob: the Pods and Services training-operator made (informer.KUBEFLOW_KINDS).
+KUBEFLOW_PODS: Final = "kubeflow-pods"
+KUBEFLOW_SERVICES: Final = "kubeflow-services"
 
 # Pod phases in which every container has stopped: such a Pod holds no node resources and
 # no quota, whether or not the object is still there.
@@ -86,7 +89,9 @@ def controller_uid(metadata: Mapping[str, Any]) -> str | None:
 def job_of(body: Mapping[str, Any]) -> tuple[JobKey, str] | None:
     """(the job's key, the object's name) for an object labelled with a job name."""
     metadata = body.get("metadata") or {}
-    job = (metadata.get("labels") or {}).get(constants.LABEL_JOB_NAME)
+    labels = metadata.get("labels") or {}
+    # Ours; else training-operator's, on a TFJob's children it made before a takeover.
+    job = labels.get(constants.LABEL_JOB_NAME) or labels.get(tfjob.LABEL_JOB_NAME)
     name = metadata.get("name")
     if not job or not name:
         return None
@@ -262,6 +267,8 @@ class ChildIndex:
             SERVICES: _Kind(index_service),
             WORKLOADS: _Kind(index_workload),
             PODGROUPS: _Kind(index_pod_group),
+            KUBEFLOW_PODS: _Kind(index_pod),
+            KUBEFLOW_SERVICES: _Kind(index_service),
         }
         # Called with every Pod watch event's job and body (progress_status reads final
         # progress from termination messages here, so it needs no watch of its own).
@@ -325,13 +332,19 @@ class ChildIndex:
         return any(job in kind.by_job and kind.by_job[job] for kind in self._kinds.values())
 
     def pods(self, job: JobKey) -> list[ChildPod]:
-        children: dict[str, ChildPod] = self._kinds[PODS].by_job.get(job, {})
+        children: dict[str, ChildPod] = {
+            **self._kinds[KUBEFLOW_PODS].by_job.get(job, {}),
+            **self._kinds[PODS].by_job.get(job, {}),
+        }
         return list(children.values())
 
     def jobs_on_nodes(self, nodes: set[str]) -> set[JobKey]:
         """The jobs with a Pod bound to one of `nodes` (one pass over every Pod: only a node
         readiness change asks, which is rare next to Pod events)."""
-        by_job: dict[JobKey, dict[str, ChildPod]] = self._kinds[PODS].by_job
+        by_job: dict[JobKey, dict[str, ChildPod]] = {
+            **self._kinds[KUBEFLOW_PODS].by_job,
+            **self._kinds[PODS].by_job,
+        }
         return {
             job
             for job, pods in by_job.items()
@@ -339,7 +352,10 @@ class ChildIndex:
         }
 
     def services(self, job: JobKey) -> list[ChildService]:
-        children: dict[str, ChildService] = self._kinds[SERVICES].by_job.get(job, {})
+        children: dict[str, ChildService] = {
+            **self._kinds[KUBEFLOW_SERVICES].by_job.get(job, {}),
+            **self._kinds[SERVICES].by_job.get(job, {}),
+        }
         return list(children.values())
 
     def pod_group(self, job: JobKey, name: str) -> ChildPodGroup | None:

@@ -82,6 +82,8 @@ class OperatorContext:
         # One list+watch per kind for the cluster when kopf watches TrainJobs cluster-wide
         # (no namespace given, or namespace patterns), else one per watched namespace.
         kinds = informer.KINDS + ((informer.WORKLOADS,) if self.settings.kueue else ())
+        if self.settings.tfjob:
+            kinds += informer.KUBEFLOW_KINDS
         if gang.wanted(self.settings):
             kinds += (informer.pod_groups(self.settings.gang_scheduler),)
         self.informer = informer.ChildInformer(

@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
-from trainjob.core import constants
+from trainjob.core import constants, tfjob
 from trainjob_operator import children, config, gang, kube
 
 logger = logging.getLogger("trainjob_operator.informer")
@@ -40,6 +40,13 @@ class Resource:
     plural: str
     group: str = ""
     version: str = "v1"
+    selector: str = SELECTOR
+    # Where the index keeps them (children.ChildIndex); default: the plural.
+    key: str = ""
+
+    @property
+    def index_key(self) -> str:
+        return self.key or self.plural
 
 
 KINDS: Final = (Resource(children.PODS), Resource(children.SERVICES))
@@ -48,6 +55,17 @@ WORKLOADS: Final = Resource(children.WORKLOADS, "kueue.x-k8s.io", "v1beta2")
 # With gang scheduling on, the jobs' PodGroups too, in the gang scheduler's API group.
 PODGROUPS_VOLCANO: Final = Resource(children.PODGROUPS, gang.VOLCANO_GROUP, gang.VOLCANO_VERSION)
 PODGROUPS_PLUGINS: Final = Resource(children.PODGROUPS, gang.PLUGINS_GROUP, gang.PLUGINS_VERSION)
+
+
+# With --tfjob, the Pods and Services training-operator made for a TFJob (its labels only, not
+# ours): a TFJob taken over while it runs keeps them (adopted, never made twice).
+KUBEFLOW_SELECTOR: Final = (
+    f"{tfjob.LABEL_OPERATOR_NAME}={tfjob.OPERATOR_NAME},!{constants.LABEL_JOB_NAME}"
+)
+KUBEFLOW_KINDS: Final = (
+    Resource(children.PODS, selector=KUBEFLOW_SELECTOR, key=children.KUBEFLOW_PODS),
+    Resource(children.SERVICES, selector=KUBEFLOW_SELECTOR, key=children.KUBEFLOW_SERVICES),
+)
 
 
 def pod_groups(gang_scheduler: str) -> Resource:
@@ -176,10 +194,12 @@ class ChildInformer:
         scope_key = self._scope_of(namespace)
         scope = self._scopes.get(scope_key)
         if scope is None:
-            listed = {kind.plural: asyncio.Event() for kind in self._kinds}
+            listed = {kind.index_key: asyncio.Event() for kind in self._kinds}
             scope = _Scope(tasks=[], listed=listed, ready=asyncio.Event(), health=[])
             for kind in self._kinds:
-                health = WatchHealth(f"{kind.plural} in {scope_key or 'all namespaces'}")
+                health = WatchHealth(
+                    f"{kind.plural} ({kind.selector}) in {scope_key or 'all namespaces'}"
+                )
                 scope.health.append(health)
                 scope.tasks.append(
                     asyncio.get_running_loop().create_task(
@@ -215,28 +235,28 @@ class ChildInformer:
     async def _run(
         self, namespace: str | None, kind: Resource, scope: _Scope, health: WatchHealth
     ) -> None:
-        plural = kind.plural
+        plural, key, selector = kind.plural, kind.index_key, kind.selector
         # Core kinds use the API layer's defaults (group "", version v1).
         extra = {"group": kind.group, "version": kind.version} if kind.group else {}
 
         def on_list(items: list[children.Listed]) -> None:
-            for listed in self._index.replace_listed(plural, namespace, items):
+            for listed in self._index.replace_listed(key, namespace, items):
                 self._wake(listed)
-            scope.listed[plural].set()
+            scope.listed[key].set()
             if all(event.is_set() for event in scope.listed.values()):
                 scope.ready.set()
 
         def on_event(event_type: str, body: dict[str, Any]) -> None:
-            job = self._index.event(plural, body, deleted=event_type == "DELETED")
+            job = self._index.event(key, body, deleted=event_type == "DELETED")
             if job is not None:
                 self._wake(job)
 
         await reflect(
             health.what,
             lambda: self._api.list_labelled(
-                namespace, plural, SELECTOR, keep=self._index.listed(plural), **extra
+                namespace, plural, selector, keep=self._index.listed(key), **extra
             ),
-            lambda version: self._api.watch_labelled(namespace, plural, SELECTOR, version, **extra),
+            lambda version: self._api.watch_labelled(namespace, plural, selector, version, **extra),
             on_list,
             on_event,
             health,

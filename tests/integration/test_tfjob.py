@@ -298,3 +298,93 @@ def test_a_tfjob_its_webhook_would_refuse_is_refused_at_the_api_server(
     assert "field is immutable" in json.loads(changed.value.body)["message"]
     # Kueue unsuspends by an update: a valid TFJob's updates pass.
     cluster.patch_job("good", {"spec": {"runPolicy": {"suspend": True}}})
+
+
+def test_takeover_of_a_running_tfjob_adopts_the_pods_training_operator_made(
+    control_plane: ControlPlane,
+    kubeconfig: Path,
+    api_client: k8s.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """A TFJob running under training-operator when it is replaced: its Pods and Services
+    (training-operator's labels only) are the job's, none is made twice, and the job goes on
+    to its end from the status training-operator left."""
+    control_plane.apply_crds([TFJOB_CRD])
+    cluster = TFJobs(api_client, namespace)
+    created = cluster.create_job(a_tfjob("legacy", {"Worker": 2}))
+    owner = {
+        "apiVersion": tfjob.API_VERSION,
+        "kind": tfjob.KIND,
+        "name": "legacy",
+        "uid": created["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    template = created["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+    for index in range(2):
+        labels = {
+            tfjob.LABEL_OPERATOR_NAME: tfjob.OPERATOR_NAME,
+            tfjob.LABEL_JOB_NAME: "legacy",
+            tfjob.LABEL_REPLICA_TYPE: "worker",
+            tfjob.LABEL_REPLICA_INDEX: str(index),
+            **({tfjob.LABEL_JOB_ROLE: "master"} if index == 0 else {}),
+        }
+        name = f"legacy-worker-{index}"
+        metadata = {"name": name, "labels": labels, "ownerReferences": [owner]}
+        cluster.core.create_namespaced_service(
+            namespace,
+            {
+                "metadata": metadata,
+                "spec": {"clusterIP": "None", "selector": labels, "ports": [{"port": 2222}]},
+            },
+        )
+        cluster.core.create_namespaced_pod(
+            namespace,
+            {"metadata": metadata, "spec": {**template["spec"], "restartPolicy": "Never"}},
+        )
+        cluster.set_running(name)
+    before = {name: meta(pod).uid for name, pod in kubeflow_pods(cluster, "legacy").items()}
+    cluster.custom.patch_namespaced_custom_object_status(
+        tfjob.GROUP,
+        tfjob.VERSION,
+        namespace,
+        tfjob.PLURAL,
+        "legacy",
+        {
+            "status": {
+                "conditions": [
+                    {"type": "Created", "status": "True", "reason": "TFJobCreated"},
+                    {"type": "Running", "status": "True", "reason": "TFJobRunning"},
+                ],
+                "replicaStatuses": {"Worker": {"active": 2}},
+                "startTime": "2026-01-01T00:00:00Z",
+            }
+        },
+    )
+    log = tmp_path / "operator.log"
+    op = operator_process.Operator(kubeconfig, log, f"--namespace={namespace}", "--tfjob")
+    op.start().wait_serving(T)
+    try:
+        waits.wait_until(
+            lambda: (
+                tfjob.ANNOTATION_ENGINE_STATUS
+                in ((cluster.job("legacy") or {})["metadata"].get("annotations") or {})
+            ),
+            timeout=T,
+            what="the operator's first reconcile of the TFJob",
+        )
+        cluster.set_exited("legacy-worker-0", 0)
+        cluster.wait_conditions(
+            "legacy",
+            [
+                ("Created", "True", "TFJobCreated"),
+                ("Running", "False", "TFJobRunning"),
+                ("Succeeded", "True", "TFJobSucceeded"),
+            ],
+        )
+        after = {name: meta(pod).uid for name, pod in kubeflow_pods(cluster, "legacy").items()}
+        assert after == before, "a Pod training-operator made was replaced"
+        assert "Created Pod" not in log.read_text(), op.log_tail()
+    finally:
+        op.stop()

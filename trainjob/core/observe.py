@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from trainjob.core import constants, lastwords, policy, status
+from trainjob.core import constants, lastwords, policy, status, tfjob
 
 # The scheduler's PodScheduled=False reason for a Pod that fits no node.
 REASON_UNSCHEDULABLE: Final = policy.REASON_UNSCHEDULABLE
@@ -22,9 +22,23 @@ TERMINATION_ERROR_KEY: Final = "trainjobError"
 MAX_CAUSE_CHARS: Final = 400
 
 
+# training-operator's replica-type label values (a TFJob's children it made before a
+# takeover carry only its labels) as TF task types.
+_KUBEFLOW_TYPES: Final = {
+    "chief": constants.CHIEF,
+    "master": constants.CHIEF,
+    "ps": constants.PS,
+    "worker": constants.WORKER,
+    "evaluator": constants.EVALUATOR,
+}
+
+
 def replica_key(labels: Mapping[str, Any]) -> tuple[str, int] | None:
     rtype = labels.get(constants.LABEL_REPLICA_TYPE)
     index = labels.get(constants.LABEL_REPLICA_INDEX)
+    if rtype is None and index is None:
+        rtype = _KUBEFLOW_TYPES.get(str(labels.get(tfjob.LABEL_REPLICA_TYPE)))
+        index = labels.get(tfjob.LABEL_REPLICA_INDEX)
     if rtype not in constants.REPLICA_TYPES or not isinstance(index, str) or not index.isdigit():
         return None
     return str(rtype), int(index)
