@@ -51,14 +51,14 @@ def name_of(obj: HasMetadata) -> str:
     """The name of an object the API server sent (it always has one)."""
     name = meta(obj).name
     assert name is not None
-    return name
+    return str(name)  # typed Any by some kubernetes client releases
 
 
 def uid_of(obj: HasMetadata) -> str:
     """The uid of an object the API server sent (it always has one)."""
     uid = meta(obj).uid
     assert uid is not None
-    return uid
+    return str(uid)
 
 
 def pod_spec(pod: k8s.V1Pod) -> k8s.V1PodSpec:

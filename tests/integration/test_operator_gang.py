@@ -64,7 +64,7 @@ def podgroup_crds(api_client: k8s.ApiClient, gang_scheduler: GangScheduler) -> N
     for group, version, _ in [GANGS[VOLCANO]]:
         try:
             # a manifest, as kubectl would send it: the client validates it into the model
-            ext.create_custom_resource_definition(_podgroup_crd(group, version))  # type: ignore[arg-type]
+            ext.create_custom_resource_definition(_podgroup_crd(group, version))  # type: ignore[arg-type, unused-ignore]
         except ApiException as exc:
             if exc.status != 409:
                 raise
