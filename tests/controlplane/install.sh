@@ -18,6 +18,8 @@
 #   pause                 the pause container's binary, compiled from k8s.io/kubernetes's pause.c
 #   kube-network-policies NetworkPolicy enforcement (wrapper module
 #                         tests/controlplane/network-policies), in a folder of its own
+#   katib-trial-status    Katib's reading of a trial's TFJob status (wrapper module
+#                         tests/controlplane/katib)
 #   Debian packages: containerd, runc, containernetworking-plugins, buildah, debootstrap,
 #   iptables, gcc + libc6-dev (for pause), chromium (the e2e tier opens `trainjob tensorboard`
 #   in headless Chromium), tmux and screen (tests/local/test_multiplexer.py draws the live
@@ -54,6 +56,7 @@ COREDNS_VERSION="$(modversion "$HERE/coredns/go.mod" github.com/coredns/coredns)
 KUEUE_VERSION="$(modversion "$HERE/kueue/go.mod" sigs.k8s.io/kueue)"
 PLUGINS_VERSION="$(modversion "$HERE/scheduler-plugins/go.mod" sigs.k8s.io/scheduler-plugins)"
 NETPOL_VERSION="$(modversion "$HERE/network-policies/go.mod" sigs.k8s.io/kube-network-policies)"
+KATIB_VERSION="$(modversion "$HERE/katib/go.mod" github.com/kubeflow/katib)"
 NODE=""
 PACKAGES_ONLY=""
 for arg in "$@"; do
@@ -256,6 +259,13 @@ build_network_policies() {
         -o "$out/kube-network-policies" .)
 }
 
+# Katib's own reading of a trial's job status (wrapper module tests/controlplane/katib), run
+# by the TFJob tests on the TFJobs the operator finished.
+build_katib() {
+    local out="$1" _version="$2"
+    (cd "$HERE/katib" && "$GO" build -trimpath -ldflags "-s -w" -o "$out/katib-trial-status" .)
+}
+
 if [[ -n "$PACKAGES_ONLY" ]]; then
     install_node_packages
     echo "==> ${SUMMARY[-1]}"
@@ -269,6 +279,7 @@ build_into helm "$HELM_VERSION" build_helm helm
 build_into kubernetes "$K8S_VERSION" build_kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl
 build_into kueue "$KUEUE_VERSION" build_kueue kueue
 build_into scheduler-plugins "$PLUGINS_VERSION" build_scheduler_plugins scheduler controller
+build_into katib "$KATIB_VERSION" build_katib katib-trial-status
 if [[ -n "$NODE" ]]; then
     install_node_packages
     build_into node "$K8S_VERSION-coredns-$COREDNS_VERSION" build_node kubelet kube-proxy coredns pause

@@ -6,7 +6,9 @@ left alone."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -16,7 +18,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane.cluster import ControlPlane
-from tests.controlplane.tools import REPO_ROOT
+from tests.controlplane.tools import HERE as CONTROLPLANE
+from tests.controlplane.tools import INSTALL_COMMAND, REPO_ROOT, go_mod_version, tools_dir
 from tests.integration.operator_harness import (
     NO_SCHEDULER,
     TEST_IMAGE,
@@ -388,3 +391,61 @@ def test_takeover_of_a_running_tfjob_adopts_the_pods_training_operator_made(
         assert "Created Pod" not in log.read_text(), op.log_tail()
     finally:
         op.stop()
+
+
+def katib_trial_status(job: Obj) -> Obj:
+    """Katib v0.19's own verdict on a trial deployed as `job` (its GetDeployedJobStatus with
+    its default conditions for Kubeflow jobs: tests/controlplane/katib)."""
+    version = go_mod_version(CONTROLPLANE / "katib" / "go.mod", "github.com/kubeflow/katib")
+    binary = tools_dir() / f"katib-{version}" / "katib-trial-status"
+    if not binary.exists():
+        pytest.fail(f"{binary} is missing: build it with {INSTALL_COMMAND}", pytrace=False)
+    out = subprocess.run(
+        [str(binary)], input=json.dumps(job), capture_output=True, text=True, check=True
+    )
+    return cast(Obj, json.loads(out.stdout))
+
+
+def kfp_launcher_done(job: Obj) -> str | None:
+    """KFP's "Launch TFJob" wait rule (components/kubeflow/common/launch_crd.py,
+    is_expected_conditions with Succeeded and Failed): the last condition, if terminal."""
+    conditions = (job.get("status") or {}).get("conditions")
+    if not conditions:
+        return None
+    last = conditions[-1]
+    return (
+        str(last["type"])
+        if last["type"] in ("Succeeded", "Failed") and last["status"] == "True"
+        else None
+    )
+
+
+def test_a_tfjob_ends_as_kfp_and_katib_read_it(cluster: TFJobs) -> None:
+    for name in ("good", "bad"):
+        cluster.create_job(a_tfjob(name, {"Worker": 2}))
+        waits.wait_until(
+            functools.partial(lambda n: len(kubeflow_pods(cluster, n)) == 2, name),
+            timeout=T,
+            what=f"{name} Pods",
+        )
+        cluster.set_running(f"{name}-worker-0")
+        cluster.set_running(f"{name}-worker-1")
+    waits.wait_until(
+        lambda: cluster.conditions("good")[-1][0] == "Running", timeout=T, what="good Running"
+    )
+    running = cluster.job("good") or {}
+    assert katib_trial_status(running)["condition"] == "Running"
+    assert kfp_launcher_done(running) is None
+    cluster.set_exited("good-worker-0", 0)
+    cluster.set_exited("bad-worker-1", 1)
+    for name, verdict in (("good", "Succeeded"), ("bad", "Failed")):
+        waits.wait_until(
+            functools.partial(lambda n: kfp_launcher_done(cluster.job(n) or {}), name),
+            timeout=T,
+            what=f"{name}: a terminal last condition",
+        )
+        job = cluster.job(name) or {}
+        assert kfp_launcher_done(job) == verdict, job["status"]
+        katib = katib_trial_status(job)
+        assert katib["condition"] == verdict, katib
+        assert katib["reason"] == f"TFJob{verdict}", katib
