@@ -449,3 +449,30 @@ def test_a_tfjob_ends_as_kfp_and_katib_read_it(cluster: TFJobs) -> None:
         katib = katib_trial_status(job)
         assert katib["condition"] == verdict, katib
         assert katib["reason"] == f"TFJob{verdict}", katib
+
+
+def test_a_tfjob_deleted_in_the_foreground_gets_no_new_pods(cluster: TFJobs) -> None:
+    """KFP's launcher deletes a finished TFJob with propagationPolicy Foreground: the TFJob
+    stays, with a deletionTimestamp, until the garbage collector has deleted its Pods; none is
+    made again meanwhile."""
+    cluster.create_job(a_tfjob("kfp", {"Worker": 2}))
+    waits.wait_until(lambda: len(kubeflow_pods(cluster, "kfp")) == 2, timeout=T, what="Pods")
+    first = {meta(p).uid for p in kubeflow_pods(cluster, "kfp").values()}
+    cluster.custom.delete_namespaced_custom_object(
+        tfjob.GROUP,
+        tfjob.VERSION,
+        cluster.namespace,
+        tfjob.PLURAL,
+        "kfp",
+        body=k8s.V1DeleteOptions(propagation_policy="Foreground"),
+    )
+    seen: set[str | None] = set()
+
+    def gone() -> bool:
+        seen.update(meta(p).uid for p in kubeflow_pods(cluster, "kfp").values())
+        return cluster.job("kfp") is None
+
+    # The garbage collector picks up a CRD installed a moment ago at its next discovery
+    # (every 30 s), so the deletion may take that long here.
+    waits.wait_until(gone, timeout=120, what="the TFJob and its Pods deleted")
+    assert seen <= first, "a Pod was made while the TFJob was being deleted"
