@@ -4,6 +4,9 @@
 #   docker.io/trainjob/trainjob-operator:<version>   images/operator/Dockerfile
 #   docker.io/trainjob/trainjob:<version>            images/trainjob/Dockerfile
 #   docker.io/trainjob/trainjob-legacy:<version>     images/trainjob-legacy/Dockerfile
+# and, for the e2e tier only, the image Kubeflow's own TFJob e2e test (kubeflow-training's
+# test/e2e/test_e2e_tfjob.py, tests/e2e/test_kubeflow_sdk.py) runs, FROM the runtime image:
+#   gcr.io/kubeflow-ci/tf-mnist-with-summaries:1.0   images/kubeflow-sdk-e2e/Dockerfile
 # <version> is pyproject.toml's. The base image is BASE_IMAGE when set (e.g. the official
 # python:3.11-slim-bookworm where a registry is reachable); otherwise an equivalent base is
 # built here, offline from any registry, by images/base/build.sh (debootstrap + Debian's
@@ -114,6 +117,36 @@ for name in operator trainjob trainjob-legacy; do
     size="$(bah images --format '{{.Size}}' "$ref" | awk 'NR == 1')"
     summary+=("$(printf '%-45s %10s  %s' "$ref" "$size" "$state")")
 done
+
+# The Kubeflow SDK e2e test's image: the runtime image plus one script. Its hash covers the
+# runtime image's ID, so a changed runtime image rebuilds it (one small layer, seconds).
+runtime_ref="docker.io/trainjob/trainjob:$version"
+runtime_id="$(bah images --no-trunc --format '{{.ID}}' "$runtime_ref" | awk 'NR == 1')"
+ref="gcr.io/kubeflow-ci/tf-mnist-with-summaries:1.0"
+hash="$(printf '%s %s\n' "$runtime_id" "$(content_hash images/kubeflow-sdk-e2e)" \
+    | sha256sum | cut -c1-16)"
+cached="localhost/trainjob-cache/kubeflow-sdk-e2e:$hash"
+t0=$SECONDS
+if exists "$cached"; then
+    state="cached"
+else
+    echo "==> building $ref from images/kubeflow-sdk-e2e/Dockerfile (base $runtime_ref)"
+    log="$store/build-kubeflow-sdk-e2e.log"
+    if ! bah bud --quiet --layers --pull=false --network host --isolation chroot \
+        --build-arg "RUNTIME_IMAGE=$runtime_ref" \
+        -f images/kubeflow-sdk-e2e/Dockerfile -t "$cached" . >"$log" 2>&1; then
+        tail -n 40 "$log" >&2
+        echo "images/build.sh: building $ref failed (log: $log)" >&2
+        exit 1
+    fi
+    state="built in $((SECONDS - t0))s"
+fi
+bah tag "$cached" "$ref"
+for old in $(bah images --format '{{.Name}}:{{.Tag}}' localhost/trainjob-cache/kubeflow-sdk-e2e 2>/dev/null); do
+    [[ "$old" == "$cached" ]] || bah rmi "$old" >/dev/null 2>&1 || true
+done
+size="$(bah images --format '{{.Size}}' "$ref" | awk 'NR == 1')"
+summary+=("$(printf '%-45s %10s  %s' "$ref" "$size" "$state")")
 
 echo "==> images (buildah store ${storage_flags[*]}), $((SECONDS - started))s"
 for line in "${summary[@]}"; do

@@ -196,7 +196,8 @@ def open_cluster(workdir: Path | None = None) -> Iterator[Cluster]:
         return
     from tests.controlplane.node import running_node
 
-    crds = sorted((REPO_ROOT / "crds").glob("*.yaml"))
+    # crds/ and its folders: Kubeflow's TFJob CRD (crds/kubeflow/), served with --tfjob.
+    crds = sorted((REPO_ROOT / "crds").rglob("*.yaml"))
     with running_node(workdir=workdir, crds=crds) as node:
         plane = node.plane
         yield Cluster("node", str(plane.tools.kubectl), str(plane.tools.helm), plane.env(), plane)

@@ -80,6 +80,9 @@ PRODUCT_IMAGES: Final = (
     "docker.io/trainjob/trainjob",
     "docker.io/trainjob/trainjob-legacy",
 )
+# Built by images/build.sh for tests only, imported under exactly these references: the image
+# Kubeflow's own TFJob e2e test (kubeflow-training's test/e2e/test_e2e_tfjob.py) runs.
+TEST_IMAGES: Final = ("gcr.io/kubeflow-ci/tf-mnist-with-summaries:1.0",)
 
 
 def coredns_version() -> str:
@@ -594,7 +597,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
     def _product_refs(self) -> list[str]:
         version = _pyproject_version()
-        refs = [f"{name}:{version}" for name in self.images]
+        refs = [f"{name}:{version}" for name in self.images] + list(TEST_IMAGES)
         listed = self._buildah("images", "--format", "{{.Name}}:{{.Tag}}")
         missing = [r for r in refs if r not in listed.split()]
         if missing:

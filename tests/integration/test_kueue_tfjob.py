@@ -32,7 +32,9 @@ def operator(
 ) -> Iterator[operator_process.Operator]:
     # No --kueue: a TFJob's Workload is Kueue's own integration's, not ours.
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = operator_process.Operator(kubeconfig, log, "--namespace=test-kueue-tfjob-*", "--tfjob").start()
+    op = operator_process.Operator(
+        kubeconfig, log, "--namespace=test-kueue-tfjob-*", "--tfjob"
+    ).start()
     try:
         yield op.wait_serving(T)
     finally:

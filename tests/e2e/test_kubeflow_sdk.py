@@ -1,0 +1,306 @@
+"""Kubeflow's own TFJob e2e test, unmodified, against the operator's TFJob front door; and the
+kubeflow-training SDK's TrainingClient driving TFJobs the way its users do.
+
+- ``test/e2e/test_e2e_tfjob.py`` of the PyPI wheel ``kubeflow-training==1.9.4`` (a top-level
+  ``test`` package in site-packages) runs in a pytest subprocess, exactly as Kubeflow's CI runs
+  it: once with plain scheduling, once with ``GANG_SCHEDULER_NAME=scheduler-plugins`` while the
+  operator gangs through scheduler-plugins' Coscheduling (tests/controlplane/gang.py). Its image
+  ``gcr.io/kubeflow-ci/tf-mnist-with-summaries:1.0`` is built here, offline, by images/build.sh
+  (images/kubeflow-sdk-e2e) and imported onto the node.
+- ``TrainingClient.create_job(train_func=...)`` with a Chief, a PS and a Worker (and with two
+  Workers), then ``get_job_pods(is_master=True)`` and ``get_job_logs``.
+
+The operator runs with ``tfjob.enabled=true`` (``--tfjob``) for this module and goes back
+afterwards; the TFJob CRD (crds/kubeflow.org_tfjobs.yaml) is applied with the others when the
+node starts. The test's Pods carry no securityContext, as upstream's: their namespaces enforce
+Pod Security "baseline", not "restricted". On another cluster (TRAINJOB_E2E_CLUSTER=current)
+the TFJob CRD, the test image and, for the gang run, scheduler-plugins must be there already.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import sysconfig
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+
+from tests.controlplane.e2e_cluster import (
+    CHART,
+    OPERATOR_DEPLOYMENT,
+    OPERATOR_NAMESPACE,
+    RELEASE,
+    REPO_ROOT,
+    Cluster,
+    wait_until,
+)
+from tests.e2e.conftest import IMAGE_TAG
+
+pytestmark = pytest.mark.e2e
+
+SDK_VERSION: Final = "1.9.4"
+UPSTREAM_TEST: Final = Path(sysconfig.get_paths()["purelib"]) / "test" / "e2e" / "test_e2e_tfjob.py"
+UPSTREAM_JOB: Final = "tfjob-mnist-ci-test"
+PLAIN_TEST: Final = "test_sdk_e2e"
+GANG_TEST: Final = "test_sdk_e2e_with_gang_scheduling"
+# The upstream test waits up to 900 s for Succeeded; its gang variant ~15 s more before that.
+UPSTREAM_TIMEOUT: Final = 1200.0
+TFJOB_CRD: Final = "tfjobs.kubeflow.org"
+PODGROUP_CRD: Final = "podgroups.scheduling.x-k8s.io"
+BASELINE: Final = "pod-security.kubernetes.io/enforce=baseline"
+# The runtime image: TensorFlow for the SDK's train_func (run by `bash -c`, entrypoint replaced).
+TRAIN_FUNC_IMAGE: Final = f"docker.io/trainjob/trainjob:{IMAGE_TAG}"
+MARKER: Final = "SDK-TRAIN-FUNC"
+
+
+def report_tf_config() -> None:
+    """The SDK's train_func: runs in every replica; TensorFlow's own resolver reads TF_CONFIG.
+
+    The SDK pastes this source into an unquoted bash here-document: no dollar sign, backquote
+    or backslash may appear in it.
+    """
+    import json
+
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    jobs = sorted(resolver.cluster_spec().as_dict())
+    total = int(tf.reduce_sum(tf.range(10)).numpy())
+    line = {"task": [resolver.task_type, resolver.task_id], "jobs": jobs, "sum": total}
+    print("SDK-TRAIN-FUNC", json.dumps(line), flush=True)
+
+
+def helm_upgrade(cluster: Cluster, *values: str) -> None:
+    cluster.helm(
+        "upgrade",
+        RELEASE,
+        CHART,
+        f"--namespace={OPERATOR_NAMESPACE}",
+        "--reuse-values",
+        *(f"--set={value}" for value in values),
+        "--wait",
+        "--timeout=5m",
+    )
+    cluster.kubectl("rollout", "status", OPERATOR_DEPLOYMENT, "-n", OPERATOR_NAMESPACE)
+
+
+def dump(cluster: Cluster, namespace: str) -> None:
+    """What a failure needs: the TFJobs, the Pods and Events, the Pods' logs, the operator's."""
+    print(cluster.kubectl("get", "tfjobs", "-n", namespace, "-o", "yaml", check=False))
+    for kind in ("pods", "podgroups", "events"):
+        print(cluster.kubectl("get", kind, "-n", namespace, "-o", "wide", check=False))
+    for pod in cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).split():
+        print(f"--- {pod}")
+        print(cluster.kubectl("logs", "-n", namespace, pod, "--tail=40", check=False))
+    print(
+        cluster.kubectl(
+            "logs", "-n", OPERATOR_NAMESPACE, OPERATOR_DEPLOYMENT, "--tail=80", check=False
+        )
+    )
+
+
+def ensure_tfjob_crd(cluster: Cluster) -> None:
+    """The node applies crds/ (Kubeflow's TFJob CRD in crds/kubeflow/) when it starts; another
+    cluster gets it here, server-side (611 KB: too big for client-side apply's annotation)."""
+    if TFJOB_CRD in cluster.kubectl("get", "crd", TFJOB_CRD, "-o", "name", check=False):
+        return
+    files = sorted((REPO_ROOT / "crds").rglob("kubeflow.org_tfjobs.yaml"))
+    if not files:
+        pytest.fail(f"{TFJOB_CRD} is not installed and crds/ has no copy", pytrace=False)
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", files[0])
+    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+
+    def established() -> bool | None:
+        out = cluster.kubectl("get", "crd", TFJOB_CRD, "-o", f"jsonpath={jsonpath}", check=False)
+        return out.strip() == "True" or None
+
+    wait_until(established, timeout=60, what=f"{TFJOB_CRD} to be Established")
+
+
+@pytest.fixture(scope="module")
+def tfjob_operator(cluster: Cluster, operator: str) -> Iterator[str]:
+    """The operator upgraded to serve TFJobs (chart value tfjob.enabled, flag --tfjob)."""
+    ensure_tfjob_crd(cluster)
+    helm_upgrade(cluster, "tfjob.enabled=true")
+    try:
+        yield operator
+    finally:
+        helm_upgrade(cluster, "tfjob.enabled=false")
+
+
+@pytest.fixture
+def sdk_namespace(
+    cluster: Cluster, tfjob_operator: str, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """A fresh namespace enforcing Pod Security "baseline" (the SDK's Pods set no
+    securityContext, so "restricted" would refuse them)."""
+    name = f"e2e-kf-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, BASELINE, "--overwrite")
+    try:
+        yield name
+    finally:
+        report = getattr(request.node, "rep_call", None)
+        if report is None or report.failed:
+            dump(cluster, name)
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def gang_scheduler(cluster: Cluster, tfjob_operator: str) -> Iterator[str]:
+    """scheduler-plugins' scheduler (a host process beside the node's control plane) and the
+    operator upgraded to gang through it (chart value gangScheduler.type)."""
+    gang = None
+    if cluster.plane is not None:
+        from tests.controlplane.gang import start_gang_scheduler
+
+        gang = start_gang_scheduler(cluster.plane)
+    elif PODGROUP_CRD not in cluster.kubectl("get", "crd", PODGROUP_CRD, "-o", "name", check=False):
+        pytest.fail(
+            "scheduler-plugins (scheduler-plugins-scheduler and its PodGroup CRD) is not "
+            "installed in this cluster",
+            pytrace=False,
+        )
+    helm_upgrade(cluster, "gangScheduler.type=scheduler-plugins")
+    try:
+        yield "scheduler-plugins"
+    finally:
+        helm_upgrade(cluster, "gangScheduler.type=none")
+        if gang is not None:
+            print(f"scheduler-plugins log, last lines:\n{gang.log_tail(30)}")
+            gang.stop()
+
+
+def outcomes(junit: Path) -> dict[str, str]:
+    """test name -> passed | failed | error | skipped, from pytest's JUnit XML."""
+    found: dict[str, str] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = child.tag.replace("failure", "failed")
+                break
+        found[case.get("name", "")] = outcome
+    return found
+
+
+def run_upstream(
+    cluster: Cluster, namespace: str, tmp_path: Path, gang: str | None
+) -> tuple[int, dict[str, str], str]:
+    """The wheel's test_e2e_tfjob.py, unmodified, in a pytest of its own (default import mode
+    "prepend": its `test` package wins over the standard library's). An empty ini of its own
+    keeps this repository's pytest configuration (pyproject.toml, above .venv) out."""
+    assert UPSTREAM_TEST.is_file(), f"{UPSTREAM_TEST}: pip install kubeflow-training=={SDK_VERSION}"
+    ini = tmp_path / "pytest.ini"
+    ini.write_text("[pytest]\n", encoding="utf-8")
+    junit = tmp_path / "junit.xml"
+    env = dict(cluster.env)
+    env.pop("GANG_SCHEDULER_NAME", None)
+    if gang is not None:
+        env["GANG_SCHEDULER_NAME"] = gang
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(UPSTREAM_TEST),
+            f"--namespace={namespace}",
+            f"--junitxml={junit}",
+            f"-c={ini}",
+            f"--rootdir={tmp_path}",
+            "-p",
+            "no:cacheprovider",
+            "-rA",
+            "-v",
+            "--tb=short",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=UPSTREAM_TIMEOUT,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    print(output)
+    return result.returncode, outcomes(junit) if junit.is_file() else {}, output
+
+
+def test_kubeflow_sdk_e2e_plain(cluster: Cluster, sdk_namespace: str, tmp_path: Path) -> None:
+    """Upstream's test_sdk_e2e: one Worker trains; Created and Succeeded, never Running,
+    Restarting or Failed at the end; the master pod's `tensorflow` log is read; deleted."""
+    code, found, output = run_upstream(cluster, sdk_namespace, tmp_path, gang=None)
+    assert code == 0, output[-4000:]
+    assert found == {PLAIN_TEST: "passed", GANG_TEST: "skipped"}, output[-4000:]
+
+
+def test_kubeflow_sdk_e2e_gang(
+    cluster: Cluster, gang_scheduler: str, sdk_namespace: str, tmp_path: Path
+) -> None:
+    """Upstream's test_sdk_e2e_with_gang_scheduling: with minAvailable 10 the job stays Created
+    and not Running (its PodGroup cannot be met); update_job to minAvailable 1; it succeeds.
+    (gang_scheduler before sdk_namespace: a failure is dumped while the operator still gangs.)"""
+    code, found, output = run_upstream(cluster, sdk_namespace, tmp_path, gang=gang_scheduler)
+    assert code == 0, output[-4000:]
+    assert found == {PLAIN_TEST: "skipped", GANG_TEST: "passed"}, output[-4000:]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "master"),
+    [({"chief": 1, "ps": 1, "workers": 1}, ("chief", 0)), ({"workers": 2}, ("worker", 0))],
+    ids=["chief-ps-worker", "two-workers"],
+)
+def test_training_client_train_func(
+    cluster: Cluster, sdk_namespace: str, replicas: dict[str, int], master: tuple[str, int]
+) -> None:
+    """TrainingClient.create_job(train_func=...) reaches Succeeded; get_job_pods(is_master=True)
+    is exactly the chief (or worker 0 without one); get_job_logs reads its `tensorflow`
+    container, where TensorFlow resolved the TF_CONFIG the operator wrote; the TFJob has
+    Events."""
+    from kubeflow.training import TrainingClient
+
+    client: Any = TrainingClient(
+        config_file=cluster.env.get("KUBECONFIG"), namespace=sdk_namespace, job_kind="TFJob"
+    )
+    name = f"sdk-{master[0]}"
+    client.create_job(
+        name=name,
+        train_func=report_tf_config,
+        num_chief_replicas=replicas.get("chief"),
+        num_ps_replicas=replicas.get("ps"),
+        num_workers=replicas["workers"],
+        base_image=TRAIN_FUNC_IMAGE,
+    )
+    job = client.wait_for_job_conditions(
+        name, expected_conditions={"Succeeded"}, wait_timeout=300, polling_interval=2
+    )
+    assert client.is_job_created(job=job), job.status
+    assert not client.is_job_failed(job=job), job.status
+
+    role, index = master
+    pods = client.get_job_pods(name, is_master=True)
+    assert [p.metadata.name for p in pods] == [f"{name}-{role}-{index}"]
+    all_pods = sorted(client.get_job_pod_names(name))
+    expected = [f"{name}-chief-0"] * replicas.get("chief", 0)
+    expected += [f"{name}-ps-{i}" for i in range(replicas.get("ps", 0))]
+    expected += [f"{name}-worker-{i}" for i in range(replicas["workers"])]
+    assert all_pods == sorted(expected)
+
+    logs, events = client.get_job_logs(name, verbose=True)
+    assert list(logs) == [f"{name}-{role}-{index}"], logs
+    lines = [
+        json.loads(line.split(MARKER, 1)[1])
+        for line in logs[f"{name}-{role}-{index}"].splitlines()
+        if line.startswith(MARKER)
+    ]
+    jobs = sorted({"chief": "chief", "ps": "ps", "workers": "worker"}[k] for k in replicas)
+    assert lines == [{"task": [role, index], "jobs": jobs, "sum": 45}], logs
+    assert events.get(f"tfjob/{name}"), events
+
+    client.delete_job(name)
