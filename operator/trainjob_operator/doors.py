@@ -21,7 +21,7 @@ import datetime
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
-from trainjob.core import convert, spec, tfjob, tfjob_status
+from trainjob.core import constants, convert, spec, tfjob, tfjob_status
 from trainjob.core import status as st
 from trainjob_operator import children, kube, writes
 
@@ -281,7 +281,11 @@ class TFJobDoor:
         problems = tfjob.webhook_problems(source)
         if problems:
             raise spec.SpecError(problems)
-        return spec.parse({k: v for k, v in raw.items() if k != TFJOB_KEY})
+        job = spec.parse({k: v for k, v in raw.items() if k != TFJOB_KEY})
+        if tfjob.replica_types(source).get(constants.CHIEF) == "Master":
+            # Its Pods are <job>-master-<i>, its TF_CONFIG task "master", as upstream.
+            return dataclasses.replace(job, chief_name="master")
+        return job
 
     def recorder(self, api: kube.Kube, raw: Mapping[str, Any]) -> writes.JobWrites:
         return TFJobWrites(api, raw)
@@ -308,7 +312,14 @@ class TFJobDoor:
             tfjob_status.PodPhase(p.key[0], p.observed.phase, p.observed.deleting) for p in pods
         ]
         wanted = tfjob_status.view(
-            previous, engine, tfjob.replica_types(source), phases, namespace, name, now
+            previous,
+            engine,
+            tfjob.replica_types(source),
+            phases,
+            namespace,
+            name,
+            now,
+            tfjob.restart_policies(source),
         )
         patch = merge_patch(previous, {**previous, **wanted})
         if not patch:

@@ -107,7 +107,7 @@ async def _read(
     api: kube.Kube, namespace: str, job: spec.TrainJob, pod: children.ChildPod
 ) -> str | None:
     """The last exception line in the Pod's log tail; None when none can be read or found."""
-    name = naming.child_name(job.name, *pod.key)
+    name = naming.child_name(job.name, job.task_type(pod.key[0]), pod.key[1])
     container = render.tf_container_name(job, pod.key[0])
     try:
         tail = await api.read_log_tail(

@@ -224,11 +224,15 @@ async def reconcile_job(
 
     for rtype, index in decision.delete_pods:
         await rt.kube.delete_pod(
-            namespace, naming.child_name(name, rtype, index), pod_uids.get((rtype, index))
+            namespace,
+            naming.child_name(name, job.task_type(rtype), index),
+            pod_uids.get((rtype, index)),
         )
     for rtype, index in decision.delete_services:
         await rt.kube.delete_service(
-            namespace, naming.child_name(name, rtype, index), service_uids.get((rtype, index))
+            namespace,
+            naming.child_name(name, job.task_type(rtype), index),
+            service_uids.get((rtype, index)),
         )
     if gang_plan.update and group is not None:
         await gang_sync.update_pod_group(rt.kube, rt.settings, job, namespace, options, group)
@@ -334,7 +338,7 @@ async def _create_children(
             "Service",
             namespace,
             (rtype, index),
-            naming.child_name(job.name, rtype, index),
+            naming.child_name(job.name, job.task_type(rtype), index),
             functools.partial(render.render_service, job, rtype, index, options, owner),
             refusals,
         )
@@ -349,7 +353,7 @@ async def _create_children(
             "Pod",
             namespace,
             (rtype, index),
-            naming.child_name(job.name, rtype, index),
+            naming.child_name(job.name, job.task_type(rtype), index),
             functools.partial(
                 render.render_pod, job, rtype, index, attempt, options, owner, cluster
             ),

@@ -17,6 +17,7 @@ import pytest
 from tests.unit.test_policy import World, at
 from trainjob.core import render, spec, tfjob, tfjob_status
 from trainjob.core import status as st
+from trainjob_operator import doors
 
 
 def manifest(
@@ -71,17 +72,22 @@ def test_a_tfjob_gets_training_operators_defaults_not_ours() -> None:
 
 def test_what_the_tfjob_sets_wins_and_legacy_top_level_fields_are_ignored_as_pruned() -> None:
     raw = manifest(
-        {"chief": 1, "worker": 1},
+        {"worker": 2},
         run_policy={"cleanPodPolicy": "All", "backoffLimit": 2, "activeDeadlineSeconds": 60},
         successPolicy="AllWorkers",
     )
     raw["spec"]["ttlSecondsAfterFinished"] = 5  # KFP's launcher writes these; the CRD prunes
     job = parsed(raw)
     assert job.run_policy.clean_pod_policy == "All"
-    assert job.run_policy.backoff_limit == 2
+    # training-operator fails the job once restarts reach the limit: the 2nd failure.
+    assert job.run_policy.backoff_limit == 1
     assert job.run_policy.active_deadline_seconds == 60
     assert job.run_policy.ttl_seconds_after_finished is None
     assert job.success_policy == "AllWorkers"
+    # With a Chief (or Master), it alone decides: successPolicy is not read.
+    with_chief = manifest({"Chief": 1, "Worker": 1}, successPolicy="AllWorkers")
+    assert parsed(with_chief).success_policy == "ChiefOrWorker0"
+    assert tfjob.engine_backoff_limit(0) == tfjob.engine_backoff_limit(1) == 0
 
 
 def test_the_engines_status_is_read_from_the_annotation() -> None:
@@ -205,6 +211,22 @@ def test_tf_config_only_in_the_tensorflow_container_and_nothing_else_of_ours() -
     assert "securityContext" not in tf and "securityContext" not in pod["spec"]
 
 
+def test_a_master_keeps_its_name_in_pods_and_tf_config() -> None:
+    raw = manifest({"Master": 1, "Worker": 1})
+    job = tfjob_door_parse(raw)
+    options = render.RenderOptions(namespace="team-a", kubeflow_types=tfjob.replica_types(raw))
+    pods = [r for r in render.render_all(job, options, None) if r["kind"] == "Pod"]
+    assert sorted(p["metadata"]["name"] for p in pods) == ["mnist-master-0", "mnist-worker-0"]
+    config = json.loads(env_of(pods[0])["TF_CONFIG"])
+    assert config["task"] == {"type": "master", "index": 0}
+    assert config["cluster"]["master"] == ["mnist-master-0.team-a.svc:2222"]
+
+
+def tfjob_door_parse(raw: dict[str, Any]) -> spec.TrainJob:
+    """What the operator's TFJob door reads (doors.py)."""
+    return doors.TFJobDoor().parse(doors.tfjob_view(raw))
+
+
 def test_a_single_replica_gets_no_tf_config() -> None:
     pods, _ = children_of(manifest({"Worker": 1}))
     assert env_of(pods[0]) == {}
@@ -309,7 +331,10 @@ def test_a_failure_under_never_fails_it_with_the_cause_and_nothing_changes_after
     shown.step(at(2))
     assert shown.conditions()[-1] == ("Failed", "True", "TFJobFailed")
     assert shown.conditions()[1] == ("Running", "False", "TFJobRunning")
-    assert shown.status["conditions"][-1]["message"].startswith("TFJob team-a/mnist has failed")
+    message = shown.status["conditions"][-1]["message"]
+    # training-operator's words first (KFP, dashboards match on them), then the cause.
+    assert message.startswith("TFJob team-a/mnist has failed because 1 Worker replica(s) failed. ")
+    assert "exit" in message and "TrainJob" not in message, message
     after = tfjob_status.set_condition(
         shown.status["conditions"], "Running", True, "TFJobRunning", "x", at(3)
     )
@@ -324,7 +349,7 @@ def test_created_suspended_shows_created_and_suspended_only_then_resumes() -> No
         ("Suspended", "True", "TFJobSuspended"),
     ]
     assert "startTime" not in shown.status
-    assert shown.status["replicaStatuses"] == {"Worker": {}}
+    assert "replicaStatuses" not in shown.status  # none until its first run, as upstream
     resumed = manifest({"Worker": 1}, run_policy={"suspend": False})
     shown.world.job = parsed(resumed)
     shown.step(at(10))

@@ -149,6 +149,13 @@ class TrainJob:
     managed_by: str | None = None
     # spec.networkIsolation: whether only the job's replicas reach its TensorFlow ports.
     network_isolation: str = NETWORK_ISOLATIONS[0]
+    # What the chief is called in its children's names and in TF_CONFIG: "master" for a
+    # Kubeflow TFJob's Master replica (trainjob.core.tfjob), as training-operator names it.
+    chief_name: str = constants.CHIEF
+
+    def task_type(self, replica_type: str) -> str:
+        """A replica type as its Pods' names and TF_CONFIG spell it."""
+        return self.chief_name if replica_type == constants.CHIEF else replica_type
 
     def replicas(self, replica_type: str) -> int:
         spec = self.replica_specs.get(replica_type)

@@ -101,7 +101,7 @@ def render_pod(
     template = copy.deepcopy(dict(replica.template))
     meta = dict(template.get("metadata") or {})
     pod_spec: dict[str, Any] = dict(template.get("spec") or {})
-    name = naming.child_name(job.name, replica_type, index)
+    name = naming.child_name(job.name, job.task_type(replica_type), index)
     if cluster is None:
         cluster = cluster_of(job, options)
     env = tfconfig.replica_env(
@@ -458,7 +458,7 @@ def render_service(
         selector = tfjob.replica_selector(job.name, options.kubeflow_types, replica_type, index)
         labels = {**labels, **selector}
     metadata: dict[str, Any] = {
-        "name": naming.child_name(job.name, replica_type, index),
+        "name": naming.child_name(job.name, job.task_type(replica_type), index),
         "namespace": options.namespace,
         "labels": labels,
     }

@@ -21,7 +21,8 @@ def kubernetes_host(job: spec.TrainJob, namespace: str, cluster_domain: str) -> 
     def host(replica_type: str, index: int) -> str:
         suffix = f".svc.{cluster_domain}" if cluster_domain else ".svc"
         port = spec.tf_port(job.replica_specs[replica_type].template)
-        return f"{naming.child_name(job.name, replica_type, index)}.{namespace}{suffix}:{port}"
+        name = naming.child_name(job.name, job.task_type(replica_type), index)
+        return f"{name}.{namespace}{suffix}:{port}"
 
     return host
 
@@ -90,7 +91,8 @@ def replica_env(
     """Every environment variable an executor gives one replica, in a stable order."""
     env: dict[str, str] = {}
     if is_distributed(job):
-        env[constants.ENV_TF_CONFIG] = tf_config(cluster, replica_type, index)
+        spelled = {job.task_type(rtype): hosts for rtype, hosts in cluster.items()}
+        env[constants.ENV_TF_CONFIG] = tf_config(spelled, job.task_type(replica_type), index)
     env[constants.ENV_JOB_NAME] = job.name
     env[constants.ENV_NAMESPACE] = namespace
     env[constants.ENV_REPLICA_TYPE] = replica_type

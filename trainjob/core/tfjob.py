@@ -140,8 +140,12 @@ def as_trainjob(raw: Mapping[str, Any]) -> dict[str, Any]:
     job_spec.pop("managedBy", None)  # which TFJobs are ours is decided before (`served`)
     run_policy = job_spec.setdefault("runPolicy", {})
     run_policy.setdefault("cleanPodPolicy", DEFAULT_CLEAN_POD_POLICY)
-    run_policy.setdefault("backoffLimit", UNLIMITED_BACKOFF)
+    run_policy["backoffLimit"] = engine_backoff_limit(run_policy.get("backoffLimit"))
     run_policy["startupDeadlineSeconds"] = NO_STARTUP_DEADLINE
+    if constants.CHIEF in replica_types(raw):
+        # A Chief or Master decides success alone: training-operator reads successPolicy
+        # only for a job without one.
+        job_spec.pop("successPolicy", None)
     annotations = (raw.get("metadata") or {}).get("annotations") or {}
     if isinstance(annotations, Mapping) and annotations.get(ANNOTATION_NETWORK_ISOLATION) == "None":
         job_spec["networkIsolation"] = "None"
@@ -153,6 +157,29 @@ def as_trainjob(raw: Mapping[str, Any]) -> dict[str, Any]:
     }
     manifest["status"] = engine_status(raw)
     return manifest
+
+
+def engine_backoff_limit(value: object) -> object:
+    """The engine's backoffLimit (restarts allowed) for a TFJob's: training-operator fails the
+    job once its replicas' restarts reach the limit, so the limit-th failure already fails it
+    (0 and 1 alike: the first); unset is unlimited. Not an int: left to spec.parse to refuse."""
+    if value is None:
+        return UNLIMITED_BACKOFF
+    if isinstance(value, int) and not isinstance(value, bool):
+        return max(value - 1, 0)
+    return value
+
+
+def restart_policies(raw: Mapping[str, Any]) -> dict[str, str]:
+    """engine type -> the restartPolicy of its TFJob replica type (Never when unset)."""
+    specs = (raw.get("spec") or {}).get("tfReplicaSpecs")
+    result: dict[str, str] = {}
+    if isinstance(specs, Mapping):
+        for key, replica in specs.items():
+            name = canonical_type(key)
+            if name is not None and isinstance(replica, Mapping):
+                result[ENGINE_TYPE[name]] = str(replica.get("restartPolicy") or "Never")
+    return result
 
 
 def _legacy_run_policy_dropped(tfjob_spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from trainjob.core import constants
+from trainjob.core import constants, policy
 from trainjob.core import status as st
 
 REASON_CREATED: Final = "TFJobCreated"
@@ -114,11 +114,55 @@ def _running(engine: st.JobStatus, types: Mapping[str, str]) -> bool:
     )
 
 
-def _failed_types(engine: st.JobStatus, types: Mapping[str, str]) -> str:
-    failed = sorted(
-        {types.get(rtype, rtype) for (rtype, _), r in engine.replicas.items() if r.exit_code}
-    )
-    return ", ".join(failed) or "some"
+# The order training-operator visits replica types in (the first failed one is named).
+_VISIT_ORDER: Final = ("Chief", "Evaluator", "Master", "PS", "Worker")
+
+
+def _failed(pods: Sequence[PodPhase], types: Mapping[str, str]) -> list[tuple[str, str, int]]:
+    """(engine type, TFJob type, how many) of the replica types with a failed Pod, in
+    training-operator's order."""
+    counts: dict[str, int] = {}
+    for pod in pods:
+        if pod.phase == "Failed" or (pod.phase == "Running" and pod.deleting):
+            counts[pod.engine_type] = counts.get(pod.engine_type, 0) + 1
+    found = [(t, types.get(t, t), n) for t, n in counts.items()]
+    return sorted(found, key=lambda f: _VISIT_ORDER.index(f[1]) if f[1] in _VISIT_ORDER else 9)
+
+
+def _cause(condition: st.Condition | None) -> str:
+    """The engine's words, after training-operator's (its kind's name, not ours)."""
+    text = condition.message if condition is not None else ""
+    return f" {text.replace('TrainJob', 'TFJob')}" if text else ""
+
+
+def failed_message(
+    engine: st.JobStatus,
+    pods: Sequence[PodPhase],
+    types: Mapping[str, str],
+    restart_policies: Mapping[str, str],
+    namespace: str,
+    name: str,
+) -> str:
+    """training-operator's Failed message for the way the engine failed the job, then the
+    engine's cause (which replica, its exit code and last words)."""
+    failed = engine.condition(st.FAILED)
+    reason = failed.reason if failed is not None else ""
+    if reason == policy.REASON_DEADLINE:
+        head = f"Job {name} has failed because it was active longer than specified deadline"
+    elif reason == policy.REASON_BACKOFF:
+        head = f"Job {name} has failed because it has reached the specified backoff limit"
+    elif reason == policy.REASON_FAILED and (found := _failed(pods, types)):
+        engine_type, type_name, count = found[0]
+        if restart_policies.get(engine_type) == "ExitCode":
+            head = f'job "{name}" is failing because "{type_name}" replica(s) failed.'
+        else:
+            head = (
+                f"TFJob {namespace}/{name} has failed because {count} {type_name} "
+                "replica(s) failed."
+            )
+    else:
+        head = f"TFJob {namespace}/{name} has failed."
+    return head + _cause(failed)
 
 
 def conditions_of(
@@ -128,6 +172,8 @@ def conditions_of(
     namespace: str,
     name: str,
     now: datetime.datetime,
+    pods: Sequence[PodPhase] = (),
+    restart_policies: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The TFJob's conditions after this reconcile, from the ones it had and the engine's."""
     conditions = [dict(c) for c in previous]
@@ -150,16 +196,8 @@ def conditions_of(
         )
     restarting = engine.condition(st.RESTARTING)
     if engine.is_true(st.FAILED):
-        failed = engine.condition(st.FAILED)
-        cause = failed.message if failed is not None else ""
-        return set_condition(
-            conditions,
-            st.FAILED,
-            True,
-            REASON_FAILED,
-            f"TFJob {namespace}/{name} has failed: {cause}".rstrip(": "),
-            now,
-        )
+        message = failed_message(engine, pods, types, restart_policies or {}, namespace, name)
+        return set_condition(conditions, st.FAILED, True, REASON_FAILED, message, now)
     if engine.is_true(st.SUCCEEDED):
         return set_condition(
             conditions,
@@ -170,13 +208,14 @@ def conditions_of(
             now,
         )
     if restarting is not None and restarting.status:
+        failed_types = ", ".join(t for _, t, _ in _failed(pods, types)) or "some"
         return set_condition(
             conditions,
             st.RESTARTING,
             True,
             REASON_RESTARTING,
-            f"job {name} is restarting because {_failed_types(engine, types)} replica(s) "
-            f"failed. {restarting.message}".rstrip(),
+            f"job {name} is restarting because {failed_types} replica(s) failed."
+            + _cause(restarting),
             now,
         )
     if _running(engine, types):
@@ -228,9 +267,11 @@ def view(
     namespace: str,
     name: str,
     now: datetime.datetime,
+    restart_policies: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The TFJob's status after this reconcile (the whole object, as training-operator writes
     it with a full update); `previous` is the status it has now."""
+    pods = list(pods)
     old_conditions = previous.get("conditions")
     conditions = conditions_of(
         old_conditions if isinstance(old_conditions, list) else [],
@@ -239,6 +280,8 @@ def view(
         namespace,
         name,
         now,
+        pods,
+        restart_policies,
     )
     result: dict[str, Any] = {"conditions": conditions}
     old_counts = previous.get("replicaStatuses")
@@ -246,6 +289,8 @@ def view(
     if finished(previous) and old_counts:
         result["replicaStatuses"] = dict(old_counts)  # as it ended
     elif engine.is_true(st.SUSPENDED) and not engine.finished:
+        if "replicaStatuses" not in previous:
+            return _times(result, engine, previous)  # created suspended: none until it runs
         # Suspended: not counted again (the Pods are being deleted), only active zeroed.
         result["replicaStatuses"] = {
             name: {
@@ -259,6 +304,12 @@ def view(
         result["replicaStatuses"] = replica_statuses(
             pods, types, False, engine.is_true(st.SUCCEEDED)
         )
+    return _times(result, engine, previous)
+
+
+def _times(
+    result: dict[str, Any], engine: st.JobStatus, previous: Mapping[str, Any]
+) -> dict[str, Any]:
     if engine.start_time is not None and not (
         engine.is_true(st.SUSPENDED) and not engine.finished and "startTime" not in previous
     ):
