@@ -8,7 +8,11 @@ kubeflow-training SDK's TrainingClient driving TFJobs the way its users do.
   ``gcr.io/kubeflow-ci/tf-mnist-with-summaries:1.0`` is built here, offline, by images/build.sh
   (images/kubeflow-sdk-e2e) and imported onto the node.
 - ``TrainingClient.create_job(train_func=...)`` with a Chief, a PS and a Worker (and with two
-  Workers), then ``get_job_pods(is_master=True)`` and ``get_job_logs``.
+  Workers), then ``get_job_pods(is_master=True)`` and ``get_job_logs``, from a user's script
+  (tests/support/kubeflow_sdk_driver.py).
+
+The SDK runs in a venv of its own (tests/controlplane/kubeflow_sdk.py: it pins an older
+kubernetes client than the project's), as its users' scripts do.
 
 The operator runs with ``tfjob.enabled=true`` (``--tfjob``) for this module and goes back
 afterwards; the TFJob CRD (crds/kubeflow.org_tfjobs.yaml) is applied with the others when the
@@ -21,8 +25,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import sysconfig
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -31,6 +33,7 @@ from typing import Any, Final
 
 import pytest
 
+from tests.controlplane import kubeflow_sdk
 from tests.controlplane.e2e_cluster import (
     CHART,
     OPERATOR_DEPLOYMENT,
@@ -44,8 +47,7 @@ from tests.e2e.conftest import IMAGE_TAG
 
 pytestmark = pytest.mark.e2e
 
-SDK_VERSION: Final = "1.9.4"
-UPSTREAM_TEST: Final = Path(sysconfig.get_paths()["purelib"]) / "test" / "e2e" / "test_e2e_tfjob.py"
+DRIVER: Final = REPO_ROOT / "tests" / "support" / "kubeflow_sdk_driver.py"
 UPSTREAM_JOB: Final = "tfjob-mnist-ci-test"
 PLAIN_TEST: Final = "test_sdk_e2e"
 GANG_TEST: Final = "test_sdk_e2e_with_gang_scheduling"
@@ -57,23 +59,6 @@ BASELINE: Final = "pod-security.kubernetes.io/enforce=baseline"
 # The runtime image: TensorFlow for the SDK's train_func (run by `bash -c`, entrypoint replaced).
 TRAIN_FUNC_IMAGE: Final = f"docker.io/trainjob/trainjob:{IMAGE_TAG}"
 MARKER: Final = "SDK-TRAIN-FUNC"
-
-
-def report_tf_config() -> None:
-    """The SDK's train_func: runs in every replica; TensorFlow's own resolver reads TF_CONFIG.
-
-    The SDK pastes this source into an unquoted bash here-document: no dollar sign, backquote
-    or backslash may appear in it.
-    """
-    import json
-
-    import tensorflow as tf
-
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    jobs = sorted(resolver.cluster_spec().as_dict())
-    total = int(tf.reduce_sum(tf.range(10)).numpy())
-    line = {"task": [resolver.task_type, resolver.task_id], "jobs": jobs, "sum": total}
-    print("SDK-TRAIN-FUNC", json.dumps(line), flush=True)
 
 
 def helm_upgrade(cluster: Cluster, *values: str) -> None:
@@ -196,7 +181,8 @@ def run_upstream(
     """The wheel's test_e2e_tfjob.py, unmodified, in a pytest of its own (default import mode
     "prepend": its `test` package wins over the standard library's). An empty ini of its own
     keeps this repository's pytest configuration (pyproject.toml, above .venv) out."""
-    assert UPSTREAM_TEST.is_file(), f"{UPSTREAM_TEST}: pip install kubeflow-training=={SDK_VERSION}"
+    upstream = kubeflow_sdk.upstream_test()
+    assert upstream.is_file(), f"{upstream}: not in kubeflow-training=={kubeflow_sdk.VERSION}"
     ini = tmp_path / "pytest.ini"
     ini.write_text("[pytest]\n", encoding="utf-8")
     junit = tmp_path / "junit.xml"
@@ -206,10 +192,10 @@ def run_upstream(
         env["GANG_SCHEDULER_NAME"] = gang
     result = subprocess.run(
         [
-            sys.executable,
+            str(kubeflow_sdk.python()),
             "-m",
             "pytest",
-            str(UPSTREAM_TEST),
+            str(upstream),
             f"--namespace={namespace}",
             f"--junitxml={junit}",
             f"-c={ini}",
@@ -263,36 +249,38 @@ def test_training_client_train_func(
     is exactly the chief (or worker 0 without one); get_job_logs reads its `tensorflow`
     container, where TensorFlow resolved the TF_CONFIG the operator wrote; the TFJob has
     Events."""
-    from kubeflow.training import TrainingClient
-
-    client: Any = TrainingClient(
-        config_file=cluster.env.get("KUBECONFIG"), namespace=sdk_namespace, job_kind="TFJob"
-    )
     name = f"sdk-{master[0]}"
-    client.create_job(
-        name=name,
-        train_func=report_tf_config,
-        num_chief_replicas=replicas.get("chief"),
-        num_ps_replicas=replicas.get("ps"),
-        num_workers=replicas["workers"],
-        base_image=TRAIN_FUNC_IMAGE,
+    result = subprocess.run(
+        [
+            str(kubeflow_sdk.python()),
+            str(DRIVER),
+            "train-func",
+            name,
+            sdk_namespace,
+            TRAIN_FUNC_IMAGE,
+            str(replicas.get("chief", 0)),
+            str(replicas.get("ps", 0)),
+            str(replicas["workers"]),
+        ],
+        env=dict(cluster.env),
+        capture_output=True,
+        text=True,
+        timeout=420,
+        check=False,
     )
-    job = client.wait_for_job_conditions(
-        name, expected_conditions={"Succeeded"}, wait_timeout=300, polling_interval=2
-    )
-    assert client.is_job_created(job=job), job.status
-    assert not client.is_job_failed(job=job), job.status
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")]
+    found: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+    assert found["created"] and not found["failed"], found
 
     role, index = master
-    pods = client.get_job_pods(name, is_master=True)
-    assert [p.metadata.name for p in pods] == [f"{name}-{role}-{index}"]
-    all_pods = sorted(client.get_job_pod_names(name))
+    assert found["master_pods"] == [f"{name}-{role}-{index}"]
     expected = [f"{name}-chief-0"] * replicas.get("chief", 0)
     expected += [f"{name}-ps-{i}" for i in range(replicas.get("ps", 0))]
     expected += [f"{name}-worker-{i}" for i in range(replicas["workers"])]
-    assert all_pods == sorted(expected)
+    assert found["pods"] == sorted(expected)
 
-    logs, events = client.get_job_logs(name, verbose=True)
+    logs = found["logs"]
     assert list(logs) == [f"{name}-{role}-{index}"], logs
     lines = [
         json.loads(line.split(MARKER, 1)[1])
@@ -301,6 +289,4 @@ def test_training_client_train_func(
     ]
     jobs = sorted({"chief": "chief", "ps": "ps", "workers": "worker"}[k] for k in replicas)
     assert lines == [{"task": [role, index], "jobs": jobs, "sum": 45}], logs
-    assert events.get(f"tfjob/{name}"), events
-
-    client.delete_job(name)
+    assert found["events"].get(f"tfjob/{name}"), found["events"]

@@ -7,6 +7,8 @@ suspending it again, clearing the admission only once `active` is 0. Also the Ku
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -14,7 +16,9 @@ from typing import Any, cast
 import pytest
 from kubernetes import client as k8s
 
+from tests.controlplane import kubeflow_sdk
 from tests.controlplane.kueue import Kueue
+from tests.controlplane.tools import REPO_ROOT
 from tests.integration.kueue_harness import KUEUE, KV, PRIORITY_LABEL, QUEUE_LABEL, Queues
 from tests.integration.test_tfjob import TFJobs, a_tfjob, kubeflow_pods
 from tests.support import operator_process, waits
@@ -189,23 +193,29 @@ def test_kueue_tfjob_preempted_is_admitted_again_when_room_is_back(
 def test_kueue_tfjob_from_the_sdks_create_job_with_a_queue_name(
     cluster: TFJobs, queues: Queues, kubeconfig: Path
 ) -> None:
-    from kubeflow.training import TrainingClient  # the SDK a TFJob user's script calls
-
+    """A user's script: the Kubeflow SDK's create_job(..., queue_name=...), in the SDK's own
+    venv (tests/controlplane/kubeflow_sdk.py)."""
     cq = queues.cluster_queue(queues.flavor(), cpu="4")
     queue = queues.local_queue(cq)
-    client = TrainingClient(config_file=str(kubeconfig), job_kind="TFJob")
-
-    def train() -> None:
-        print("training")
-
-    client.create_job(
-        name="sdk",
-        namespace=cluster.namespace,
-        train_func=train,
-        base_image="example.com/trainjob:test",
-        num_workers=2,
-        queue_name=queue,
+    result = subprocess.run(
+        [
+            str(kubeflow_sdk.python()),
+            str(REPO_ROOT / "tests" / "support" / "kubeflow_sdk_driver.py"),
+            "queued",
+            "sdk",
+            cluster.namespace,
+            "example.com/trainjob:test",
+            queue,
+            "2",
+        ],
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert 'RESULT {"created": true}' in result.stdout, result.stdout[-3000:]
     created = cluster.job("sdk") or {}
     assert created["metadata"]["labels"][QUEUE_LABEL] == queue
     waits.wait_until(lambda: workload_of(queues, "sdk"), timeout=T, what="the SDK job's Workload")
@@ -214,4 +224,3 @@ def test_kueue_tfjob_from_the_sdks_create_job_with_a_queue_name(
         timeout=T,
         what="the SDK job's Pods once admitted",
     )
-    assert client.is_job_created("sdk", namespace=cluster.namespace)
