@@ -159,7 +159,8 @@ until the job ends."""
 LOGS_CLUSTER_EXAMPLES: Final = """\
   trainjob logs mnist --cluster -n team-a
   trainjob logs mnist worker-1 --cluster --previous --tail 50
-  trainjob logs mnist --cluster -f"""
+  trainjob logs mnist --cluster -f
+  trainjob logs tfjob/mnist worker-0        # a TFJob the TrainJob operator serves"""
 
 
 def cmd_logs(args: argparse.Namespace, streams: Streams) -> int:
@@ -177,11 +178,14 @@ model_dir: everything under its checkpoint directory) and print the URL; Ctrl-C 
 Locally (JOB a run dir or a run under ./trainjob-runs, or none: the only run there),
 TensorBoard runs on this machine. On a cluster (--cluster, implied by -n/--context/
 --kubeconfig/--image or by a JOB that is no local run), a short-lived TensorBoard Pod mounts
-the job's checkpoint volume read-only and is reached through a port-forward; the Pod is
-deleted when the command ends. Works while the job runs and after it finished."""
+the job's checkpoint volume read-only (for tfjob/NAME, every PersistentVolumeClaim its
+tensorflow containers mount, at /logs/<their mount path>) and is reached through a
+port-forward; the Pod is deleted when the command ends. Works while the job runs and after it
+finished."""
 TENSORBOARD_EXAMPLES: Final = """\
   trainjob tensorboard mnist-multiworker           # a local run, or the cluster job
   trainjob tensorboard mnist -n team-a --port 6006
+  trainjob tensorboard tfjob/mnist                 # a TFJob the TrainJob operator serves
   trainjob tensorboard /tmp/run1 --address 0.0.0.0"""
 
 
@@ -206,7 +210,8 @@ def _port(text: str) -> int:
 def _add_tensorboard_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "job", nargs="?", metavar="JOB",
-        help="a local run (dir or name) or a cluster job; default: the only local run",
+        help="a local run (dir or name) or a cluster job (tfjob/NAME: a TFJob); default: the "
+        "only local run",
     )  # fmt: skip
     parser.add_argument(
         "--port", type=_port,
@@ -341,7 +346,9 @@ _trainjob() {{
           esac
         done
         local names
-        names="$(trainjob get -o name "${{where[@]}}" 2>/dev/null | sed 's|.*/||')"
+        # A TrainJob by its name, a TFJob as tfjob/NAME (as every command takes them).
+        names="$(trainjob get -o name "${{where[@]}}" 2>/dev/null \\
+          | sed -e 's|^tfjob\\.kubeflow\\.org/|tfjob/|' -e 's|^[^/]*\\.trainjob\\.dev/||')"
         COMPREPLY=($(compgen -W "$names" -- "$cur"))
         return
       fi ;;

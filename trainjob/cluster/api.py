@@ -1,9 +1,11 @@
 """The cluster side's API module (the `kubernetes` package): the connection, TrainJobs, their
-Pods, Events and logs, and the code's ConfigMap. `trainjob.cluster.api_pods` (Pods of one's
-own and port-forwards, for `trainjob tensorboard`) is the only other module that calls the API
-server, and it does so through what this module shares: `connect`, `Cluster.core`,
-`Cluster.call`, `Cluster.translate` and `network_cause`, so there is one connection helper and
-one error mapping.
+Pods, Events and logs, and the code's ConfigMap. A job named `tfjob/NAME` is Kubeflow's TFJob
+of that name, read as its view (`objects.tfjob_view`: the TrainJob it means, with the TrainJob
+operator's status), so every command reads it as it reads a TrainJob.
+`trainjob.cluster.api_pods` (Pods of one's own and port-forwards, for `trainjob tensorboard`)
+is the only other module that calls the API server, and it does so through what this module
+shares: `connect`, `Cluster.core`, `Cluster.call`, `Cluster.translate` and `network_cause`, so
+there is one connection helper and one error mapping.
 
 Everything it returns is plain data (dicts as `kubectl get -o json` prints them, strings), so
 formatting and decisions stay pure (`trainjob.cluster.objects`, `show`, `describe`). Every
@@ -48,7 +50,7 @@ from urllib3.util.retry import Retry
 
 from trainjob.cluster import describe, objects
 from trainjob.cluster.errors import DEFAULT_REQUEST_TIMEOUT, ClusterError, no_answer
-from trainjob.core import constants
+from trainjob.core import constants, tfjob
 
 # The kubernetes package is only partly typed (untyped functions, `object` results): its
 # objects are handled as Any here and every result is checked where it is turned into data.
@@ -102,18 +104,40 @@ class RetryUnlessTimedOut(Retry):
         return super().increment(method, url, response, error, _pool, _stacktrace)
 
 
-def translate(what: str, error: Exception) -> ClusterError:
+# The CRD of each kind of job, as `kubectl get crd` names it.
+CRDS: Final = {
+    constants.KIND: f"{constants.PLURAL}.{constants.GROUP}",
+    tfjob.KIND: f"{tfjob.PLURAL}.{tfjob.GROUP}",
+}
+# group, version, plural of each kind of job (CustomObjectsApi's arguments).
+RESOURCES: Final = {
+    constants.KIND: (constants.GROUP, constants.VERSION, constants.PLURAL),
+    tfjob.KIND: (tfjob.GROUP, tfjob.VERSION, tfjob.PLURAL),
+}
+
+
+def no_such_kind(error: ApiException) -> bool:
+    """A 404 that says the API server has no such resource at all (its CRD is not installed:
+    `the server could not find the requested resource`, or a bare `404 page not found` for a
+    group it does not serve), not that one object is missing (a Status naming it)."""
+    if error.status != 404:
+        return False
+    with contextlib.suppress(ValueError, TypeError):
+        body = json.loads(error.body or "")
+        if isinstance(body, dict) and (body.get("details") or {}).get("name"):
+            return False
+    return True
+
+
+def translate(what: str, error: Exception, kind: str = constants.KIND) -> ClusterError:
     """One ClusterError for any failure of a call (`Cluster.translate` also says how long a
-    request that timed out waited)."""
+    request that timed out waited); `kind`: the kind of job the call was about."""
     if isinstance(error, ApiException):
         message = _server_message(error)
         if error.status == 401:
             message += " (the kubeconfig's credentials were refused)"
-        if error.status == 404 and "could not find the requested resource" in message:
-            message += (
-                f" (is the TrainJob CRD installed? kubectl get crd {constants.PLURAL}."
-                f"{constants.GROUP})"
-            )
+        if no_such_kind(error):
+            message += f" (is the {kind} CRD installed? kubectl get crd {CRDS[kind]})"
         return ClusterError(f"{what}: {message}", error.status)
     if isinstance(error, ConfigException):
         return ClusterError(f"kubeconfig: {error}")
@@ -257,11 +281,11 @@ class Cluster:
         """The same connection, another namespace (a manifest's metadata.namespace)."""
         return Cluster(dataclasses.replace(self.connection, namespace=namespace))
 
-    def translate(self, what: str, error: Exception) -> ClusterError:
+    def translate(self, what: str, error: Exception, kind: str = constants.KIND) -> ClusterError:
         """`translate`; a request that timed out says where it went and how long it waited."""
         if self.timeout is not None and timed_out(error):
             return ClusterError(f"{what}: {no_answer(self.connection.server, self.timeout)}")
-        return translate(what, error)
+        return translate(what, error, kind)
 
     def call(self, what: str, function: Callable[[], T]) -> T:
         """function(), its failure one ClusterError (`translate`)."""
@@ -270,34 +294,37 @@ class Cluster:
         except (ApiException, HTTPError, OSError, ConfigException) as error:
             raise self.translate(what, error) from error
 
-    def _job_call(self, verb: str, name: str, function: Callable[[], T]) -> T:
+    def _job_call(
+        self, verb: str, name: str, function: Callable[[], T], kind: str = constants.KIND
+    ) -> T:
         try:
             return function()
         except ApiException as error:
-            if (
-                error.status == 404
-                and "could not find the requested resource" not in _server_message(error)
-            ):
+            if error.status == 404 and not no_such_kind(error):
                 raise ClusterError(
-                    f"TrainJob {name} not found in namespace {self.namespace}", 404
+                    f"{kind} {name} not found in namespace {self.namespace}", 404
                 ) from error
-            raise self.translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
+            raise self.translate(f"{verb} {kind} {self.namespace}/{name}", error, kind) from error
         except (HTTPError, OSError, ConfigException) as error:
-            raise self.translate(f"{verb} TrainJob {self.namespace}/{name}", error) from error
+            raise self.translate(f"{verb} {kind} {self.namespace}/{name}", error, kind) from error
 
-    def _trainjobs(self, method: str, *args: Any) -> Any:
-        """CustomObjectsApi.<method> on the TrainJobs of this namespace."""
+    def _trainjobs(self, method: str, *args: Any, kind: str = constants.KIND) -> Any:
+        """CustomObjectsApi.<method> on the TrainJobs (or TFJobs) of this namespace."""
+        group, version, plural = RESOURCES[kind]
         call = getattr(self._custom, method)
-        return call(
-            constants.GROUP, constants.VERSION, self.namespace, constants.PLURAL, *args,
-            _request_timeout=self.timeout,
-        )  # fmt: skip
+        return call(group, version, self.namespace, plural, *args, _request_timeout=self.timeout)
 
     def get_job(self, name: str) -> Obj:
+        """The job `name` names (`objects.job_ref`): a TrainJob, or for `tfjob/NAME` the view
+        of that TFJob (`objects.tfjob_view`; ShowError for one another controller runs)."""
+        ref = objects.job_ref(name)
         result: Obj = self._job_call(
-            "get", name, lambda: self._trainjobs("get_namespaced_custom_object", name)
+            "get",
+            ref.name,
+            lambda: self._trainjobs("get_namespaced_custom_object", ref.name, kind=ref.kind),
+            ref.kind,
         )
-        return result
+        return objects.tfjob_view(result) if ref.is_tfjob else result
 
     def list_jobs(self, all_namespaces: bool = False) -> list[Obj]:
         if all_namespaces:
@@ -315,6 +342,30 @@ class Cluster:
             )
         items: list[Obj] = result.get("items") or []
         return items
+
+    def list_tfjobs(
+        self, all_namespaces: bool = False, *, optional: bool = False
+    ) -> tuple[list[Obj], list[str]] | None:
+        """The views of the TFJobs the TrainJob operator serves (or may yet), and the
+        `namespace/name` of those another controller runs (`objects.tfjob_views`). `optional`
+        (a list of every kind of job): None where the cluster has no TFJobs, or this user may
+        not list them, rather than an error."""
+        group, version, plural = RESOURCES[tfjob.KIND]
+        where = "in all namespaces" if all_namespaces else f"in namespace {self.namespace}"
+        try:
+            if all_namespaces:
+                result = self._custom.list_cluster_custom_object(
+                    group, version, plural, _request_timeout=self.timeout
+                )
+            else:
+                result = self._trainjobs("list_namespaced_custom_object", kind=tfjob.KIND)
+        except ApiException as error:
+            if optional and (error.status == 403 or no_such_kind(error)):
+                return None
+            raise self.translate(f"list TFJobs {where}", error, tfjob.KIND) from error
+        except (HTTPError, OSError, ConfigException) as error:
+            raise self.translate(f"list TFJobs {where}", error, tfjob.KIND) from error
+        return objects.tfjob_views(result.get("items") or [])
 
     def create_job(self, body: Obj) -> Obj:
         name = objects.name_of(body)
@@ -349,8 +400,13 @@ class Cluster:
         raise ClusterError(f"apply TrainJob {self.namespace}/{name}: it kept changing; try again")
 
     def delete_job(self, name: str) -> None:
+        """Delete the TrainJob (or `tfjob/NAME`: the TFJob) and, with it, its Pods."""
+        ref = objects.job_ref(name)
         self._job_call(
-            "delete", name, lambda: self._trainjobs("delete_namespaced_custom_object", name)
+            "delete",
+            ref.name,
+            lambda: self._trainjobs("delete_namespaced_custom_object", ref.name, kind=ref.kind),
+            ref.kind,
         )
 
     def apply_config_map(self, body: Obj) -> Obj:
@@ -398,9 +454,11 @@ class Cluster:
             )
 
     def pods(self, job: str) -> list[Obj]:
-        selector = f"{constants.LABEL_JOB_NAME}={job}"
+        """The Pods of the job (a TFJob's carry the same labels of ours beside Kubeflow's)."""
+        ref = objects.job_ref(job)
+        selector = f"{constants.LABEL_JOB_NAME}={ref.name}"
         result = self.call(
-            f"list the Pods of TrainJob {self.namespace}/{job}",
+            f"list the Pods of {ref.kind} {self.namespace}/{ref.name}",
             lambda: self._core.list_namespaced_pod(
                 self.namespace, label_selector=selector, _request_timeout=self.timeout
             ),

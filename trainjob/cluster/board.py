@@ -9,6 +9,11 @@ same namespaces as the jobs. It carries no `trainjob.dev/job-name` label (the op
 take it for a replica) and a non-controller ownerReference to the job: deleting the job removes
 a Pod that a killed `trainjob tensorboard` left behind, and `activeDeadlineSeconds` ends one
 whose job lives on.
+
+A TrainJob's logs are on its checkpoint volume. A TFJob has none: its code writes its logs where
+it chooses, so the Pod mounts every PersistentVolumeClaim its `tensorflow` containers mount,
+each at LOGDIR + the path the job mounts it at (Kubeflow's mnist_with_summaries writes to
+/train/logs: TensorBoard shows the run `train/logs`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from trainjob.cluster.objects import ref_of, source_of
 from trainjob.core import constants
 from trainjob.core.policy_terms import CONTAINER_STUCK_REASONS
 
@@ -75,27 +81,83 @@ def checkpoint_volume(job: Mapping[str, Any]) -> tuple[str, str | None]:
     return str(claim), checkpoint.get("subPath") or None
 
 
+def tfjob_volumes(job: Mapping[str, Any]) -> list[tuple[str, str, str | None]]:
+    """(where the TFJob mounts it, claim name, sub-path) of every PersistentVolumeClaim the
+    `tensorflow` containers of a TFJob's view mount, in replica order, each once; BoardError
+    when they mount none."""
+    found: list[tuple[str, str, str | None]] = []
+    for replica in ((job.get("spec") or {}).get("replicaSpecs") or {}).values():
+        pod_spec = ((replica or {}).get("template") or {}).get("spec") or {}
+        claims = {
+            volume.get("name"): volume["persistentVolumeClaim"].get("claimName")
+            for volume in pod_spec.get("volumes") or []
+            if isinstance(volume.get("persistentVolumeClaim"), Mapping)
+        }
+        for container in pod_spec.get("containers") or []:
+            if container.get("name") != constants.DEFAULT_CONTAINER_NAME:
+                continue
+            for mount in container.get("volumeMounts") or []:
+                claim = claims.get(mount.get("name"))
+                entry = (str(mount.get("mountPath") or ""), str(claim), mount.get("subPath"))
+                if claim and entry[0] and entry not in found:
+                    found.append(entry)
+    if not found:
+        name = (job.get("metadata") or {}).get("name", "?")
+        raise BoardError(
+            f"TFJob {name} mounts no PersistentVolumeClaim in its "
+            f"{constants.DEFAULT_CONTAINER_NAME} containers, so its TensorBoard logs were "
+            "written inside its Pods and are not kept; "
+            "mount one and write the logs there (tf.summary, the TensorBoard callback) to see them"
+        )
+    return found
+
+
+def _mounts(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
+    """The TensorBoard container's read-only mounts and the Pod's volumes: a TrainJob's
+    checkpoint volume at LOGDIR; each claim a TFJob mounts at LOGDIR + its mount path."""
+    if not ref_of(job).is_tfjob:
+        claim, sub_path = checkpoint_volume(job)
+        mount: Obj = {"name": "checkpoints", "mountPath": LOGDIR, "readOnly": True}
+        if sub_path:
+            mount["subPath"] = sub_path
+        volume = {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}}
+        return [mount], [volume]
+    mounts, volumes = [], []
+    taken: set[str] = set()
+    for i, (path, claim, sub_path) in enumerate(tfjob_volumes(job)):
+        where = f"{LOGDIR}/{path.strip('/')}".rstrip("/")
+        if where in taken:  # the same path, another claim (in another replica type)
+            where = f"{where}-{i}"
+        taken.add(where)
+        mount = {"name": f"logs-{i}", "mountPath": where, "readOnly": True}
+        if sub_path:
+            mount["subPath"] = sub_path
+        mounts.append(mount)
+        volumes.append({"name": f"logs-{i}", "persistentVolumeClaim": {"claimName": claim}})
+    return mounts, volumes
+
+
 def tensorboard_pod(job: Mapping[str, Any], suffix: str, image: str | None = None) -> Obj:
-    """The TensorBoard Pod for `job` (as read from the API server, with its uid)."""
+    """The TensorBoard Pod for `job` (as read from the API server, with its uid; a TFJob as
+    its view, `objects.tfjob_view`)."""
     metadata = job.get("metadata") or {}
     name = str(metadata.get("name") or "")
-    claim, sub_path = checkpoint_volume(job)
+    mounts, volumes = _mounts(job)
     chosen = image or job_image(job)
     if not chosen:
         raise BoardError(
-            f"TrainJob {name} names no image to run TensorBoard in; give --image "
+            f"{ref_of(job).kind} {name} names no image to run TensorBoard in; give --image "
             "(the trainjob image ships TensorBoard)"
         )
-    mount: Obj = {"name": "checkpoints", "mountPath": LOGDIR, "readOnly": True}
-    if sub_path:
-        mount["subPath"] = sub_path
     owner: list[Obj] = []
     if metadata.get("uid"):
-        # Not the controller: the operator counts only Pods it controls as replicas.
+        # Not the controller: the operator counts only Pods it controls as replicas. The
+        # kind is the job's own (a TFJob's): the garbage collector finds the owner by it.
+        source = source_of(job)
         owner = [
             {
-                "apiVersion": constants.API_VERSION,
-                "kind": constants.KIND,
+                "apiVersion": str(source.get("apiVersion") or constants.API_VERSION),
+                "kind": str(source.get("kind") or constants.KIND),
                 "name": name,
                 "uid": metadata["uid"],
             }
@@ -153,10 +215,10 @@ def tensorboard_pod(job: Mapping[str, Any], suffix: str, image: str | None = Non
                     },
                     "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
                     "terminationMessagePolicy": "FallbackToLogsOnError",
-                    "volumeMounts": [mount],
+                    "volumeMounts": mounts,
                 }
             ],
-            "volumes": [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}}],
+            "volumes": volumes,
         },
     }
 

@@ -1,13 +1,14 @@
 """`describe` and `logs` (pure): the text of `trainjob describe` (what kubectl describe would
-say, with the replicas, exit codes, cause and progress of a TrainJob laid out), Events in time
-order, and which Pods' logs can be read, in replica order.
+say, with the replicas, exit codes, cause and progress of a TrainJob laid out; for a TFJob, its
+own conditions, as its clients read them), Events in time order, and which Pods' logs can be
+read, in replica order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from trainjob.cluster.objects import (
@@ -19,12 +20,15 @@ from trainjob.cluster.objects import (
     human_duration,
     name_of,
     namespace_of,
+    no_status_yet,
     pod_key,
     pod_label,
+    ref_of,
     report_of,
+    source_of,
     status_of,
 )
-from trainjob.core import constants
+from trainjob.core import constants, tfjob
 from trainjob.core import status as st
 from trainjob.local import view
 from trainjob.local.plan import label
@@ -79,11 +83,19 @@ def describe_text(
     raw = obj.get("status") or {}
     status = status_of(obj)
     metadata = obj.get("metadata") or {}
-    lines = [
-        f"Name:         {name_of(obj)}",
-        f"Namespace:    {namespace_of(obj)}",
+    lines = [f"Name:         {name_of(obj)}", f"Namespace:    {namespace_of(obj)}"]
+    if ref_of(obj).is_tfjob:
+        lines.append(
+            f"Kind:         {tfjob.KIND} ({tfjob.API_VERSION}), run by the TrainJob operator"
+        )
+    lines += [
         f"Created:      {metadata.get('creationTimestamp') or NONE} ({age(obj, now)} ago)",
         f"State:        {raw.get('state') or st.state_of(status)}",
+    ]
+    waiting = no_status_yet(obj)  # a TFJob nobody has served yet
+    if waiting is not None:
+        lines.append(f"Note:         {waiting}")
+    lines += [
         f"Ready:        {raw.get('ready') or NONE}",
         f"Restarts:     {status.restart_count}",
         f"Started:      {raw.get('startTime') or NONE}",
@@ -109,12 +121,9 @@ def describe_text(
     else:
         lines.append(f"Progress:     {NONE}")
     lines.append("Conditions:")
-    if status.conditions:
-        rows = [["Type", "Status", "Reason", "Last Transition", "Message"]]
-        rows += [
-            [c.type, str(c.status), c.reason, st.format_time(c.last_transition_time), c.message]
-            for c in status.conditions
-        ]
+    conditions = _conditions(obj, status)
+    if conditions:
+        rows = [["Type", "Status", "Reason", "Last Transition", "Message"], *conditions]
         lines += ["  " + line for line in align(rows)]
     else:
         lines.append(f"  {NONE}")
@@ -163,6 +172,26 @@ def describe_text(
     else:
         lines.append(f"  {NONE}")
     return "\n".join(lines) + "\n"
+
+
+def _conditions(obj: Obj, status: st.JobStatus) -> list[list[str]]:
+    """The conditions' rows: a TrainJob's; a TFJob's own, in its order and words (what
+    `kubectl describe tfjob`, the SDK and Kueue read), not the engine's behind them."""
+    if not ref_of(obj).is_tfjob:
+        return [
+            [c.type, str(c.status), c.reason, st.format_time(c.last_transition_time), c.message]
+            for c in status.conditions
+        ]
+    rows = []
+    for condition in (source_of(obj).get("status") or {}).get("conditions") or []:
+        if isinstance(condition, Mapping):
+            rows.append(
+                [
+                    str(condition.get(field) or "").replace("\n", " ")
+                    for field in ("type", "status", "reason", "lastTransitionTime", "message")
+                ]
+            )
+    return rows
 
 
 def sort_events(events: Sequence[Obj]) -> list[Obj]:

@@ -3,7 +3,10 @@ model and progress report, a Pod's replica, a manifest made ready to create or a
 from a parsed job), and kubectl's ways of printing them (durations, ages, aligned columns).
 
 Everything takes the plain objects `trainjob.cluster.api` returns (TrainJobs, Pods and Events
-as `kubectl get -o json` prints them).
+as `kubectl get -o json` prints them). A Kubeflow TFJob that the TrainJob operator serves
+(`--tfjob`) comes as its view (`tfjob_view`): the TrainJob it means, with the engine's status,
+and the TFJob itself beside it under `TFJOB_KEY`, so every command reads both kinds alike and
+names each as the user does (`job_ref`, `ref_of`: `mnist`, `tfjob/mnist`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from trainjob.core import constants, spec
+from trainjob.core import constants, convert, spec, tfjob
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
 from trainjob.local.plan import ReplicaKey, label
@@ -46,12 +49,178 @@ def finished(obj: Obj) -> bool:
 
 
 def parse_job(obj: Obj) -> spec.TrainJob:
-    """The stored TrainJob as the core's model (the server has applied the CRD defaults)."""
+    """The stored TrainJob as the core's model (the server has applied the CRD defaults); a
+    TFJob's view as the operator reads it (its webhook's problems named first)."""
+    source = obj.get(TFJOB_KEY)
+    manifest = {key: value for key, value in obj.items() if key != TFJOB_KEY}
     try:
-        return spec.parse(obj, require_images=False)
+        job = spec.parse(manifest, require_images=False)
     except spec.SpecError as error:
-        problems = "; ".join(str(p) for p in error.problems)
-        raise ShowError(f"TrainJob {name_of(obj)} cannot be read: {problems}") from error
+        found = tfjob.webhook_problems(source) if isinstance(source, Mapping) else []
+        problems = "; ".join(str(p) for p in found or error.problems)
+        raise ShowError(f"{ref_of(obj).kind} {name_of(obj)} cannot be read: {problems}") from error
+    if isinstance(source, Mapping) and tfjob.replica_types(source).get(constants.CHIEF) == "Master":
+        # Its Pods are <job>-master-<i>, as the operator names them (doors.TFJobDoor.parse).
+        return dataclasses.replace(job, chief_name="master")
+    return job
+
+
+# ----- which job: a TrainJob, or a TFJob the TrainJob operator serves -----
+# Where a TFJob's view keeps the TFJob it was read from, as the operator's own view of one does
+# (trainjob_operator.doors.TFJOB_KEY); left out before `spec.parse`.
+TFJOB_KEY: Final = "tfjob"
+# The words kubectl takes for each kind (`tfjob/x`, `tfjobs.kubeflow.org/x`, `tj/x`), and the
+# group each may be qualified with.
+_KIND_WORDS: Final = {
+    "trainjob": constants.KIND, "trainjobs": constants.KIND, "tj": constants.KIND,
+    "tfjob": tfjob.KIND, "tfjobs": tfjob.KIND,
+}  # fmt: skip
+_GROUPS: Final = {
+    constants.KIND: (constants.GROUP, f"{constants.VERSION}.{constants.GROUP}"),
+    tfjob.KIND: (tfjob.GROUP, f"{tfjob.VERSION}.{tfjob.GROUP}"),
+}
+
+
+def kind_named(word: str) -> str | None:
+    """The kind a kubectl resource word names (`tfjob`, `tfjobs.kubeflow.org`, `TFJob`, `tj`,
+    `trainjobs.trainjob.dev`), else None."""
+    resource, _, group = word.lower().partition(".")
+    kind = _KIND_WORDS.get(resource)
+    if kind is None or (group and group not in _GROUPS[kind]):
+        return None
+    return kind
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRef:
+    """A job as the commands name it: `mnist` (a TrainJob) or `tfjob/mnist` (a TFJob)."""
+
+    kind: str  # constants.KIND or tfjob.KIND
+    name: str
+
+    @property
+    def is_tfjob(self) -> bool:
+        return self.kind == tfjob.KIND
+
+    def __str__(self) -> str:
+        return f"tfjob/{self.name}" if self.is_tfjob else self.name
+
+    @property
+    def resource(self) -> str:
+        """kubectl's name of the kind (`get -o name`, `delete`): trainjob.trainjob.dev,
+        tfjob.kubeflow.org."""
+        return f"tfjob.{tfjob.GROUP}" if self.is_tfjob else f"trainjob.{constants.GROUP}"
+
+    @property
+    def short(self) -> str:
+        """What kubectl is told (`kubectl patch tj ...`, `kubectl describe tfjob ...`)."""
+        return "tfjob" if self.is_tfjob else "tj"
+
+
+def job_ref(text: str) -> JobRef:
+    """`mnist` or `trainjob/mnist`: a TrainJob; `tfjob/mnist` (any of kubectl's words for the
+    kind, as `get -o name` prints it): a TFJob. ShowError for anything else."""
+    word, slash, name = text.partition("/")
+    if not slash:
+        return JobRef(constants.KIND, text)
+    kind = kind_named(word)
+    if kind is None or not name or "/" in name:
+        raise ShowError(
+            f"{text}: name a job as NAME or trainjob/NAME (a TrainJob), or tfjob/NAME (a TFJob)"
+        )
+    return JobRef(kind, name)
+
+
+def ref_of(obj: Obj) -> JobRef:
+    """How the commands name this job: a TFJob's view as `tfjob/NAME`, a TrainJob by name."""
+    kind = tfjob.KIND if isinstance(obj.get(TFJOB_KEY), Mapping) else constants.KIND
+    return JobRef(kind, name_of(obj))
+
+
+def source_of(obj: Obj) -> Obj:
+    """The object as the API server stores it: a view's TFJob, else the object itself."""
+    source = obj.get(TFJOB_KEY)
+    return source if isinstance(source, Mapping) else obj
+
+
+def not_served(raw: Obj) -> str | None:
+    """Why the TrainJob operator keeps no status for this TFJob (another controller runs it),
+    in words with where to look; None when it does, or may yet (nobody wrote one so far)."""
+    name, namespace = name_of(raw), namespace_of(raw)
+    look = f"kubectl describe tfjob {name} -n {namespace} shows it"
+    managed = tfjob.managed_by(raw)
+    if managed not in (None, tfjob.TRAINING_OPERATOR, tfjob.OURS):
+        return (
+            f"tfjob/{name} is run by {managed} (spec.runPolicy.managedBy), not by the TrainJob "
+            f"operator: {look}"
+        )
+    annotations = (raw.get("metadata") or {}).get("annotations") or {}
+    if tfjob.ANNOTATION_ENGINE_STATUS in annotations or not raw.get("status"):
+        return None
+    coexist = (
+        ""
+        if managed == tfjob.OURS
+        else " Beside training-operator (--tfjob-mode coexist) it serves only the TFJobs with "
+        f"spec.runPolicy.managedBy: {tfjob.OURS}."
+    )
+    return (
+        f"tfjob/{name} has no status from the TrainJob operator (no "
+        f"{tfjob.ANNOTATION_ENGINE_STATUS} annotation) but has one from another controller: "
+        f"is the operator running with --tfjob (chart tfjob.enabled)?{coexist} {look}"
+    )
+
+
+def no_status_yet(obj: Obj) -> str | None:
+    """For a TFJob's view that nobody has written a status for yet: what that may mean."""
+    source = obj.get(TFJOB_KEY)
+    if not isinstance(source, Mapping):
+        return None
+    annotations = (source.get("metadata") or {}).get("annotations") or {}
+    if tfjob.ANNOTATION_ENGINE_STATUS in annotations:
+        return None
+    return (
+        "no status from the TrainJob operator yet (it serves TFJobs when run with --tfjob, "
+        "chart tfjob.enabled)"
+    )
+
+
+def tfjob_view(raw: Obj) -> dict[str, Any]:
+    """What the commands read of a TFJob: the TrainJob it means (`tfjob.as_trainjob`: its spec
+    as training-operator defaults it, the engine's status from the TFJob's annotation), its
+    creation time, and the TFJob itself under TFJOB_KEY. ShowError, saying so, for a TFJob that
+    another controller runs (`not_served`)."""
+    problem = not_served(raw)
+    if problem is not None:
+        raise ShowError(problem)
+    metadata = raw.get("metadata") or {}
+    try:
+        view = tfjob.as_trainjob(raw)
+    except convert.ConvertError:  # replica types nobody can read: the operator failed it
+        view = {
+            "apiVersion": constants.API_VERSION,
+            "kind": constants.KIND,
+            "metadata": {k: metadata[k] for k in ("name", "namespace", "uid") if k in metadata},
+            "spec": {},
+            "status": tfjob.engine_status(raw),
+        }
+    view["metadata"] = {
+        **view["metadata"],
+        **{k: metadata[k] for k in ("creationTimestamp", "deletionTimestamp") if k in metadata},
+    }
+    view[TFJOB_KEY] = dict(raw)
+    return view
+
+
+def tfjob_views(raws: Sequence[Obj]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The views of the TFJobs the TrainJob operator serves (or may yet), and the names
+    (`namespace/name`) of those another controller runs."""
+    views, others = [], []
+    for raw in raws:
+        if not_served(raw) is None:
+            views.append(tfjob_view(raw))
+        else:
+            others.append(f"{namespace_of(raw)}/{name_of(raw)}")
+    return views, others
 
 
 # ----- a job that waits suspended -----
@@ -122,7 +291,8 @@ def resume_hint(obj: Obj, reason: str, started: bool) -> str:
         return "Kueue finished its Workload, so it does not start: delete it and submit it again"
     return (
         "It waits for spec.runPolicy.suspend to be false: "
-        f"kubectl patch tj {name} -n {namespace} --type merge -p '{RESUME_PATCH}'"
+        f"kubectl patch {ref_of(obj).short} {name} -n {namespace} --type merge -p "
+        f"'{RESUME_PATCH}'"
     )
 
 

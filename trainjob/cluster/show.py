@@ -22,10 +22,10 @@ from trainjob.cluster.objects import (
     age,
     align,
     hold_of,
-    name_of,
     namespace_of,
     parse_job,
     pod_key,
+    ref_of,
     report_of,
     status_of,
 )
@@ -49,11 +49,12 @@ def _cell(value: object) -> str:
 
 
 def job_row(obj: Obj, now: datetime.datetime, *, wide: bool = False) -> list[str]:
-    """The columns of `kubectl get tj` (the CRD's printer columns), from the same fields."""
+    """The columns of `kubectl get tj` (the CRD's printer columns), from the same fields; a
+    TFJob is named `tfjob/NAME`, as the commands take it."""
     status = obj.get("status") or {}
     progress = status.get("progress") or {}
     row = [
-        name_of(obj),
+        str(ref_of(obj)),
         _cell(status.get("state")),
         _cell(status.get("ready")),
         _cell(status.get("restartCount")),
@@ -152,6 +153,7 @@ def snapshot(obj: Obj, now: datetime.datetime) -> view.Snapshot:
     report = report_of(obj.get("status"))
     hold = hold_of(obj)
     return view.Snapshot(
+        kind=ref_of(obj).kind,
         job=job,
         status=status,
         rows=rows_of(job, status, "" if hold is None else hold.state),
@@ -162,7 +164,7 @@ def snapshot(obj: Obj, now: datetime.datetime) -> view.Snapshot:
 
 
 def logs_command(obj: Obj, replica: str | None = None) -> str:
-    target = f"{name_of(obj)} {replica}" if replica else name_of(obj)
+    target = f"{ref_of(obj)} {replica}" if replica else str(ref_of(obj))
     return f"trainjob logs {target} -n {namespace_of(obj)} --cluster"
 
 
@@ -198,13 +200,16 @@ def summary(obj: Obj, pods: Sequence[Obj], now: datetime.datetime) -> Summary:
             or f"exit code {record.exit_code}" + (f" ({record.reason})" if record.reason else "")
         )
         causes.append(Cause(label(key), line, logs_command(obj, label(key))))
-    checkpoint = (
-        "none (spec.checkpoint is not set)"
-        if job.checkpoint is None
-        else f"{job.checkpoint.path}"
-        + (f" on PVC {job.checkpoint.claim_name}" if job.checkpoint.claim_name else "")
-    )
+    if job.checkpoint is not None:
+        checkpoint = job.checkpoint.path + (
+            f" on PVC {job.checkpoint.claim_name}" if job.checkpoint.claim_name else ""
+        )
+    elif ref_of(obj).is_tfjob:
+        checkpoint = "none named (a TFJob has no spec.checkpoint: its code writes where it chooses)"
+    else:
+        checkpoint = "none (spec.checkpoint is not set)"
     return Summary(
+        kind=ref_of(obj).kind,
         job=job,
         status=status,
         interrupted=None,
@@ -237,16 +242,14 @@ def attach_hint(obj: Obj) -> str:
     """What Ctrl-C in `attach` leaves behind: the job goes on (or waits, and for what) on the
     cluster, and how to attach again."""
     hold = hold_of(obj)
-    where = f"TrainJob {name_of(obj)} keeps running on the cluster. "
+    ref = ref_of(obj)
+    where = f"{ref.kind} {ref.name} keeps running on the cluster. "
     if hold is not None:
         where = (
-            f"TrainJob {name_of(obj)} stays {hold.state} on the cluster ({hold.meanwhile}).\n"
+            f"{ref.kind} {ref.name} stays {hold.state} on the cluster ({hold.meanwhile}).\n"
             f"{hold.resume}\n"
         )
-    return (
-        f"Detached: {where}Attach again with:\n"
-        f"  trainjob attach {name_of(obj)} -n {namespace_of(obj)}\n"
-    )
+    return f"Detached: {where}Attach again with:\n  trainjob attach {ref} -n {namespace_of(obj)}\n"
 
 
 def hold_lines(hold: Hold, said: Sequence[str]) -> list[str]:

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from trainjob import cliutil
+from trainjob.core import constants, spec
 from trainjob.core import progress as core_progress
-from trainjob.core import spec
 from trainjob.core import status as st
 from trainjob.local.plan import ReplicaKey
 from trainjob.local.replica_progress import ReplicaProgress
@@ -59,6 +59,7 @@ class Summary:
     has_checkpoint: bool = False
     problem: str | None = None  # the run could not start (e.g. data preparation failed)
     report: core_progress.Report | None = None  # the chief's last progress report
+    kind: str = constants.KIND  # what the job is named as (a cluster's TFJob is one)
 
 
 def final_state(summary: Summary) -> str:

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from trainjob.core import policy, spec
+from trainjob.core import constants, policy, spec
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
 from trainjob.local.logfilter import terminal_safe
@@ -265,7 +265,7 @@ def _job_line(snapshot: Snapshot, width: int) -> list[Segment]:
         total = report.total_steps
     step = job_step(snapshot.progress)
     parts: list[tuple[str, Segment]] = [
-        ("name", (f"TrainJob {job.name}", STYLE_BOLD)),
+        ("name", (f"{snapshot.kind} {job.name}", STYLE_BOLD)),
         ("state", (state, _STATE_STYLES.get(state))),
         ("time", (duration(snapshot.elapsed_seconds), None)),
     ]
@@ -300,7 +300,8 @@ class Snapshot:
     """One state of a job as the view shows it, whatever produced it: the job, its status, a
     row per replica, each replica's latest progress, the time since the run started, the job's
     step timer (for the ETA), a state that overrides the status's (`Interrupted` while
-    stopping) and the chief's latest progress report."""
+    stopping), the chief's latest progress report, and the kind the job is named by (a
+    cluster's TFJob is shown as one)."""
 
     job: spec.TrainJob
     status: st.JobStatus
@@ -310,6 +311,7 @@ class Snapshot:
     timer: core_progress.StepTimer | None = None
     state: str | None = None
     report: core_progress.Report | None = None
+    kind: str = constants.KIND
 
 
 def table_segments(snapshot: Snapshot, *, width: int = 80, height: int = 24) -> list[list[Segment]]:
@@ -389,7 +391,7 @@ def summary_text(summary: Summary, color: bool = False) -> str:
     """The final summary: state, reason, cause, duration, restarts, last exit codes, paths."""
     job, status = summary.job, summary.status
     state = final_state(summary)
-    title = f"TrainJob {job.name} {state} after {duration(summary.elapsed_seconds)}"
+    title = f"{summary.kind} {job.name} {state} after {duration(summary.elapsed_seconds)}"
     lines = [styled(title, _STATE_STYLES.get(state, STYLE_BOLD), color)]
     if summary.problem is not None:
         lines.append(f"  reason:     {summary.problem}")

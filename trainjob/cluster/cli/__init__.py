@@ -1,7 +1,9 @@
 """The cluster commands of `trainjob` (submit, attach, get, describe, wait, delete, logs
 --cluster, tensorboard --cluster), with kubectl's conventions (--kubeconfig, --context,
--n/--namespace from the context, -A, -o wide|json|yaml). `trainjob.cli` adds their parsers and
-calls their handlers, module by module:
+-n/--namespace from the context, -A, -o wide|json|yaml). A job is a TrainJob (`mnist`) or a
+Kubeflow TFJob that the TrainJob operator serves (`tfjob/mnist`, read as its view:
+`trainjob.cluster.objects.tfjob_view`). `trainjob.cli` adds their parsers and calls their
+handlers, module by module:
 
 - `common`: what every verb shares: the cluster flags, the connection (`connected`, which turns
   a `ClusterError` into a one-line `CliError`) and the lazy import of the API modules;

@@ -58,8 +58,9 @@ def add_no_tty(parser: argparse.ArgumentParser) -> None:
 
 def add_name_parser(parser: argparse.ArgumentParser, *, several: bool = False) -> Any:
     parser.add_argument(
-        "names" if several else "name", nargs="+" if several else None, metavar="NAME"
-    )
+        "names" if several else "name", nargs="+" if several else None, metavar="NAME",
+        help="a TrainJob's name, or tfjob/NAME: a TFJob the TrainJob operator serves",
+    )  # fmt: skip
     add_cluster_flags(parser)
     return parser
 

@@ -58,14 +58,15 @@ def cmd_cluster_logs(args: argparse.Namespace, streams: Streams) -> int:
         raise CliError("give the job, and optionally a replica: trainjob logs JOB [worker-0]")
     request = describe.LogRequest(*args.targets)
     with connected(args) as cluster:
-        cluster.get_job(request.job)  # a missing job is named as such, not as "no Pods"
+        job = cluster.get_job(request.job)  # a missing job is named as such, not as "no Pods"
         if args.follow:
             return _follow_logs(cluster, request, args, streams)
         pods = [p for p in describe.order_pods(cluster.pods(request.job)) if request.wants(p)]
         if not pods:
             which = f"replica {request.replica}" if request.replica else "any replica"
+            ref = objects.ref_of(job)
             raise CliError(
-                f"TrainJob {request.job} has no Pod for {which} now (Pods are removed when "
+                f"{ref.kind} {ref.name} has no Pod for {which} now (Pods are removed when "
                 "the job is cleaned up, per runPolicy.cleanPodPolicy)",
                 EXIT_FAILED,
             )

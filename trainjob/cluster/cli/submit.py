@@ -49,13 +49,14 @@ SUBMIT_EXAMPLES: Final = """\
   trainjob convert -f tfjob.yaml | trainjob submit -f -"""
 
 ATTACH_DESCRIPTION: Final = """\
-Follow a TrainJob on the cluster with the live table and final summary of `trainjob run`,
-Events printed as they come. Ctrl-C detaches: the job keeps running. Exits as `trainjob run`
-does: 0 Succeeded, 1 Failed, 130 detached."""
+Follow a TrainJob (or tfjob/NAME) on the cluster with the live table and final summary of
+`trainjob run`, Events printed as they come. Ctrl-C detaches: the job keeps running. Exits as
+`trainjob run` does: 0 Succeeded, 1 Failed, 130 detached."""
 
 ATTACH_EXAMPLES: Final = """\
   trainjob attach mnist
-  trainjob attach mnist -n team-a --no-tty | tee mnist.txt"""
+  trainjob attach mnist -n team-a --no-tty | tee mnist.txt
+  trainjob attach tfjob/mnist"""
 
 
 def add_submit_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -222,7 +223,7 @@ def follow(cluster: api.Cluster, name: str, streams: Streams, no_tty: bool) -> i
     try:
         while True:
             now = utc_now()
-            for event in describe.sort_events(cluster.events([name])):
+            for event in describe.sort_events(cluster.events([objects.name_of(job)])):
                 if show.event_key(event) not in seen:
                     seen.add(show.event_key(event))
                     said.append(str(event.get("message") or ""))

@@ -60,7 +60,8 @@ def cmd_cluster_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
                 url = f"http://{forwarder.address}:{forwarder.port}/"
                 _wait_serving(pods, forwarder, name, url)
                 streams.out.write(
-                    f"TensorBoard for TrainJob {cluster.namespace}/{args.job} (Pod {name}): "
+                    f"TensorBoard for {objects.ref_of(job).kind} {cluster.namespace}/"
+                    f"{objects.name_of(job)} (Pod {name}): "
                     f"{url}\nCtrl-C stops it and deletes the Pod.\n"
                 )
                 streams.out.flush()
