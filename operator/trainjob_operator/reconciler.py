@@ -5,7 +5,7 @@ calls through `kube`, in an order that is safe to interrupt at any point (the op
 killed between any two calls and the next reconcile converges):
 
     post Events → write status → delete stale children → NetworkPolicy → PodGroup →
-    Services → Pods
+    Services → Pods → the status of the job's kind, if it has its own (a TFJob's: doors.py)
 
 - The decision is recorded before it is acted on. A verdict that destroys evidence (clean-up
   of a finished job deletes its Pods) or a restart (a new attempt, counted toward
@@ -216,7 +216,6 @@ async def reconcile_job(
     if written is None:
         return Outcome(None, done=True)
     raw = written
-    await door.publish(rt.kube, raw, decision.status, mine_pods, now, seen)
     raw_status = raw.get("status") if isinstance(raw.get("status"), Mapping) else {}
     assert isinstance(raw_status, Mapping)
     rt.metrics.transition(namespace, old, decision.status)
@@ -276,6 +275,9 @@ async def reconcile_job(
 
     if queued is not None:
         await kueue.sync_pods_ready(rt.kube, queued.workload, decision.status, now)
+    # What clients of the job's kind read (a TFJob's own status), from the recorded decision:
+    # after the children, so that a new job's Pods are not kept waiting for it.
+    await door.publish(rt.kube, raw, decision.status, mine_pods, now, seen)
 
     if decision.delete_job:
         await api.delete_trainjob(namespace, name, uid)
