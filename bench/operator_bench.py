@@ -64,6 +64,11 @@ TRACEMALLOC_PREFIX: Final = (
 OURS: Final = "trainjob"
 KUBEFLOW: Final = "kubeflow"
 OPERATORS: Final = (OURS, KUBEFLOW)
+# Our operator with `--tfjob`, serving the TFJob workload that training-operator gets
+# (operator_scale.py runs it between the two).
+OURS_TFJOB: Final = "trainjob-tfjob"
+# Our operator, in either mode: started from this repository as in its image.
+OUR_OPERATORS: Final = (OURS, OURS_TFJOB)
 SYSTEM_NS: Final = "bench-system"
 EXIT_CODE_ANNOTATION: Final = "trainjob.dev/kwok-exit-code"
 IMAGE: Final = "registry.example/never-pulled:1"
@@ -71,6 +76,8 @@ KUBEFLOW_MODULE: Final = "github.com/kubeflow/training-operator"
 KUBEFLOW_WEBHOOK_CONFIG: Final = "validator.training-operator.kubeflow.org"
 KUBEFLOW_WEBHOOK_SECRET: Final = "training-operator-webhook-cert"
 KUBEFLOW_JOB_LABEL: Final = "training.kubeflow.org/job-name"
+# The TFJob CRD our operator's chart installs: training-operator v1.9.4's, verbatim.
+OUR_TFJOB_CRD: Final = REPO_ROOT / "crds" / "kubeflow" / "kubeflow.org_tfjobs.yaml"
 # Hard-coded in training-operator (pkg/cert): where its Deployment mounts the webhook Secret.
 KUBEFLOW_CERT_DIR: Final = Path("/tmp/k8s-webhook-server/serving-certs")
 BENCH_DIR: Final = Path(__file__).resolve().parent
@@ -133,13 +140,38 @@ class Kind:
     api_path: str  # /apis/<group>/<version>
     plural: str
     body: Callable[[str, int, bool], Obj]  # (name, replicas, the chief finishes)
+    # Succeeded only while the last condition is Succeeded True (a TFJob: what KFP's launcher
+    # and `kubectl get tfjob` read); otherwise any Succeeded True condition counts.
+    succeeded_last: bool = False
+
+    def succeeded(self, job: Obj) -> bool:
+        """Whether the job object shows it Succeeded."""
+        conditions = (job.get("status") or {}).get("conditions") or []
+        if self.succeeded_last:
+            conditions = conditions[-1:]
+        return any(c.get("type") == "Succeeded" and c.get("status") == "True" for c in conditions)
 
 
 KINDS: Final = {
     OURS: Kind(
         OURS, "TrainJob operator", "/apis/trainjob.dev/v1alpha1", "trainjobs", trainjob_body
     ),
-    KUBEFLOW: Kind(KUBEFLOW, "training-operator", "/apis/kubeflow.org/v1", "tfjobs", tfjob_body),
+    OURS_TFJOB: Kind(
+        OURS_TFJOB,
+        "TrainJob operator --tfjob",
+        "/apis/kubeflow.org/v1",
+        "tfjobs",
+        tfjob_body,
+        succeeded_last=True,
+    ),
+    KUBEFLOW: Kind(
+        KUBEFLOW,
+        "training-operator",
+        "/apis/kubeflow.org/v1",
+        "tfjobs",
+        tfjob_body,
+        succeeded_last=True,
+    ),
 }
 
 
@@ -200,6 +232,21 @@ class Api:
             raise BenchError(f"POST {path} -> {status}: {data[:500]!r}")
         result: Obj = json.loads(data)
         return result
+
+    def list(self, path: str) -> list[Obj]:
+        """Every object of a collection, page by page."""
+        items: list[Obj] = []
+        token = ""
+        while True:
+            query = {"limit": "500", **({"continue": token} if token else {})}
+            status, data = self.request("GET", f"{path}?{urllib.parse.urlencode(query)}")
+            if status != 200:
+                raise BenchError(f"GET {path} -> {status}: {data[:500]!r}")
+            page = json.loads(data)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return items
 
     def metrics(self) -> str:
         status, data = self.request("GET", "/metrics")
@@ -352,11 +399,7 @@ class Tracker:
     def _observe(self, what: str, obj: Obj, now: float) -> None:
         meta = obj.get("metadata") or {}
         if what == "jobs":
-            conditions = (obj.get("status") or {}).get("conditions") or []
-            done = any(
-                c.get("type") == "Succeeded" and c.get("status") == "True" for c in conditions
-            )
-            if done:
+            if self.kind.succeeded(obj):
                 with self.changed:
                     times = self.job(meta.get("name", ""))
                     if times.succeeded_at is None:
@@ -640,6 +683,20 @@ class Bench:
         )
         self._prepared.add(KUBEFLOW)
 
+    def prepare_tfjob_door(self) -> None:
+        """For our operator with `--tfjob`: the TFJob CRD as its chart installs it, and no
+        training-operator webhook entry (prepare_kubeflow's): with one registered our operator
+        refuses to start, as it should where training-operator may still serve TFJobs.
+        prepare_kubeflow registers it again for the next training-operator run."""
+        self.plane.apply_crds([OUR_TFJOB_CRD])
+        self.plane.kubectl(
+            "delete",
+            "validatingwebhookconfiguration",
+            KUBEFLOW_WEBHOOK_CONFIG,
+            "--ignore-not-found",
+        )
+        self._prepared.discard(KUBEFLOW)
+
     def mount_webhook_certs(self) -> bool:
         """Play the kubelet for training-operator's webhook Secret: once its certificate
         rotator has filled the Secret, write it where the Deployment mounts it (the binary
@@ -665,7 +722,7 @@ class Bench:
         log = self.workdir / f"{operator}-{namespace or 'cluster'}.log"
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         metrics_port = ports.free_port()
-        if operator == OURS:
+        if operator in OUR_OPERATORS:
             liveness = ports.free_port()
             env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "operator")])
             env["PYTHONUNBUFFERED"] = "1"
@@ -678,6 +735,7 @@ class Bench:
                 *(["-n", namespace] if namespace else []),
                 f"--metrics-port={metrics_port}",
                 f"--liveness=http://127.0.0.1:{liveness}/healthz",
+                *(["--tfjob"] if operator == OURS_TFJOB else []),
             ]
             ready_url = f"http://127.0.0.1:{liveness}/healthz"
         else:
@@ -719,8 +777,10 @@ def flow_schema(operator: str) -> str:
 
 def kwok_config(workdir: Path) -> Path:
     """tests/controlplane/kwok/kwok.yaml plus one Stage: the trainjob-succeed Stage applied to
-    pods labelled by training-operator (training.kubeflow.org/job-name), so TFJob chiefs exit 0
-    exactly as TrainJob chiefs do."""
+    pods labelled as TFJob Pods (training.kubeflow.org/job-name), so TFJob chiefs exit 0
+    exactly as TrainJob chiefs do. TrainJob-succeed itself then leaves those Pods alone: our
+    operator's TFJob Pods carry both label sets, and with one Stage for every TFJob Pod they
+    end the same way under either operator."""
     docs = [d for d in yaml.safe_load_all(KWOK_CONFIG.read_text(encoding="utf-8")) if d]
     stage = next(
         d for d in docs if d.get("kind") == "Stage" and d["metadata"]["name"] == "trainjob-succeed"
@@ -730,6 +790,9 @@ def kwok_config(workdir: Path) -> Path:
     for expr in tfjob["spec"]["selector"]["matchExpressions"]:
         if "trainjob.dev/job-name" in expr["key"]:
             expr["key"] = f'.metadata.labels["{KUBEFLOW_JOB_LABEL}"]'
+    stage["spec"]["selector"]["matchExpressions"].append(
+        {"key": f'.metadata.labels["{KUBEFLOW_JOB_LABEL}"]', "operator": "DoesNotExist"}
+    )
     path = workdir / "kwok-bench.yaml"
     path.write_text(yaml.safe_dump_all([*docs, tfjob], sort_keys=False), encoding="utf-8")
     return path

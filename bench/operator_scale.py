@@ -15,15 +15,25 @@ deletes the still-running pods (cleanPodPolicy Running). Measured per operator:
 - operator peak RSS (VmHWM) and CPU seconds spent on the workload (/proc/<pid>); ours runs
   as in its image, without the `kubernetes` package importable (see AS_IN_THE_IMAGE)
 
-The same workload then runs as TFJobs against Kubeflow's training-operator (built by
-``bash bench/kubeflow/install.sh`` with its shipped defaults: QPS 20, burst 30, one worker
+The same workload then runs as TFJobs (kubeflow.org/v1), twice: under our operator started
+with ``--tfjob`` (its TFJob door: the same engine, TFJob status and training-operator's Pod
+names and labels; the TFJob CRD from crds/kubeflow/, no training-operator webhook entry
+registered meanwhile, as our operator requires) and under Kubeflow's training-operator (built
+by ``bash bench/kubeflow/install.sh`` with its shipped defaults: QPS 20, burst 30, one worker
 thread; only the tfjob scheme is enabled and it watches one namespace, neither of which
-changes its throughput). Both operators run on the same control plane in the same run, one
-after the other, each in its own namespace, each with one unmeasured warm-up job first.
+changes its throughput). The two TFJob runs get the same TFJob bodies, and kwok ends their
+Pods by the same Stage (bench-tfjob-succeed, keyed on the training.kubeflow.org/job-name
+label both operators put on a TFJob's Pods); a TFJob counts as Succeeded when its last
+condition is Succeeded True, and after each run a list of the jobs checks that every counted
+job still shows that. The operators run on the same control plane in the same run, one after
+the other (TrainJob, our TFJob door, training-operator), each in its own namespace, each with
+one unmeasured warm-up job first.
 
 Usage (from the repository root)::
 
-    .venv/bin/python bench/operator_scale.py                      # 500 x 8, both operators
+    .venv/bin/python bench/operator_scale.py                      # 500 x 8, all three runs
+    .venv/bin/python bench/operator_scale.py --sizes 500 --loaded 0 \
+        --write-tfjob-section bench/RESULTS.md                   # RESULTS.md's TFJob section
     .venv/bin/python bench/operator_scale.py --jobs 100 --replicas 8
     .venv/bin/python bench/operator_scale.py --sizes 1,100,500 --trainjob-only-sizes 1000 \
         --write-results bench/RESULTS.md                         # what RESULTS.md shows
@@ -39,11 +49,12 @@ shared with the other operator benchmarks.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -55,8 +66,8 @@ if str(REPO_ROOT) not in sys.path:
 from bench.operator_bench import (  # noqa: E402 - after the sys.path line above
     KINDS,
     KUBEFLOW,
-    OPERATORS,
     OURS,
+    OURS_TFJOB,
     Bench,
     BenchError,
     JobTimes,
@@ -102,6 +113,11 @@ class RunResult:
     peak_rss_mib: float
     cpu_seconds: float
     timed_out: bool
+    # Jobs that a list after the run shows Succeeded (Kind.succeeded; a TFJob: its last
+    # condition), of those the watch counted, and the jobs' conditions in that list (types
+    # and statuses in order, e.g. "Created, Running False, Succeeded") -> how many jobs.
+    verified_succeeded: int = 0
+    final_conditions: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -119,6 +135,18 @@ class LoadedResult:
     notes: list[str] = field(default_factory=list)
 
 
+def conditions_summary(job: Obj) -> str:
+    """A job's conditions in order, each as its type, with its status unless True."""
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return (
+        ", ".join(
+            str(c.get("type")) + ("" if c.get("status") == "True" else f" {c.get('status')}")
+            for c in conditions
+        )
+        or "(none)"
+    )
+
+
 class ScaleBench(Bench):
     """The burst and responsiveness runs of this benchmark on the shared Bench."""
 
@@ -130,6 +158,8 @@ class ScaleBench(Bench):
         kind = KINDS[operator]
         if operator == KUBEFLOW:
             self.prepare_kubeflow()
+        elif operator == OURS_TFJOB:
+            self.prepare_tfjob_door()
         kubeconfig = self.operator_identity(operator)
         self.namespace(namespace)
         tracker = Tracker(self.api, namespace, kind, self.replicas)
@@ -175,6 +205,13 @@ class ScaleBench(Bench):
             notes.append("watch errors: " + "; ".join(tracker.errors[:5]))
         with tracker.lock:
             times = [tracker.jobs[n] for n in names if n in tracker.jobs]
+        counted = {n for n in names if tracker.jobs.get(n, JobTimes()).succeeded_at is not None}
+        verified, final_conditions = self.verify_succeeded(kind, jobs_path, counted)
+        if verified < len(counted):
+            notes.append(
+                f"{len(counted) - verified} of the {len(counted)} jobs the watch saw Succeeded "
+                "do not show it in a list after the run"
+            )
         children = [t.children_at - t.created for t in times if t.children_at is not None]
         succeeded = [t.succeeded_at - t.created for t in times if t.succeeded_at is not None]
         last_child = max((t.children_at for t in times if t.children_at is not None), default=None)
@@ -200,8 +237,25 @@ class ScaleBench(Bench):
             peak_rss_mib=stats.peak_rss_kib / 1024,
             cpu_seconds=stats.cpu_seconds - cpu_before,
             timed_out=not finished,
+            verified_succeeded=verified,
+            final_conditions=final_conditions,
             notes=notes,
         )
+
+    def verify_succeeded(
+        self, kind: Kind, jobs_path: str, counted: set[str]
+    ) -> tuple[int, dict[str, int]]:
+        """How many of the `counted` jobs a list now shows Succeeded (Kind.succeeded), and
+        the conditions of every measured job in it (conditions_summary -> jobs)."""
+        verified = 0
+        summaries: collections.Counter[str] = collections.Counter()
+        for job in self.api.list(jobs_path):
+            name = (job.get("metadata") or {}).get("name")
+            if name == "warmup":
+                continue
+            summaries[conditions_summary(job)] += 1
+            verified += name in counted and kind.succeeded(job)
+        return verified, dict(summaries.most_common())
 
     def run_loaded(self, operator: str, jobs: int, probes: int) -> LoadedResult:
         """Responsiveness at `jobs` concurrent jobs: create `jobs` jobs whose chiefs never
@@ -275,18 +329,58 @@ LOADED_ROWS: Final[list[tuple[str, str, str]]] = [
 ]
 
 
+# The runs a table shows, in column order, and the ratios it shows for them: (baseline,
+# candidate, header), baseline / candidate, so above 1 means the candidate is faster or
+# cheaper. Training-operator against ours on TrainJobs only where our TFJob run is absent
+# (the two-column tables); with it, the like-for-like TFJob ratio and what the TFJob door
+# costs against our TrainJob run.
+COLUMN_ORDER: Final = (OURS, OURS_TFJOB, KUBEFLOW)
+RATIOS: Final = (
+    (KUBEFLOW, OURS, "ratio (theirs / ours)"),
+    (KUBEFLOW, OURS_TFJOB, "ratio TFJob (theirs / ours)"),
+    (OURS, OURS_TFJOB, "ratio ours (TrainJob / TFJob)"),
+)
+
+
+def column_label(operator: str, kinds_shown: bool) -> str:
+    """A column's header; `kinds_shown`: the table has our TFJob run, so each column also
+    names the kind its jobs were."""
+    if operator == KUBEFLOW:
+        name = f"training-operator {kubeflow_version()}"
+        return f"{name} (TFJob)" if kinds_shown else name
+    if kinds_shown:
+        return (
+            "TrainJob operator (TFJob)"
+            if operator == OURS_TFJOB
+            else "TrainJob operator (TrainJob)"
+        )
+    return "TrainJob operator" + (" --tfjob" if operator == OURS_TFJOB else "")
+
+
+def _ratio(baseline: float, candidate: float) -> str:
+    """baseline / candidate; two decimals below 2, where a few percent matter."""
+    if not candidate or math.isnan(baseline) or math.isnan(candidate):
+        return "-"
+    ratio = baseline / candidate
+    return f"{ratio:.1f}x" if ratio >= 2 else f"{ratio:.2f}x"
+
+
 def _markdown(
-    title: str, ours: Any, theirs: Any, rows: Sequence[tuple[str, str, str]]
+    title: str, by_op: Mapping[str, Any], rows: Sequence[tuple[str, str, str]]
 ) -> list[str]:
-    """Title and table: one column per operator present, plus the ratio training-operator /
-    ours when both are (above 1: ours is faster / cheaper)."""
-    header = ["metric"]
-    if ours:
-        header.append("TrainJob operator")
-    if theirs:
-        header.append(f"training-operator {kubeflow_version()}")
-    if ours and theirs:
-        header.append("ratio (theirs / ours)")
+    """Title and table: one column per run present (COLUMN_ORDER), then the RATIOS whose two
+    runs are both present."""
+    shown = [op for op in COLUMN_ORDER if by_op.get(op) is not None]
+    kinds_shown = OURS_TFJOB in shown
+    ratios = [
+        (base, cand, header)
+        for base, cand, header in RATIOS
+        if base in shown
+        and cand in shown
+        and not (kinds_shown and (base, cand) == (KUBEFLOW, OURS))
+    ]
+    header = ["metric", *(column_label(op, kinds_shown) for op in shown)]
+    header += [h for _, _, h in ratios]
     lines = [
         title,
         "",
@@ -294,27 +388,36 @@ def _markdown(
         "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
     ]
     for label, attr, unit in rows:
-        values = [getattr(r, attr) for r in (ours, theirs) if r is not None]
-        row = [label, *(fmt(v, unit) for v in values)]
-        if ours and theirs:
-            a, b = values
-            row.append(f"{b / a:.1f}x" if a and not (math.isnan(a) or math.isnan(b)) else "-")
+        values = {op: float(getattr(by_op[op], attr)) for op in shown}
+        row = [label, *(fmt(values[op], unit) for op in shown)]
+        row += [_ratio(values[base], values[cand]) for base, cand, _ in ratios]
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
 
+def _by_operator(results: Sequence[RunResult] | Sequence[LoadedResult]) -> dict[str, Any]:
+    by_op: dict[str, Any] = {r.operator: r for r in results}
+    if not by_op:
+        raise ValueError("no results to report")
+    return by_op
+
+
 def table(results: Sequence[RunResult]) -> str:
     """The markdown report of one burst size."""
-    by_op = {r.operator: r for r in results}
-    ours, theirs = by_op.get(OURS), by_op.get(KUBEFLOW)
-    any_r = ours or theirs
-    assert any_r is not None
+    by_op = _by_operator(results)
+    any_r: RunResult = next(iter(by_op.values()))
     counts = " + ".join(f"{n} {t}" for t, n in replica_counts(any_r.replicas).items() if n)
     title = f"**{any_r.jobs} jobs x {any_r.replicas} replicas** ({counts})"
-    lines = _markdown(title, ours, theirs, ROWS)
-    for r in (ours, theirs):
-        if r is None:
-            continue
+    lines = _markdown(title, by_op, ROWS)
+    ordered: list[RunResult] = [by_op[op] for op in COLUMN_ORDER if op in by_op]
+    if OURS_TFJOB in by_op:
+        lines.extend(
+            f"\n{r.operator}: {r.completed_succeeded}/{r.jobs} Succeeded by the watch, "
+            f"{r.verified_succeeded} of them confirmed by a list after the run; conditions "
+            "then: " + "; ".join(f"[{c}] x{n}" for c, n in r.final_conditions.items())
+            for r in ordered
+        )
+    for r in ordered:
         if r.timed_out:
             lines.append(
                 f"\n{r.operator}: TIMED OUT: {r.completed_children}/{r.jobs} jobs had all "
@@ -326,18 +429,16 @@ def table(results: Sequence[RunResult]) -> str:
 
 def loaded_table(results: Sequence[LoadedResult]) -> str:
     """The markdown report of the responsiveness run."""
-    by_op = {r.operator: r for r in results}
-    ours, theirs = by_op.get(OURS), by_op.get(KUBEFLOW)
-    any_r = ours or theirs
-    assert any_r is not None
+    by_op = _by_operator(results)
+    any_r: LoadedResult = next(iter(by_op.values()))
     title = (
         f"**One more job while {any_r.jobs} jobs x {any_r.replicas} replicas run** "
         f"({any_r.probes} jobs created one at a time)"
     )
-    lines = _markdown(title, ours, theirs, LOADED_ROWS)
-    for r in (ours, theirs):
-        if r is not None:
-            lines.extend(f"\n{r.operator}: {note}" for note in r.notes)
+    lines = _markdown(title, by_op, LOADED_ROWS)
+    for op in COLUMN_ORDER:
+        if op in by_op:
+            lines.extend(f"\n{op}: {note}" for note in by_op[op].notes)
     return "\n".join(lines) + "\n"
 
 
@@ -345,16 +446,17 @@ RESULTS_HEADER: Final = """\
 # Operator scale benchmark: TrainJob operator vs Kubeflow training-operator v1
 
 Generated by `{command}` (bench/operator_scale.py; method in its docstring). Each size runs
-both operators one after the other on the same control plane (real etcd + kube-apiserver +
+the operators one after the other on the same control plane (real etcd + kube-apiserver +
 kube-controller-manager + kube-scheduler, kwok fake nodes), each in its own namespace, each
 after one unmeasured warm-up job. Times are from the benchmark's create request to the
 arrival of the watch event; "children" are the job's Pods and headless Services (one each per
 replica, for both operators). Operator API requests are counted by the API server (API
 Priority and Fairness dispatches of a FlowSchema that matches only that operator's service
 account). The ratio column is training-operator / ours: above 1 means ours is faster or
-cheaper. training-operator runs with its shipped defaults (QPS 20, burst 30, 1 worker thread);
+cheaper (with our TFJob run as a third column, the ratios are those of the TFJob section).
+training-operator runs with its shipped defaults (QPS 20, burst 30, 1 worker thread);
 ours runs as in its image, where the `kubernetes` Python package is not installed.
-The machine may be shared with other work (see the load average): compare the two columns
+The machine may be shared with other work (see the load average): compare the columns
 of one run, not figures across runs.
 
 ## Machine
@@ -365,14 +467,86 @@ of one run, not figures across runs.
 """
 
 
+def _other_sections(path: Path) -> str:
+    """What `path` holds after this benchmark's report: every section from the first heading
+    or section marker after its `## Results` (the other benchmarks' sections); "" for none."""
+    if not path.exists():
+        return ""
+    text = path.read_text(encoding="utf-8")
+    results = text.find("\n## Results\n")
+    if results < 0:
+        return ""
+    offset = results + len("\n## Results\n")
+    starts = [text.find(m, offset) for m in ("\n## ", "\n<!-- ")]
+    found = [i for i in starts if i >= 0]
+    return text[min(found) :].strip() + "\n" if found else ""
+
+
 def write_results(path: Path, command: str, info: dict[str, str], tables: Sequence[str]) -> None:
+    """The scale report at the top of `path`; the sections after it (other benchmarks', the
+    TFJob section) are kept."""
     machine = "\n".join(f"- {k}: {v}" for k, v in info.items())
     text = RESULTS_HEADER.format(command=command, machine=machine)
     text += "\n" + "\n".join(tables)
-    path.write_text(text, encoding="utf-8")
+    rest = _other_sections(path)
+    path.write_text(text + ("\n" + rest if rest else ""), encoding="utf-8")
+
+
+TFJOB_BEGIN: Final = "<!-- operator-scale-tfjob:begin -->"
+TFJOB_END: Final = "<!-- operator-scale-tfjob:end -->"
+
+
+def tfjob_section(command: str, info: Mapping[str, str], tables: Sequence[str]) -> str:
+    """The TFJob comparison as its own section of RESULTS.md, between its markers."""
+    machine = "; ".join(f"{k} {v}" for k, v in info.items())
+    rendered = "\n".join(tables)
+    return f"""{TFJOB_BEGIN}
+## TFJobs: the TrainJob operator's TFJob door vs training-operator {kubeflow_version()}
+
+`{command}` (bench/operator_scale.py; method in its docstring). One run, on one control
+plane, one after the other, each in its own namespace after one unmeasured warm-up job: our
+operator on the TrainJob workload, our operator started with `--tfjob` on the same workload
+as TFJobs (`kubeflow.org/v1`), and training-operator on the very same TFJobs (same bodies;
+kwok ends the chief of either operator's TFJob by the same Stage, after 500 ms; the job
+Succeeds and its running Pods are deleted, cleanPodPolicy Running). A TFJob counts as Succeeded
+when its last condition is Succeeded True (what KFP's launcher and `kubectl get tfjob` read),
+and a list of the jobs after each run confirms it. Ratios are baseline / candidate, above 1
+meaning the candidate is faster or cheaper: "TFJob (theirs / ours)" is training-operator /
+our TFJob door, "ours (TrainJob / TFJob)" is our TrainJob run / our TFJob run (below 1: the
+TFJob door costs more than the TrainJob door). Other columns and methods as in the scale
+benchmark above. The machine may be shared with other work (see its load average): compare
+the columns of one run. machine: {machine}
+
+{rendered}{TFJOB_END}
+"""
+
+
+def write_tfjob_section(path: Path, text: str) -> None:
+    """Replace the TFJob section of `path` (between its markers), or append it; the rest of
+    the file is kept."""
+    current = path.read_text(encoding="utf-8") if path.exists() else ""
+    if TFJOB_BEGIN in current and TFJOB_END in current:
+        head, rest = current.split(TFJOB_BEGIN, 1)
+        current = head + text.strip() + rest.split(TFJOB_END, 1)[1]
+    else:
+        current = current.rstrip() + "\n\n" + text.strip() + "\n"
+    path.write_text(current, encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- main
+
+
+def operator_list(value: str) -> list[str]:
+    """--operator: the runs named, in COLUMN_ORDER."""
+    aliases = {"all": list(COLUMN_ORDER), "both": [OURS, KUBEFLOW]}
+    named = {n for part in value.split(",") for n in aliases.get(part.strip(), [part.strip()])}
+    unknown = named - set(COLUMN_ORDER)
+    if unknown or not named:
+        raise argparse.ArgumentTypeError(
+            f"unknown run(s) {', '.join(sorted(unknown)) or value!r}: choose from "
+            f"{', '.join(COLUMN_ORDER)}, all, both"
+        )
+    return [op for op in COLUMN_ORDER if op in named]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -393,9 +567,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=8, help="replicas per job (default 8)")
     p.add_argument(
         "--operator",
-        choices=[*OPERATORS, "both"],
-        default="both",
-        help="which operator(s) to run (default both)",
+        type=operator_list,
+        default=list(COLUMN_ORDER),
+        help=f"which runs, comma-separated, run in the order {', '.join(COLUMN_ORDER)}: "
+        f"{OURS} (TrainJobs), {OURS_TFJOB} (TFJobs, our operator with --tfjob), {KUBEFLOW} "
+        "(TFJobs, training-operator); 'all' (the default) or 'both' (the first and the last)",
     )
     p.add_argument(
         "--timeout",
@@ -412,7 +588,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--probes", type=int, default=20, help="jobs timed in the responsiveness run (default 20)"
     )
-    p.add_argument("--write-results", type=Path, help="write a markdown report (bench/RESULTS.md)")
+    p.add_argument(
+        "--write-results",
+        type=Path,
+        help="write the scale report at the top of this markdown file (bench/RESULTS.md), "
+        "keeping the sections after it",
+    )
+    p.add_argument(
+        "--write-tfjob-section",
+        type=Path,
+        help=f"write this run's tables as the TFJob section of this markdown file (needs "
+        f"{OURS_TFJOB} among the runs; replaces an earlier one, keeps the rest)",
+    )
     p.add_argument("--json", type=Path, help="write the raw figures as JSON")
     p.add_argument("--workdir", type=Path, help="keep the control plane state and logs here")
     return p.parse_args(argv)
@@ -421,7 +608,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else [args.jobs]
-    operators = list(OPERATORS) if args.operator == "both" else [args.operator]
+    operators: list[str] = args.operator
+    if args.write_tfjob_section is not None and OURS_TFJOB not in operators:
+        raise SystemExit(f"--write-tfjob-section needs {OURS_TFJOB} among --operator's runs")
     runs = [(jobs, operators) for jobs in sizes]
     if args.trainjob_only_sizes:
         runs += [(int(s), [OURS]) for s in args.trainjob_only_sizes.split(",")]
@@ -476,6 +665,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 all_loaded.extend(loaded)
     if args.write_results is not None:
         write_results(args.write_results, command.strip(), info, tables)
+    if args.write_tfjob_section is not None:
+        write_tfjob_section(args.write_tfjob_section, tfjob_section(command.strip(), info, tables))
     if args.json is not None:
         payload = {
             "machine": info,

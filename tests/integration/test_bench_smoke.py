@@ -1,7 +1,8 @@
-"""Smoke size of the operator scale benchmark (bench/operator_scale.py): 3 TrainJobs x 8
-replicas (then 2 jobs timed one by one while 3 run), our operator only, on the benchmark's own
-control plane with kwok. Not timed: it checks that the benchmark runs end to end and prints
-its figures."""
+"""Smoke size of the operator scale benchmark (bench/operator_scale.py): 3 jobs x 8 replicas
+as TrainJobs and as TFJobs under our operator with `--tfjob` (then 2 jobs timed one by one
+while 3 run, for each), on the benchmark's own control plane with kwok; training-operator's
+column needs its build (bench/kubeflow/install.sh) and is left out. Not timed: it checks that
+the benchmark runs end to end, prints its figures and writes its TFJob section."""
 
 from __future__ import annotations
 
@@ -24,31 +25,51 @@ FIGURES = (
 
 
 def test_benchmark_smoke_size_completes_and_prints_figures(tmp_path: Path) -> None:
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("# Results\n\n## Another benchmark\n\nkept as it is\n")
     stdout, figures = run_benchmark(
         "operator_scale.py",
         "--jobs=3",
         "--replicas=8",
-        "--operator=trainjob",
+        "--operator=trainjob,trainjob-tfjob",
         "--timeout=180",
         "--loaded=3",
         "--probes=2",
+        f"--write-tfjob-section={results_md}",
         json_out=tmp_path / "figures.json",
-        timeout=420,
+        timeout=600,
     )
     for figure in FIGURES:
         assert figure in stdout, f"{figure!r} missing from:\n{stdout}"
-    (run,) = figures["results"]
-    assert run["operator"] == "trainjob"
-    assert (run["jobs"], run["replicas"]) == (3, 8)
-    assert run["completed_children"] == run["completed_succeeded"] == 3
-    assert not run["timed_out"] and not run["notes"]
-    assert 0 < run["children_p50"] <= run["children_p99"] <= run["succeeded_p99"]
-    assert run["operator_requests_per_job"] > 0
-    assert run["peak_rss_mib"] > 0
-    (loaded,) = figures["loaded"]
-    assert (loaded["jobs"], loaded["probes"]) == (3, 2) and not loaded["notes"]
-    assert 0 < loaded["children_p50"] <= loaded["children_p99"] == loaded["children_max"]
+    header = (
+        "| TrainJob operator (TrainJob) | TrainJob operator (TFJob) "
+        "| ratio ours (TrainJob / TFJob) |"
+    )
+    assert header in stdout, stdout
+    runs = {run["operator"]: run for run in figures["results"]}
+    assert list(runs) == ["trainjob", "trainjob-tfjob"]
+    for run in runs.values():
+        assert (run["jobs"], run["replicas"]) == (3, 8)
+        assert run["completed_children"] == run["completed_succeeded"] == 3
+        assert run["verified_succeeded"] == 3
+        assert not run["timed_out"] and not run["notes"]
+        assert 0 < run["children_p50"] <= run["children_p99"] <= run["succeeded_p99"]
+        assert run["operator_requests_per_job"] > 0
+        assert run["peak_rss_mib"] > 0
+    # Our TFJobs end as training-operator's do: the last condition is Succeeded (True).
+    tfjob_conditions = runs["trainjob-tfjob"]["final_conditions"]
+    assert sum(tfjob_conditions.values()) == 3
+    assert all(c.endswith(", Succeeded") for c in tfjob_conditions), tfjob_conditions
+    loaded = {run["operator"]: run for run in figures["loaded"]}
+    assert list(loaded) == ["trainjob", "trainjob-tfjob"]
+    for run in loaded.values():
+        assert (run["jobs"], run["probes"]) == (3, 2) and not run["notes"]
+        assert 0 < run["children_p50"] <= run["children_p99"] == run["children_max"]
     assert "One more job while 3 jobs x 8 replicas run" in stdout
+    written = results_md.read_text()
+    assert written.startswith("# Results\n\n## Another benchmark\n\nkept as it is\n")
+    assert "## TFJobs: the TrainJob operator's TFJob door vs training-operator" in written
+    assert header in written and written.rstrip().endswith("<!-- operator-scale-tfjob:end -->")
 
 
 def test_kueue_benchmark_smoke_size_completes_and_prints_figures(tmp_path: Path) -> None:
