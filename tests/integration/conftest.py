@@ -148,10 +148,8 @@ def _namespace_name(test_name: str) -> str:
     return f"{base or 't'}-{uuid.uuid4().hex[:6]}"
 
 
-@pytest.fixture
-def namespace(core_v1: k8s.CoreV1Api, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace per test (its default service account exists); deleted afterwards."""
-    name = _namespace_name(request.node.name)
+def create_namespace(core_v1: k8s.CoreV1Api, name: str) -> None:
+    """Create the namespace `name` and wait until its default service account exists."""
     core_v1.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
 
     def has_default_service_account() -> bool:
@@ -169,6 +167,13 @@ def namespace(core_v1: k8s.CoreV1Api, request: pytest.FixtureRequest) -> Iterato
         what=f"the serviceaccount controller to create {name}/default",
         interval=0.05,
     )
+
+
+@pytest.fixture
+def namespace(core_v1: k8s.CoreV1Api, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test (its default service account exists); deleted afterwards."""
+    name = _namespace_name(request.node.name)
+    create_namespace(core_v1, name)
     try:
         yield name
     finally:

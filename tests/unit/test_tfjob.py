@@ -397,3 +397,25 @@ def test_an_unchanged_condition_keeps_its_place_and_times() -> None:
     moved = tfjob_status.set_condition(running, "Created", True, "Other", "m", at(6))
     assert [c["type"] for c in moved] == ["Running", "Created"]
     assert moved[-1]["lastTransitionTime"] == st.format_time(at(0))
+
+
+def test_the_backoff_limit_th_failure_fails_it_in_training_operators_words() -> None:
+    shown = Shown.of(
+        manifest({"Worker": 2}, restart_policy="OnFailure", run_policy={"backoffLimit": 2})
+    )
+    shown.step(at(0))
+    shown.world.run_all(at(1))
+    shown.show(at(1))
+    shown.world.set_phase(("worker", 1), "Failed", exit_code=1)
+    shown.step(at(2))
+    assert shown.conditions()[-1][0] == "Restarting"
+    shown.world.settle(at(3))
+    shown.show(at(3))
+    shown.world.set_phase(("worker", 1), "Failed", exit_code=1)
+    shown.step(at(4))
+    assert shown.conditions()[-1] == ("Failed", "True", "TFJobFailed")
+    message = shown.status["conditions"][-1]["message"]
+    assert message.startswith(
+        "Job mnist has failed because it has reached the specified backoff limit"
+    ), message
+    assert "backoffLimit=" not in message, message  # the engine's count is not the TFJob's

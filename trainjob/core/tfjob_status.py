@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -114,6 +115,8 @@ def _running(engine: st.JobStatus, types: Mapping[str, str]) -> bool:
     )
 
 
+# "; backoffLimit=N restarts already used" in the engine's backoff message.
+_ENGINE_BACKOFF: Final = re.compile(r"; backoffLimit=\d+ restarts already used")
 # The order training-operator visits replica types in (the first failed one is named).
 _VISIT_ORDER: Final = ("Chief", "Evaluator", "Master", "PS", "Worker")
 
@@ -151,6 +154,11 @@ def failed_message(
         head = f"Job {name} has failed because it was active longer than specified deadline"
     elif reason == policy.REASON_BACKOFF:
         head = f"Job {name} has failed because it has reached the specified backoff limit"
+        if failed is not None:
+            # The engine counts restarts allowed (the TFJob's limit less one): its number
+            # would contradict the TFJob's, and the head already says the limit was reached.
+            text = _ENGINE_BACKOFF.sub("", failed.message)
+            failed = dataclasses.replace(failed, message=text)
     elif reason == policy.REASON_FAILED and (found := _failed(pods, types)):
         engine_type, type_name, count = found[0]
         if restart_policies.get(engine_type) == "ExitCode":
