@@ -9,7 +9,6 @@ the machine description of a report. Not a script: the benchmarks import it as
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures
 import contextlib
 import copy
@@ -34,6 +33,7 @@ from typing import Any, Final
 
 import yaml
 
+from tests.controlplane import training_operator
 from tests.controlplane.cluster import KWOK_CONFIG, ControlPlane
 from tests.controlplane.tools import go_mod_version, tools_dir
 from tests.support import manifests, ports, processes, waits
@@ -78,8 +78,6 @@ KUBEFLOW_WEBHOOK_SECRET: Final = "training-operator-webhook-cert"
 KUBEFLOW_JOB_LABEL: Final = "training.kubeflow.org/job-name"
 # The TFJob CRD our operator's chart installs: training-operator v1.9.4's, verbatim.
 OUR_TFJOB_CRD: Final = REPO_ROOT / "crds" / "kubeflow" / "kubeflow.org_tfjobs.yaml"
-# Hard-coded in training-operator (pkg/cert): where its Deployment mounts the webhook Secret.
-KUBEFLOW_CERT_DIR: Final = Path("/tmp/k8s-webhook-server/serving-certs")
 BENCH_DIR: Final = Path(__file__).resolve().parent
 
 
@@ -698,22 +696,9 @@ class Bench:
         self._prepared.discard(KUBEFLOW)
 
     def mount_webhook_certs(self) -> bool:
-        """Play the kubelet for training-operator's webhook Secret: once its certificate
-        rotator has filled the Secret, write it where the Deployment mounts it (the binary
-        waits for the files before it starts its controllers). False until it is filled."""
-        out = self.plane.kubectl(
-            "get", "secret", KUBEFLOW_WEBHOOK_SECRET, "-n", SYSTEM_NS, "-o", "json", check=False
-        ).stdout
-        data = (json.loads(out or "{}").get("data") or {}) if out else {}
-        files = ("tls.crt", "tls.key", "ca.crt")
-        if not all(data.get(f) for f in files):
-            return False
-        KUBEFLOW_CERT_DIR.mkdir(parents=True, exist_ok=True)
-        for name in files:
-            target = KUBEFLOW_CERT_DIR / name
-            target.write_bytes(base64.b64decode(data[name]))
-            target.chmod(0o600)
-        return True
+        """Play the kubelet for training-operator's webhook Secret (the binary waits for the
+        files before it starts its controllers). False until its rotator has filled it."""
+        return training_operator.mount_webhook_certs(self.plane, SYSTEM_NS)
 
     def start_operator(
         self, operator: str, namespace: str | None, kubeconfig: Path
