@@ -281,6 +281,12 @@ class TFJobDoor:
         problems = tfjob.webhook_problems(source)
         if problems:
             raise spec.SpecError(problems)
+        try:
+            tfjob.as_trainjob(source)
+        except convert.ConvertError as exc:
+            # In the TFJob's own field names (the view left its spec empty).
+            path, _, words = str(exc).partition(": ")
+            raise spec.SpecError([spec.Problem(path, words or str(exc))]) from exc
         job = spec.parse({k: v for k, v in raw.items() if k != TFJOB_KEY})
         if tfjob.replica_types(source).get(constants.CHIEF) == "Master":
             # Its Pods are <job>-master-<i>, its TF_CONFIG task "master", as upstream.

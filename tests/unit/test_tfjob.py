@@ -419,3 +419,10 @@ def test_the_backoff_limit_th_failure_fails_it_in_training_operators_words() -> 
         "Job mnist has failed because it has reached the specified backoff limit"
     ), message
     assert "backoffLimit=" not in message, message  # the engine's count is not the TFJob's
+
+
+def test_a_tfjob_the_engine_cannot_read_is_refused_in_its_own_field_names() -> None:
+    raw = manifest({"Worker": 1}, successPolicy="Sometimes")
+    with pytest.raises(spec.SpecError) as refused:
+        tfjob_door_parse(raw)
+    assert str(refused.value) == "spec.successPolicy: unknown value 'Sometimes'"
