@@ -48,6 +48,11 @@ class Resource:
     def index_key(self) -> str:
         return self.key or self.plural
 
+    @property
+    def watched(self) -> str:
+        """For logs and health: the plural, and the selector when it is not the usual one."""
+        return self.plural if self.selector == SELECTOR else f"{self.plural} ({self.selector})"
+
 
 KINDS: Final = (Resource(children.PODS), Resource(children.SERVICES))
 # With the Kueue integration on, the jobs' Workloads too (they carry the job-name label).
@@ -197,9 +202,7 @@ class ChildInformer:
             listed = {kind.index_key: asyncio.Event() for kind in self._kinds}
             scope = _Scope(tasks=[], listed=listed, ready=asyncio.Event(), health=[])
             for kind in self._kinds:
-                health = WatchHealth(
-                    f"{kind.plural} ({kind.selector}) in {scope_key or 'all namespaces'}"
-                )
+                health = WatchHealth(f"{kind.watched} in {scope_key or 'all namespaces'}")
                 scope.health.append(health)
                 scope.tasks.append(
                     asyncio.get_running_loop().create_task(
