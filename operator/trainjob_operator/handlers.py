@@ -164,14 +164,29 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     if cfg.metrics_port:
         meters.serve(cfg.metrics_port)
         logger.info("Serving Prometheus metrics on :%d/metrics", cfg.metrics_port)
-    await _wait_for_crd(api)
+    await _wait_until_served(
+        api,
+        constants.KIND,
+        constants.GROUP,
+        constants.VERSION,
+        constants.PLURAL,
+        "the TrainJob CRD is not installed or not Established yet",
+    )
     if cfg.tfjob:
         refusal = await _tfjob_problem(api)
         if refusal is not None:
             memo[REFUSED_KEY] = refusal
             await api.close()
             raise kopf.PermanentError(refusal)
-        await _wait_for_tfjob_crd(api)
+        await _wait_until_served(
+            api,
+            tfjob.KIND,
+            tfjob.GROUP,
+            tfjob.VERSION,
+            tfjob.PLURAL,
+            "--tfjob: the TFJob CRD is not installed: kubectl apply --server-side -f "
+            "crds/kubeflow/kubeflow.org_tfjobs.yaml, or the chart's tfjob.installCRD",
+        )
     if gang.wanted(cfg):
         refusal = await _pod_groups_problem(api, cfg)
         if refusal is not None:
@@ -226,26 +241,29 @@ async def _pod_groups_problem(api: kube.Kube, cfg: config.Settings) -> str | Non
     )
 
 
-async def _wait_for_crd(api: kube.Kube) -> None:
-    """Until the API server's discovery lists TrainJobs: kopf resolves what it serves from one
-    scan of discovery right after start-up, and a TrainJob resource missing from it (CRD not
-    installed yet, API server still starting) would never be served."""
+async def _wait_until_served(
+    api: kube.Kube, kind: str, group: str, version: str, plural: str, missing: str
+) -> None:
+    """Until the API server's discovery lists the resource: kopf resolves what it serves from
+    one scan of discovery right after start-up, and a resource missing from it (CRD not
+    installed yet, API server still starting) would never be served. `missing`: what to say
+    while it is not there (how to install it)."""
     failures = 0
     while True:
         try:
-            if await api.serves_trainjobs():
+            if await api.serves(group, version, plural):
                 if failures:
-                    logger.info("The TrainJob resource is served now")
+                    logger.info("The %s resource is served now", kind)
                 return
-            reason = "the TrainJob CRD is not installed or not Established yet"
+            reason = missing
         except (kube.TransientError, kube.RejectedError) as exc:
             reason = str(exc)
         failures += 1
         delay = kube.retry_delay(failures, BACKOFF_FIRST, 10.0)
         logger.warning(
             "Waiting for the API server to serve %s.%s (%s); again in %.1fs",
-            constants.PLURAL,
-            constants.GROUP,
+            plural,
+            group,
             reason,
             delay,
         )
@@ -283,32 +301,6 @@ async def _tfjob_problem(api: kube.Kube) -> str | None:
         "controllers would fight over the same Pods. Remove that webhook entry and run "
         "training-operator without tfjob in --enable-scheme (or uninstall it), then start again"
     )
-
-
-async def _wait_for_tfjob_crd(api: kube.Kube) -> None:
-    """Until the API server serves TFJobs (as for TrainJobs: kopf scans discovery once)."""
-    failures = 0
-    while True:
-        try:
-            if await api.serves(tfjob.GROUP, tfjob.VERSION, tfjob.PLURAL):
-                if failures:
-                    logger.info("The TFJob resource is served now")
-                return
-            reason = "the TFJob CRD is not installed"
-        except (kube.TransientError, kube.RejectedError) as exc:
-            reason = str(exc)
-        failures += 1
-        delay = kube.retry_delay(failures, BACKOFF_FIRST, 10.0)
-        logger.warning(
-            "--tfjob: waiting for the API server to serve %s.%s (%s: kubectl apply "
-            "--server-side -f crds/kubeflow.org_tfjobs.yaml, or the chart's tfjob.installCRD); "
-            "again in %.1fs",
-            tfjob.PLURAL,
-            tfjob.GROUP,
-            reason,
-            delay,
-        )
-        await asyncio.sleep(delay)
 
 
 @kopf.on.cleanup()

@@ -479,11 +479,6 @@ class Kube:
             accept_type=METADATA_ONLY,
         )
 
-    async def serves_trainjobs(self) -> bool:
-        """Whether the API server's discovery lists the TrainJob resource yet (its CRD is
-        installed and Established); kopf resolves the resources it serves from discovery."""
-        return await self.serves(constants.GROUP, constants.VERSION, constants.PLURAL)
-
     async def serves(self, group: str, version: str, plural: str) -> bool:
         """Whether the API server's discovery lists `plural` in `group/version`."""
         status, payload = await self._request(
