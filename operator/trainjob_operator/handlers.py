@@ -30,8 +30,6 @@ import os
 from typing import Any, Final
 
 import kopf
-from kopf._core.engines import peering
-from kopf._core.reactor import observation
 
 from trainjob.core import constants, tfjob
 from trainjob_operator import (
@@ -41,6 +39,7 @@ from trainjob_operator import (
     doors,
     gang,
     informer,
+    kopf_fixes,
     kube,
     metrics,
     progress_server,
@@ -64,52 +63,8 @@ LIST_WAIT: Final = 10.0
 logger = logging.getLogger("trainjob_operator")
 
 
-async def _observe_namespace_event(
-    *,
-    raw_event: kopf.RawEvent,
-    namespaces: Any,
-    insights: Any,
-    **_: Any,
-) -> None:
-    """kopf's handler of namespace watch events, without its bug (kopf 1.45.2,
-    `kopf._core.reactor.observation.process_discovered_namespace_event`): kopf drops every
-    event of its namespace watch's own listing (type None), assuming its one-shot namespace
-    list just before covered them. A namespace created between that list and the watch's
-    listing, or while the watch was down and listed again, was never served, and neither was
-    any TrainJob in it (measured: such namespaces, created at resourceVersions between the two
-    lists, got no TrainJob watch at all). Here the listing's namespaces count as seen, exactly
-    as a later ADDED event would."""
-    async with insights.revised:
-        observation.revise_namespaces(
-            raw_events=[raw_event], insights=insights, namespaces=namespaces
-        )
-        insights.revised.notify_all()
-
-
-# kopf resolves the function by name when its namespace observer starts, so this replaces it
-# for the whole process before kopf.run. Fail loudly if a kopf release moved it.
-if not callable(getattr(observation, "process_discovered_namespace_event", None)):
-    raise ImportError("kopf's namespace observation moved; see handlers._observe_namespace_event")
-observation.process_discovered_namespace_event = _observe_namespace_event
-
-# Whether kopf peering has paused this replica. kopf tells only its own daemons (it stops
-# them); our loop is not a daemon, so it reads the same switches: kopf hands each peering
-# watch its pause toggle with every peering event, and this wrapper notes it before kopf's
-# own handling flips it.
+# Whether kopf peering has paused this replica (kopf_fixes passes kopf's pause toggles on).
 PAUSE: Final = controller.Pause()
-_process_peering_event = peering.process_peering_event
-
-
-async def _track_pause(*, conflicts_found: Any = None, **kwargs: Any) -> None:
-    if conflicts_found is not None:
-        PAUSE.track(conflicts_found)
-    await _process_peering_event(conflicts_found=conflicts_found, **kwargs)
-
-
-# kopf resolves it by name when it starts a peering watch (orchestration.py).
-if not callable(getattr(peering, "process_peering_event", None)):
-    raise ImportError("kopf's peering moved; see handlers._track_pause")
-peering.process_peering_event = _track_pause
 
 
 class NoEssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -132,6 +87,8 @@ def _controller(memo: kopf.Memo) -> controller.Controller:
 
 @kopf.on.startup()
 async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Before kopf starts its namespace observer and peering watches (they wait for start-up).
+    kopf_fixes.install(PAUSE.track)
     cfg = memo.get(SETTINGS_KEY)
     if not isinstance(cfg, config.Settings):
         cfg = config.from_env(os.environ)

@@ -32,28 +32,3 @@ def test_job_keys_and_deletion_marks_from_metadata() -> None:
     assert watchdog.is_going(body)
     assert watchdog.job_key({"metadata": {}}) is None
     assert not watchdog.is_going({"metadata": {"name": "j"}})
-
-
-def test_namespaces_in_the_namespace_watch_listing_are_served() -> None:
-    """kopf ignored the listing that starts its namespace watch; the operator's replacement
-    (installed for the whole process when handlers is imported) counts them as seen."""
-    import asyncio
-
-    from kopf._cogs.structs import references
-    from kopf._core.reactor import observation
-
-    from trainjob_operator import handlers
-
-    assert observation.process_discovered_namespace_event is handlers._observe_namespace_event
-
-    async def listing() -> set[object]:
-        insights = references.Insights()
-        for name in ("team-x", "other"):
-            await observation.process_discovered_namespace_event(
-                raw_event={"type": None, "object": {"metadata": {"name": name}}},
-                namespaces=["team-*"],
-                insights=insights,
-            )
-        return set(insights.namespaces)
-
-    assert asyncio.run(listing()) == {"team-x"}
