@@ -1,6 +1,6 @@
 """The operator's shared state (`OperatorContext`): settings, the API, metrics, the child
 index and its informers, the node watch, the watchdog, Kueue and gang bookkeeping. One per
-operator, made at start-up (handlers.py) and handed to the job loop (controller.py) and to
+operator, built at start-up (manager.py) and handed to the job loops (controller.py) and to
 every reconcile (reconciler.py)."""
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from trainjob.core import render
 from trainjob_operator import (
     children,
     config,
-    gang,
     gang_sync,
     informer,
     kube,
@@ -31,7 +30,7 @@ from trainjob_operator import kueue_workload as kw
 
 JobKey = children.JobKey
 
-logger = logging.getLogger("trainjob_operator.reconciler")
+logger = logging.getLogger(__name__)
 
 
 def creating_jobs(api_workers: int) -> int:
@@ -40,22 +39,61 @@ def creating_jobs(api_workers: int) -> int:
     return max(1, api_workers // 2)
 
 
+class Wakes:
+    """Where "look at this job again" goes: to the job loop of each kind that knows the job
+    (one loop per watched kind, controller.py; each registers itself with `serve`)."""
+
+    def __init__(self) -> None:
+        self._loops: list[JobLoop] = []
+
+    def serve(self, loop: JobLoop) -> None:
+        self._loops.append(loop)
+
+    def wake(self, key: JobKey) -> None:
+        for loop in self._loops:
+            loop.wake(key)
+
+    def has_loop(self, key: JobKey) -> bool:
+        return any(loop.knows(key) for loop in self._loops)
+
+
+class JobLoop(Protocol):
+    def wake(self, key: JobKey) -> None: ...
+
+    def knows(self, key: JobKey) -> bool: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """How the operator's jobs report progress (progress_server.py), or None/never when off."""
+
+    # Where new Pods report (URL + CA); None: no reporting.
+    endpoint: Callable[[], render.ProgressEndpoint | None] = lambda: None
+    # When a job's step last advanced (hang detection).
+    at: Callable[[JobKey], datetime.datetime | None] = lambda key: None
+
+
 @dataclasses.dataclass
 class OperatorContext:
-    """Operator-wide state shared by the job loop, the informers and the progress server
-    (kept in kopf's memo). Named apart from `trainjob.runtime`, the code in each replica."""
+    """Operator-wide state shared by the job loops, the informers and the progress server,
+    every collaborator given when it is built (manager.py builds it, in one place). Named
+    apart from `trainjob.runtime`, the code in each replica."""
 
     settings: config.Settings
     kube: kube.Kube
     metrics: metrics.Metrics
-    # Set by the controller (controller.py): wake a job's loop; whether a job has one.
-    on_wake: Callable[[JobKey], None] = lambda key: None
-    has_loop: Callable[[JobKey], bool] = lambda key: False
-    child_index: children.ChildIndex = dataclasses.field(default_factory=children.ChildIndex)
+    wakes: Wakes
+    child_index: children.ChildIndex
     # Keeps child_index current and wakes the jobs whose children changed.
-    informer: informer.ChildInformer = dataclasses.field(init=False)
+    informer: informer.ChildInformer
     # Which nodes are not Ready; wakes the jobs with Pods on a node whose readiness moved.
-    nodes: nodes.NodeInformer = dataclasses.field(init=False)
+    nodes: nodes.NodeInformer
+    watchdog: watchdog.Watchdog
+    # Gangs waiting for nodes, and the touches they are owed when room appears.
+    gangs: gang_sync.Requeue
+    # Jobs whose loop has begun reconciling; the watchdog reports the jobs that never do.
+    reconciled: set[JobKey]
+    progress: Progress = Progress()
     # Jobs creating children at the same time, served first come, first served (asyncio's
     # semaphore). Why a limit: otherwise a burst of N new jobs holds a task per create for
     # all N jobs at once (16,000 at 1,000 x 8), the largest share of the operator's peak
@@ -63,48 +101,26 @@ class OperatorContext:
     # creates now share the request turns with earlier jobs' status writes and clean-up, so
     # the last child of such a burst came later (176 -> ~300 s); the median barely moved.
     creating: asyncio.Semaphore = dataclasses.field(init=False)
-    # Jobs whose loop has begun reconciling; the watchdog reports the jobs that never do.
-    reconciled: set[JobKey] = dataclasses.field(default_factory=set)
-    watchdog: watchdog.Watchdog = dataclasses.field(init=False)
-    # Where new Pods report progress (progress_server.serve sets it); None: no reporting.
-    progress_endpoint: Callable[[], render.ProgressEndpoint | None] = lambda: None
-    # When a job's step last advanced (progress_server.serve sets it; hang detection).
-    progress_at: Callable[[JobKey], datetime.datetime | None] = lambda key: None
     # Which namespaces Kueue manages every job of (--kueue-manage-jobs-without-queue-name).
     kueue_namespaces: kueue.Namespaces = dataclasses.field(default_factory=kueue.Namespaces)
     # Jobs whose orphaned Workloads are being released now.
     releasing: set[JobKey] = dataclasses.field(default_factory=set)
-    # Gangs waiting for nodes, and the touches they are owed when room appears.
-    gangs: gang_sync.Requeue = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self.creating = asyncio.Semaphore(creating_jobs(self.settings.api_workers))
-        # One list+watch per kind for the cluster when kopf watches TrainJobs cluster-wide
-        # (no namespace given, or namespace patterns), else one per watched namespace.
-        kinds = informer.KINDS + ((informer.WORKLOADS,) if self.settings.kueue else ())
-        if self.settings.tfjob:
-            kinds += informer.KUBEFLOW_KINDS
-        if gang.wanted(self.settings):
-            kinds += (informer.pod_groups(self.settings.gang_scheduler),)
-        self.informer = informer.ChildInformer(
-            self.kube, self.child_index, self.wake, not self.settings.kopf_namespaces, kinds
-        )
-        self.nodes = nodes.NodeInformer(self.kube, self._wake_on_nodes)
-        self.watchdog = watchdog.Watchdog(
-            self.kube, self.settings, self.metrics, self.reconciled.__contains__
-        )
-        if self.settings.kueue:
-            self.child_index.workload_listeners.append(self._release_if_orphaned)
-        self.gangs = gang_sync.Requeue(self.kube, self.settings, self.wake)
-        if gang.wanted(self.settings):
-            self.child_index.pod_listeners.append(self.gangs.pod_changed)
 
-    def _release_if_orphaned(self, key: JobKey, body: Mapping[str, Any]) -> None:
+    def progress_endpoint(self) -> render.ProgressEndpoint | None:
+        return self.progress.endpoint()
+
+    def progress_at(self, key: JobKey) -> datetime.datetime | None:
+        return self.progress.at(key)
+
+    def release_if_orphaned(self, key: JobKey, body: Mapping[str, Any]) -> None:
         """A Workload being deleted whose job has no reconcile loop here (the job is gone:
         deleted while no operator ran, or its loop ended before it could release it) still
         holds our `resource-in-use` finalizer: finish and release it, or it hangs forever."""
         meta = body.get("metadata") or {}
-        if self.has_loop(key) or not meta.get("deletionTimestamp"):
+        if self.wakes.has_loop(key) or not meta.get("deletionTimestamp"):
             return
         if kw.RESOURCE_IN_USE not in (meta.get("finalizers") or []) or key in self.releasing:
             return
@@ -119,7 +135,7 @@ class OperatorContext:
 
         asyncio.get_running_loop().create_task(release(), name=f"release workloads {key}")
 
-    def _wake_on_nodes(self, names: set[str]) -> None:
+    def wake_on_nodes(self, names: set[str]) -> None:
         for key in self.child_index.jobs_on_nodes(names):
             self.wake(key)
         if any(self.nodes.index.loss(name) is None for name in names):
@@ -136,7 +152,7 @@ class OperatorContext:
         return self.watchdog.problems([*self.informer.health(), self.nodes.health])
 
     def wake(self, key: JobKey) -> None:
-        self.on_wake(key)
+        self.wakes.wake(key)
 
     def forget(self, key: JobKey) -> None:
         self.reconciled.discard(key)

@@ -30,7 +30,7 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol
 
 from trainjob.core import status as st
@@ -121,20 +121,8 @@ def next_look(outcome: reconciler.Outcome, resync_seconds: float) -> float | Non
     return min(resync_seconds, max(outcome.requeue_after, 0.0) + REQUEUE_SLACK)
 
 
-# reconciler.reconcile_job's shape (another one in the controller's unit tests).
-Reconcile = Callable[
-    [
-        context.OperatorContext,
-        str,
-        str,
-        Iterable[children.ChildPod],
-        Iterable[children.ChildService],
-        datetime.datetime,
-        "Mapping[str, Any] | None",
-        writes.Seen,
-    ],
-    Awaitable[reconciler.Outcome],
-]
+# reconciler.reconcile's shape.
+Reconcile = Callable[[context.OperatorContext, reconciler.Request], Awaitable[reconciler.Outcome]]
 
 
 @dataclasses.dataclass
@@ -149,15 +137,15 @@ class JobState:
 class Controller:
     def __init__(
         self,
-        rt: context.OperatorContext,
+        ctx: context.OperatorContext,
         workers: int = WORKERS,
         pause: Pause | None = None,
-        reconcile: Reconcile = reconciler.reconcile_job,
+        reconcile: Reconcile = reconciler.reconcile,
         kind: str = "TrainJob",
     ) -> None:
         """`kind`: the kind this loop serves (one loop per kind: doors.py); its `reconcile`
         reads that kind."""
-        self.rt = rt
+        self.ctx = ctx
         self.kind = kind
         self._reconcile_job = reconcile
         self.workers = workers
@@ -171,16 +159,6 @@ class Controller:
         # Per job: the event set once its scope's children have been listed.
         self._listed: dict[JobKey, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        # A child's event wakes its job in whichever loop knows it (a TrainJob's and a
-        # TFJob's loops share the child index and its informers).
-        wake_before, has_loop_before = rt.on_wake, rt.has_loop
-
-        def wake(key: JobKey) -> None:
-            wake_before(key)
-            self.wake(key)
-
-        rt.on_wake = wake
-        rt.has_loop = lambda key: key in self.known or has_loop_before(key)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -206,7 +184,7 @@ class Controller:
             return
         uid = str((raw.get("metadata") or {}).get("uid") or "")
         if key not in self.known:
-            self._listed[key] = self.rt.informer.acquire(key[0])
+            self._listed[key] = self.ctx.informer.acquire(key[0])
         elif self.known[key] != uid:
             self._drop(key)  # deleted and made again under the same name: a new job
         self.known[key] = uid
@@ -223,18 +201,24 @@ class Controller:
         state = finished_at_sight(raw)
         if state is None or not self._listed[key].is_set():
             return False
-        if self.rt.child_index.has_children(key):
+        if self.ctx.child_index.has_children(key):
             return False
         self.bodies.pop(key, None)
         self.queue.forget(key)
-        self.rt.begin(key)
-        self.rt.metrics.set_state(uid, key[0], state)
+        self.ctx.begin(key)
+        self.ctx.metrics.set_state(uid, key[0], state)
         return True
 
     def wake(self, key: JobKey) -> None:
-        """Its children or nodes changed: look again (only at jobs kopf told us about)."""
+        """Its children or nodes changed: look again (only at jobs kopf told us about). A
+        child's event wakes its job in whichever loop knows it (a TrainJob's and a TFJob's
+        loops share the child index and its informers: context.Wakes)."""
         if key in self.known:
             self.queue.add(key)
+
+    def knows(self, key: JobKey) -> bool:
+        """Whether this loop serves the job (it exists and was not deleted)."""
+        return key in self.known
 
     # -- the workers ------------------------------------------------------------------
 
@@ -254,8 +238,7 @@ class Controller:
                 self.queue.done(key)
 
     async def _reconcile(self, key: JobKey) -> None:
-        rt = self.rt
-        namespace, name = key
+        ctx = self.ctx
         listed = self._listed.get(key)
         if listed is not None and not listed.is_set():
             # Decide nothing before the children that exist are known (after a restart, or
@@ -265,19 +248,11 @@ class Controller:
         if state is None:
             state = self.states[key] = JobState()
         body = self.bodies.get(key)
-        rt.begin(key)
+        ctx.begin(key)
         started = time.monotonic()
         try:
-            outcome = await self._reconcile_job(
-                rt,
-                namespace,
-                name,
-                rt.child_index.pods(key),
-                rt.child_index.services(key),
-                datetime.datetime.now(datetime.timezone.utc),
-                body,
-                state.seen,
-            )
+            now = datetime.datetime.now(datetime.timezone.utc)
+            outcome = await self._reconcile_job(ctx, reconciler.Request(key, body, state.seen, now))
         except kube.ConflictError:
             # Decided from a copy older than the job (our status write was conditional on
             # it): decide again from a fresh read, soon; not an error.
@@ -293,7 +268,7 @@ class Controller:
             self._retry(key, state, "crashed", exc)
             return
         finally:
-            rt.metrics.reconcile_seconds.observe(time.monotonic() - started)
+            ctx.metrics.reconcile_seconds.observe(time.monotonic() - started)
         state.failures = state.conflicts = 0
         if key not in self.known:
             return  # deleted while it was reconciled
@@ -301,7 +276,7 @@ class Controller:
             # Gone or going: nothing more to do until its DELETED event forgets it.
             self._park(key, body)
             return
-        delay = next_look(outcome, rt.settings.resync_seconds)
+        delay = next_look(outcome, ctx.settings.resync_seconds)
         if delay is None:
             self._park(key, body)
         else:
@@ -310,7 +285,7 @@ class Controller:
     def _retry(self, key: JobKey, state: JobState, what: str, error: Exception) -> None:
         state.failures += 1
         delay = kube.retry_after_failure(state.failures, error, BACKOFF_FIRST, BACKOFF_MAX)
-        self.rt.metrics.reconcile_errors.labels(key[0]).inc()
+        self.ctx.metrics.reconcile_errors.labels(key[0]).inc()
         logger.warning("Reconcile of %s %s/%s %s; retrying in %.1fs", self.kind, *key, what, delay)
         self.queue.add_after(key, delay)
 
@@ -335,13 +310,13 @@ class Controller:
         del self.known[key]
         self._drop(key)
         self._listed.pop(key, None)
-        rt = self.rt
-        rt.informer.release(key[0])
-        rt.forget(key)
-        rt.metrics.forget(str((raw.get("metadata") or {}).get("uid") or ""))
-        if rt.settings.kueue:
+        ctx = self.ctx
+        ctx.informer.release(key[0])
+        ctx.forget(key)
+        ctx.metrics.forget(str((raw.get("metadata") or {}).get("uid") or ""))
+        if ctx.settings.kueue:
             # Kueue holds quota for the job's Workloads until they are finished and released.
             asyncio.get_running_loop().create_task(
-                context.release_workloads(rt, key, datetime.datetime.now(datetime.timezone.utc)),
+                context.release_workloads(ctx, key, datetime.datetime.now(datetime.timezone.utc)),
                 name=f"release workloads {key}",
             )

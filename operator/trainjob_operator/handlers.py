@@ -32,34 +32,15 @@ from typing import Any, Final
 import kopf
 
 from trainjob.core import constants, tfjob
-from trainjob_operator import (
-    config,
-    context,
-    controller,
-    doors,
-    gang,
-    informer,
-    kopf_fixes,
-    kube,
-    metrics,
-    progress_server,
-    reconciler,
-)
+from trainjob_operator import config, controller, gang, informer, kopf_fixes, kube, metrics
+from trainjob_operator import manager as manager_
+from trainjob_operator.manager import build
 
-CONTEXT_KEY: Final = "trainjob_context"
-CONTROLLER_KEY: Final = "trainjob_controller"
-TFJOB_CONTROLLER_KEY: Final = "trainjob_tfjob_controller"
-PROGRESS_KEY: Final = "trainjob_progress"
+MANAGER_KEY: Final = "trainjob_manager"
 # Why start-up refused to go on (kopf then stops; __main__ says it and exits 2).
 REFUSED_KEY: Final = "trainjob_refused"
 SETTINGS_KEY: Final = "trainjob_settings"
 BACKOFF_FIRST: Final = 0.5
-# How long start-up waits for the children's first list before kopf lists the TrainJobs (it
-# goes on without it: jobs are then reconciled once it is in, as always, only not parked at
-# sight). Short: kopf serves nothing, its liveness probe included, until start-up is done, and
-# an operator that may not list Pods must still start and say so (test_operator_watchdog).
-LIST_WAIT: Final = 10.0
-
 logger = logging.getLogger("trainjob_operator")
 
 
@@ -78,11 +59,11 @@ class NoEssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return kopf.BodyEssence()
 
 
-def _controller(memo: kopf.Memo) -> controller.Controller:
-    loop = memo.get(CONTROLLER_KEY)
-    if not isinstance(loop, controller.Controller):
+def _manager(memo: kopf.Memo) -> manager_.Manager:
+    running = memo.get(MANAGER_KEY)
+    if not isinstance(running, manager_.Manager):
         raise kopf.TemporaryError("operator is not started yet", delay=1)
-    return loop
+    return running
 
 
 @kopf.on.startup()
@@ -150,34 +131,9 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
             memo[REFUSED_KEY] = refusal
             await api.close()
             raise kopf.PermanentError(refusal)
-    runtime = context.OperatorContext(settings=cfg, kube=api, metrics=meters)
-    # Children (and Workloads) are listed before kopf lists the TrainJobs: a finished job
-    # with no child left is then parked at first sight, without a reconcile (controller.py),
-    # and a Workload whose job was deleted while no operator ran is still released.
-    listed = [runtime.informer.acquire(namespace) for namespace in cfg.kopf_namespaces or ("",)]
-    try:
-        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in listed)), LIST_WAIT)
-    except asyncio.TimeoutError:
-        logger.warning("Children not listed in %.0fs; serving jobs as they come", LIST_WAIT)
-    runtime.nodes.start()
-    runtime.watchdog.start()
-    if cfg.progress_enabled:
-        memo[PROGRESS_KEY] = await progress_server.serve(runtime)
-    memo[CONTEXT_KEY] = runtime
-    jobs = controller.Controller(runtime, pause=PAUSE)
-    jobs.start()
-    memo[CONTROLLER_KEY] = jobs
-    if cfg.tfjob:
-        tfjobs = controller.Controller(
-            runtime,
-            pause=PAUSE,
-            reconcile=functools.partial(
-                reconciler.reconcile_job, door=doors.TFJobDoor(mode=cfg.tfjob_mode)
-            ),
-            kind=tfjob.KIND,
-        )
-        tfjobs.start()
-        memo[TFJOB_CONTROLLER_KEY] = tfjobs
+    manager = build(cfg, api, meters, PAUSE)
+    await manager.start()
+    memo[MANAGER_KEY] = manager
 
 
 async def _pod_groups_problem(api: kube.Kube, cfg: config.Settings) -> str | None:
@@ -262,19 +218,9 @@ async def _tfjob_problem(api: kube.Kube) -> str | None:
 
 @kopf.on.cleanup()
 async def trainjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for key in (CONTROLLER_KEY, TFJOB_CONTROLLER_KEY):
-        jobs = memo.get(key)
-        if isinstance(jobs, controller.Controller):
-            await jobs.close()
-    server = memo.get(PROGRESS_KEY)
-    if isinstance(server, progress_server.ProgressServer):
-        await server.close()
-    runtime = memo.get(CONTEXT_KEY)
-    if isinstance(runtime, context.OperatorContext):
-        await runtime.watchdog.close()
-        await runtime.informer.close()
-        await runtime.nodes.close()
-        await runtime.kube.close()
+    running = memo.get(MANAGER_KEY)
+    if isinstance(running, manager_.Manager):
+        await running.close()
 
 
 @kopf.on.login()
@@ -287,16 +233,15 @@ def trainjob_login(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> ko
 def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
     """Liveness: how many TrainJobs this operator knows; fails while a list+watch keeps
     failing or a job waits past the serve deadline for its first reconcile."""
-    runtime = memo.get(CONTEXT_KEY)
-    if not isinstance(runtime, context.OperatorContext):
+    running = memo.get(MANAGER_KEY)
+    if not isinstance(running, manager_.Manager):
         return 0
-    problems = runtime.problems()
+    problems = running.ctx.problems()
     if problems:
         # Permanent: kopf would retry a plain exception with a delay, holding the probe's
         # HTTP request open until the kubelet gives up; this one answers 500 at once.
         raise kopf.PermanentError("; ".join(problems))
-    jobs = memo.get(CONTROLLER_KEY)
-    return len(jobs.known) if isinstance(jobs, controller.Controller) else 0
+    return len(running.jobs.known)
 
 
 # -- wake-ups -------------------------------------------------------------------------------
@@ -308,15 +253,14 @@ def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
 @kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL)
 async def trainjob_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     """Created, changed, listed at operator start or after a pause, deleted: to the loop."""
-    _controller(memo).observe(event.get("type"), event["object"])
+    _manager(memo).jobs.observe(event.get("type"), event["object"])
 
 
 async def tfjob_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     """A TFJob created, changed, listed or deleted (with --tfjob): to its loop."""
-    loop = memo.get(TFJOB_CONTROLLER_KEY)
-    if not isinstance(loop, controller.Controller):
-        raise kopf.TemporaryError("operator is not started yet", delay=1)
-    loop.observe(event.get("type"), event["object"])
+    loop = _manager(memo).tfjobs
+    if loop is not None:
+        loop.observe(event.get("type"), event["object"])
 
 
 _serving_tfjobs: list[bool] = []

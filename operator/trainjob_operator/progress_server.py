@@ -40,7 +40,15 @@ import prometheus_client
 from aiohttp import web
 
 from trainjob.core import progress, render
-from trainjob_operator import children, config, context, kube, progress_auth, progress_status
+from trainjob_operator import (
+    children,
+    config,
+    context,
+    kube,
+    metrics,
+    progress_auth,
+    progress_status,
+)
 
 logger = logging.getLogger("trainjob_operator.progress")
 
@@ -159,6 +167,8 @@ class ProgressServer:
         )
         await site.start()
         self._reloader = asyncio.get_running_loop().create_task(self._reload_forever())
+        # From now on a Pod's termination message (its last report) reaches the status too.
+        self._index.pod_listeners.append(self.status.observe_pod)
         self.status.start()
         logger.info("Serving progress reports on :%d (HTTPS)", self.settings.progress_port)
 
@@ -261,23 +271,21 @@ def _with_replica(report: progress.Report, pod_name: str | None, job: str) -> pr
     return dataclasses.replace(report, replica=pod_name[len(job) + 1 :])
 
 
-async def serve(runtime: context.OperatorContext) -> ProgressServer:
-    """Start serving progress reports for the operator's jobs: the HTTPS server, the status
-    writer, the termination-message reader on the Pod informer, and the endpoint (URL + CA)
-    rendered into new Pods."""
-    settings = runtime.settings
+def build(
+    settings: config.Settings,
+    api: kube.Kube,
+    index: children.ChildIndex,
+    reconciled: Callable[[children.JobKey], bool],
+    meters: metrics.Metrics,
+) -> tuple[ProgressServer, context.Progress]:
+    """The progress server for the operator's jobs (the HTTPS server, the status writer, the
+    termination-message reader on the Pod informer: all started by `ProgressServer.start`), and
+    what the reconcile needs of it: the endpoint (URL + CA) rendered into new Pods and when
+    a job's step last advanced."""
     status = progress_status.ProgressStatus(
-        runtime.kube, settings.progress_writes_per_second, runtime.metrics.registry
+        api, settings.progress_writes_per_second, meters.registry
     )
-    server = ProgressServer(
-        settings,
-        runtime.kube,
-        runtime.child_index,
-        runtime.reconciled.__contains__,
-        status,
-        runtime.metrics.registry,
-    )
-    runtime.child_index.pod_listeners.append(status.observe_pod)
+    server = ProgressServer(settings, api, index, reconciled, status, meters.registry)
     assert settings.progress_url is not None
 
     def endpoint() -> render.ProgressEndpoint:
@@ -285,7 +293,4 @@ async def serve(runtime: context.OperatorContext) -> ProgressServer:
             settings.progress_url or "", server.ca_pem, settings.progress_interval_seconds
         )
 
-    runtime.progress_endpoint = endpoint
-    runtime.progress_at = status.progress_at
-    await server.start()
-    return server
+    return server, context.Progress(endpoint=endpoint, at=status.progress_at)

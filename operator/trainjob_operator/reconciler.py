@@ -1,8 +1,14 @@
-"""One reconcile of one TrainJob: read → parse → decide (policy engine) → apply → status.
+"""One reconcile of one job, by key (`reconcile(ctx, Request)`): its watched copy and its
+children come from the operator's caches, its decision from the core (`policy.reconcile`).
+This module runs the fixed stages; each integration (Kueue, the gang scheduler, the job's
+NetworkPolicy) adds its part at the stages it needs, in phases.py:
 
-Every decision is the core's (`policy.reconcile`); this module only turns a Decision into API
-calls through `kube`, in an order that is safe to interrupt at any point (the operator may be
-killed between any two calls and the next reconcile converges):
+    read → admit → observe → decide → amend → record → delete → prune → prepare →
+    create → settle → publish
+
+That turns a Decision into API calls through `kube` in an order that is safe to interrupt at
+any point (the operator may be killed between any two calls and the next reconcile
+converges):
 
     post Events → write status → delete stale children → NetworkPolicy → PodGroup →
     Services → Pods → the status of the job's kind, if it has its own (a TFJob's: doors.py)
@@ -43,21 +49,9 @@ from typing import Any
 
 from trainjob.core import naming, policy, render, spec
 from trainjob.core import status as st
-from trainjob_operator import (
-    children,
-    doors,
-    gang,
-    gang_sync,
-    kube,
-    kueue,
-    log_causes,
-    netpol,
-    pods_left,
-    writes,
-)
-from trainjob_operator import kueue_patches as kp
-from trainjob_operator import kueue_workload as kw
+from trainjob_operator import children, doors, kube, log_causes, phases, writes
 from trainjob_operator.context import OperatorContext
+from trainjob_operator.phases import Reconciling
 
 JobKey = children.JobKey
 
@@ -94,21 +88,118 @@ def at_rest(decision: policy.Decision, seen: writes.Seen) -> bool:
     )
 
 
-async def reconcile_job(
-    rt: OperatorContext,
-    namespace: str,
-    name: str,
-    pods: Iterable[children.ChildPod],
-    services: Iterable[children.ChildService],
-    now: datetime.datetime,
-    live: Mapping[str, Any] | None,
-    seen: writes.Seen,
-    door: doors.Door = doors.TRAINJOB,
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What the job loop asks of one reconcile (controller.py)."""
+
+    key: JobKey
+    # The watched copy of the job (the loop's cache); None: read it with a GET.
+    live: Mapping[str, Any] | None
+    # The job loop's memory of it (see `writes.current_trainjob`).
+    seen: writes.Seen
+    now: datetime.datetime
+
+
+async def reconcile(
+    ctx: OperatorContext, request: Request, door: doors.Door = doors.TRAINJOB
 ) -> Outcome:
-    """`live`: the watched copy of the job (None: read it with a GET); `seen`: the job
-    loop's memory of it (see `writes.current_trainjob`); `door`: the kind it came in by
-    (a TrainJob, or a TFJob: doors.py)."""
-    raw = await door.current(rt.kube, namespace, name, live, seen)
+    """Reconcile the job `request.key` names, its children read from the child index.
+    `door`: the kind it came in by (a TrainJob, or a TFJob: doors.py). The stages, each run
+    for every phase that takes part (phases.py): read, admit, observe, decide, amend,
+    record, delete, prune, prepare, create, settle, publish."""
+    work = await _read(ctx, request, door)
+    if isinstance(work, Outcome):
+        return work
+    runs = [run for phase in phases.PHASES if (run := await phase.start(ctx, work)) is not None]
+    for run in runs:
+        if not await run.admit(ctx, work):
+            return Outcome(None)
+    # A failed replica of one's own command whose termination message names no exception
+    # quotes the last one in its log instead (each log read once), and a refused write on a
+    # volume says how to fix it.
+    observed = await log_causes.observed_with_causes(
+        ctx.kube, work.namespace, work.job, work.pods, work.old.finished, work.seen.log_causes
+    )
+    seen = work.seen
+    for key in [k for k in seen.refused if k in observed]:
+        del seen.refused[key]  # created since: no longer refused
+    # Replicas whose node is not Ready: shown, never deleted by us (Kubernetes decides).
+    lost = {
+        p.key: loss
+        for p in work.pods
+        if p.node_name and (loss := ctx.nodes.index.loss(p.node_name)) is not None
+    }
+    for run in runs:
+        run.observe(ctx, work)
+    work.decision = policy.reconcile(
+        work.job,
+        work.old,
+        observed,
+        {s.key for s in work.services},
+        work.now,
+        progress_at=ctx.progress_at(work.key),
+        refused=dict(seen.refused),
+        lost=lost,
+        held=work.held,
+    )
+    for run in runs:
+        await run.amend(ctx, work)
+
+    # Record the decision before acting on it (see the module docstring for why).
+    # kube.ConflictError (the job changed since it was read): the caller decides again.
+    decision = work.decided()
+    api = door.recorder(ctx.kube, work.raw)
+    patch = writes.status_diff(work.raw_status, st.to_dict(work.job, decision.status))
+    written = await writes.record_decision(api, work.raw, decision.events, patch, work.now, seen)
+    if written is None:
+        return Outcome(None, done=True)
+    work.raw = written
+    raw_status = written.get("status") if isinstance(written.get("status"), Mapping) else {}
+    assert isinstance(raw_status, Mapping)
+    work.raw_status = raw_status
+    ctx.metrics.transition(work.namespace, work.old, decision.status)
+    ctx.metrics.set_state(work.uid, work.namespace, st.state_of(decision.status))
+
+    await _delete_stale(ctx, work)
+    for run in runs:
+        await run.prune(ctx, work)
+    try:
+        for run in runs:
+            await run.prepare(ctx, work)
+        decision = work.decided()
+        if decision.create_services or decision.create_pods:
+            async with ctx.creating:
+                await _create_children(ctx, work)
+    except kube.RejectedError as exc:
+        # The API server refused what the spec renders to (e.g. an invalid Pod template that
+        # the CRD schema cannot check): the job can never run as written.
+        await _mark_invalid(
+            ctx,
+            door,
+            work.raw,
+            work.raw_status,
+            decision.status,
+            work.job,
+            str(exc),
+            work.now,
+            seen,
+            work.pods,
+        )
+        return Outcome(None, at_rest=writes.settled(seen))
+    for run in runs:
+        await run.settle(ctx, work)
+    # What clients of the job's kind read (a TFJob's own status), from the recorded decision:
+    # after the children, so that a new job's Pods are not kept waiting for it.
+    await door.publish(ctx.kube, work.raw, decision.status, work.pods, work.now, seen)
+    return await _outcome(ctx, work, api)
+
+
+async def _read(ctx: OperatorContext, request: Request, door: doors.Door) -> Reconciling | Outcome:
+    """The job as this reconcile decides from, with its children; an Outcome when there is
+    nothing to decide (gone, going, another controller's, or invalid: then marked so)."""
+    namespace, name = request.key
+    seen = request.seen
+    raw = await door.current(ctx.kube, namespace, name, request.live, seen)
     if raw is None:
         return Outcome(None, done=True)
     metadata = raw.get("metadata") or {}
@@ -117,232 +208,93 @@ async def reconcile_job(
     if not door.accepts(raw):
         # Another controller's job (a TFJob's runPolicy.managedBy, which is immutable).
         return Outcome(None, at_rest=True)
-    api = door.recorder(rt.kube, raw)
     uid = str(metadata.get("uid") or "")
     raw_status = raw.get("status") if isinstance(raw.get("status"), Mapping) else {}
     assert isinstance(raw_status, Mapping)
     old = st.from_dict(raw_status)
-
-    mine_pods = [p for p in pods if p.owner_uid in (uid, None)]
-    mine_services = [s for s in services if s.owner_uid in (uid, None)]
+    pods = [p for p in ctx.child_index.pods(request.key) if p.owner_uid in (uid, None)]
+    services = [s for s in ctx.child_index.services(request.key) if s.owner_uid in (uid, None)]
     try:
         job = door.parse(raw)
     except spec.SpecError as exc:
         message = "; ".join(str(problem) for problem in exc.problems)
-        await _mark_invalid(rt, door, raw, raw_status, old, None, message, now, seen, mine_pods)
+        await _mark_invalid(ctx, door, raw, raw_status, old, None, message, request.now, seen, pods)
         return Outcome(None, at_rest=writes.settled(seen))
-
-    options = _render_options(rt, door, raw, job, namespace)
-
-    # Kueue first: it may suspend the job (before any Pod exists) or start it with the
-    # admission's templates, and the decision below is made from the job as it left it.
-    queued: kueue.Step | None = None
-    if door.own_kueue and await kueue.is_managed(
-        rt.kube, rt.settings, rt.kueue_namespaces, job, namespace
-    ):
-        try:
-            queued = await kueue.sync(
-                rt.kube,
-                rt.settings,
-                raw,
-                job,
-                rt.child_index.workloads((namespace, name)),
-                mine_pods,
-                options,
-                now,
-            )
-        except kube.ConflictError:
-            seen.stale = True
-            raise
-        if queued.raw is not raw:
-            raw = dict(queued.raw)
-            seen.known = raw
-            job = door.parse(raw)
-            options = _render_options(rt, door, raw, job, namespace)
-    if kw.managed_elsewhere(job.managed_by):
-        # MultiKueue runs this job on a worker cluster and mirrors its status here: no
-        # Pods, Services or status of ours.
-        return Outcome(None)
-
-    # A failed replica of one's own command whose termination message names no exception
-    # quotes the last one in its log instead (each log read once), and a refused write on a
-    # volume says how to fix it.
-    observed = await log_causes.observed_with_causes(
-        rt.kube, namespace, job, mine_pods, old.finished, seen.log_causes
+    return Reconciling(
+        key=request.key,
+        door=door,
+        now=request.now,
+        seen=seen,
+        raw=raw,
+        raw_status=raw_status,
+        old=old,
+        uid=uid,
+        job=job,
+        options=phases.render_options(ctx, door, raw, job, namespace),
+        pods=pods,
+        services=services,
     )
-    pod_uids = {p.key: p.uid for p in mine_pods}
-    service_uids = {s.key: s.uid for s in mine_services}
 
-    refused: dict[policy.ReplicaKey, str] = {}
-    for key in [k for k in seen.refused if k in observed]:
-        del seen.refused[key]  # created since: no longer refused
-    refused = dict(seen.refused)
-    # Replicas whose node is not Ready: shown, never deleted by us (Kubernetes decides).
-    lost = {
-        p.key: loss
-        for p in mine_pods
-        if p.node_name and (loss := rt.nodes.index.loss(p.node_name)) is not None
-    }
-    group = rt.child_index.pod_group((namespace, name), gang.pod_group_name(job))
-    gang_plan = gang.plan(job, rt.settings, old, mine_pods, group)
-    decision = policy.reconcile(
-        job,
-        old,
-        observed,
-        set(service_uids),
-        now,
-        progress_at=rt.progress_at((namespace, name)),
-        refused=refused,
-        lost=lost,
-        held=gang_plan.hold,
-    )
-    if queued is not None:
-        decision = kp.held_decision(decision, old, queued.hold, queued.workload, now)
-    requeue_gang_in: float | None = None
-    # The PodGroup comes before the Pods that need it (or, under Volcano, before their hold).
-    make_group = gang_plan.create and bool(decision.create_pods or gang_plan.hold)
-    if gang.wanted(rt.settings):
-        decision = gang.waiting_message(decision, job, group)
-        if make_group:
-            bypassed = gang.bypass_events(job, rt.settings)
-            decision = dataclasses.replace(decision, events=(*decision.events, *bypassed))
-        requeue_gang_in = await rt.gangs.step((namespace, name), decision, group)
-    owner = _owner(door, raw, name, uid)
 
-    # Record the decision before acting on it (see the module docstring for why).
-    # kube.ConflictError (the job changed since it was read): the caller decides again.
-    patch = writes.status_diff(raw_status, st.to_dict(job, decision.status))
-    written = await writes.record_decision(api, raw, decision.events, patch, now, seen)
-    if written is None:
-        return Outcome(None, done=True)
-    raw = written
-    raw_status = raw.get("status") if isinstance(raw.get("status"), Mapping) else {}
-    assert isinstance(raw_status, Mapping)
-    rt.metrics.transition(namespace, old, decision.status)
-    rt.metrics.set_state(uid, namespace, st.state_of(decision.status))
-
+async def _delete_stale(ctx: OperatorContext, work: Reconciling) -> None:
+    """The children the decision deletes (each by the uid it was seen with)."""
+    decision, job = work.decided(), work.job
+    pod_uids = {p.key: p.uid for p in work.pods}
+    service_uids = {s.key: s.uid for s in work.services}
     for rtype, index in decision.delete_pods:
-        await rt.kube.delete_pod(
-            namespace,
-            naming.child_name(name, job.task_type(rtype), index),
+        await ctx.kube.delete_pod(
+            work.namespace,
+            naming.child_name(work.name, job.task_type(rtype), index),
             pod_uids.get((rtype, index)),
         )
     for rtype, index in decision.delete_services:
-        await rt.kube.delete_service(
-            namespace,
-            naming.child_name(name, job.task_type(rtype), index),
+        await ctx.kube.delete_service(
+            work.namespace,
+            naming.child_name(work.name, job.task_type(rtype), index),
             service_uids.get((rtype, index)),
         )
-    if gang_plan.update and group is not None:
-        await gang_sync.update_pod_group(rt.kube, rt.settings, job, namespace, options, group)
-    if (
-        gang_plan.delete
-        and group is not None
-        and await pods_left.gone(rt.kube, namespace, name, uid, mine_pods)
-    ):
-        # After the Pods (none is left running, confirmed by a read: the index may not have
-        # seen a Pod created a moment ago): a Pod whose group is gone is never placed.
-        await gang_sync.delete_pod_group(rt.kube, rt.settings, namespace, group)
-    refusals: dict[policy.ReplicaKey, str] = {}
-    try:
-        if decision.create_pods and netpol.wanted(rt.settings, job):
-            # The job's NetworkPolicy comes before any of its Pods: none runs unprotected.
-            words = await netpol.ensure(rt.kube, job, namespace, owner)
-            if words is not None:
-                refusals.update({(t, i): netpol.refusal(words) for t, i, _ in decision.create_pods})
-                decision = dataclasses.replace(decision, create_pods=())
-        if make_group:
-            words = await gang_sync.create_pod_group(
-                rt.kube, rt.settings, job, namespace, options, owner
-            )
-            if words is not None:
-                # Pods without their group are never placed: none is made, and each says why
-                # as a refused Pod would (FailedCreate), tried again with the same backoff.
-                refusals.update(
-                    {(t, i): f"PodGroup {job.name}: {words}" for t, i, _ in decision.create_pods}
-                )
-                decision = dataclasses.replace(decision, create_pods=())
-        if decision.create_services or decision.create_pods:
-            async with rt.creating:
-                await _create_children(rt, job, decision, namespace, options, owner, refusals)
-    except kube.RejectedError as exc:
-        # The API server refused what the spec renders to (e.g. an invalid Pod template that
-        # the CRD schema cannot check): the job can never run as written.
-        await _mark_invalid(
-            rt, door, raw, raw_status, decision.status, job, str(exc), now, seen, mine_pods
-        )
-        return Outcome(None, at_rest=writes.settled(seen))
 
-    if queued is not None:
-        await kueue.sync_pods_ready(rt.kube, queued.workload, decision.status, now)
-    # What clients of the job's kind read (a TFJob's own status), from the recorded decision:
-    # after the children, so that a new job's Pods are not kept waiting for it.
-    await door.publish(rt.kube, raw, decision.status, mine_pods, now, seen)
 
+async def _outcome(ctx: OperatorContext, work: Reconciling, api: writes.JobWrites) -> Outcome:
+    """Deletes a job whose TTL is over; otherwise when to look again."""
+    decision, seen = work.decided(), work.seen
     if decision.delete_job:
-        await api.delete_trainjob(namespace, name, uid)
-        rt.metrics.forget(uid)
+        await api.delete_trainjob(work.namespace, work.name, work.uid)
+        ctx.metrics.forget(work.uid)
         return Outcome(None, done=True)
-    if refusals:
+    if work.refusals:
         # Told in status by the next decision, at once the first time; tried again
         # with a growing delay while the refusal stays (a quota may free up).
         seen.refusals += 1
-        seen.refused.update(refusals)
+        seen.refused.update(work.refusals)
         retry = 0.0 if seen.refusals == 1 else kube.retry_delay(seen.refusals - 1, 2.0, 60.0)
         requeue = retry if decision.requeue_after is None else min(retry, decision.requeue_after)
         return Outcome(requeue)
     seen.refusals = 0
-    if requeue_gang_in is not None:
+    if work.requeue_in is not None:
         later = decision.requeue_after
-        return Outcome(requeue_gang_in if later is None else min(later, requeue_gang_in))
+        return Outcome(work.requeue_in if later is None else min(later, work.requeue_in))
     return Outcome(decision.requeue_after, at_rest=at_rest(decision, seen))
 
 
-def _render_options(
-    rt: OperatorContext,
-    door: doors.Door,
-    raw: Mapping[str, Any],
-    job: spec.TrainJob,
-    namespace: str,
-) -> render.RenderOptions:
-    progress = rt.progress_endpoint() if door.reports_progress else None
-    options = gang.render_options(job, rt.settings, namespace, progress)
-    types = door.kubeflow_types(raw)
-    return options if types is None else dataclasses.replace(options, kubeflow_types=types)
-
-
-def _owner(door: doors.Door, raw: Mapping[str, Any], name: str, uid: str) -> render.Owner:
-    source = doors.tfjob_of(raw)
-    if source:
-        return render.Owner(
-            name=name, uid=uid, api_version=str(source.get("apiVersion")), kind=door.kind
-        )
-    return render.Owner(name=name, uid=uid)
-
-
-async def _create_children(
-    rt: OperatorContext,
-    job: spec.TrainJob,
-    decision: policy.Decision,
-    namespace: str,
-    options: render.RenderOptions,
-    owner: render.Owner,
-    refusals: dict[policy.ReplicaKey, str],
-) -> None:
-    """`refusals` gets the replicas whose Pod (or Service) the API server refused (403)."""
+async def _create_children(ctx: OperatorContext, work: Reconciling) -> None:
+    """Create the decision's Services, then its Pods; `work.refusals` gets the replicas whose
+    Pod (or Service) the API server refused (403)."""
+    decision, job, namespace, options = work.decided(), work.job, work.namespace, work.options
+    owner = phases.owner(work)
     # Each group's creates are independent of each other, so they go out together (the API
     # layer bounds how many requests run at once); the groups keep their order (Services,
     # then Pods: the PodGroup, if any, is there before both) and each group finishes before
     # the next starts.
     await _all(
         _create_refusable(
-            rt,
+            ctx,
             "Service",
             namespace,
             (rtype, index),
             naming.child_name(job.name, job.task_type(rtype), index),
             functools.partial(render.render_service, job, rtype, index, options, owner),
-            refusals,
+            work.refusals,
         )
         for rtype, index in decision.create_services
     )
@@ -351,7 +303,7 @@ async def _create_children(
     cluster = render.cluster_of(job, options) if decision.create_pods else None
     await _all(
         _create_refusable(
-            rt,
+            ctx,
             "Pod",
             namespace,
             (rtype, index),
@@ -359,14 +311,14 @@ async def _create_children(
             functools.partial(
                 render.render_pod, job, rtype, index, attempt, options, owner, cluster
             ),
-            refusals,
+            work.refusals,
         )
         for rtype, index, attempt in decision.create_pods
     )
 
 
 async def _create_refusable(
-    rt: OperatorContext,
+    ctx: OperatorContext,
     kind: str,
     namespace: str,
     key: policy.ReplicaKey,
@@ -379,7 +331,7 @@ async def _create_refusable(
     it forbids (403: Pod Security, a quota, a LimitRange, a webhook) goes into `refusals`
     with the API server's words, for the job's status, and is tried again later."""
     try:
-        return await rt.kube.create(kind, namespace, name, render_child)
+        return await ctx.kube.create(kind, namespace, name, render_child)
     except kube.RejectedError as exc:
         if kind != "Pod":
             raise
@@ -395,8 +347,7 @@ async def _create_refusable(
 async def _all(calls: Iterable[Coroutine[Any, Any, Any]]) -> None:
     """Run `calls` concurrently and wait for every one of them (none is left running when
     this returns or raises); then raise the first RejectedError if any call was rejected
-    (the job is invalid whatever else failed), else the first other error, as the one-by-one
-    loop did."""
+    (the job is invalid whatever else failed), else the first other error."""
     results = await asyncio.gather(*calls, return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     for error in errors:
@@ -407,7 +358,7 @@ async def _all(calls: Iterable[Coroutine[Any, Any, Any]]) -> None:
 
 
 async def _mark_invalid(
-    rt: OperatorContext,
+    ctx: OperatorContext,
     door: doors.Door,
     raw: Mapping[str, Any],
     raw_status: Mapping[str, Any],
@@ -432,7 +383,7 @@ async def _mark_invalid(
     if patch is None:
         return  # already marked
     written = await writes.record_decision(
-        door.recorder(rt.kube, raw),
+        door.recorder(ctx.kube, raw),
         raw,
         [policy.Event("Warning", policy.REASON_INVALID, message)],
         patch,
@@ -440,7 +391,7 @@ async def _mark_invalid(
         seen,
     )
     if written is not None:
-        await door.publish(rt.kube, written, new, pods, now, seen)
+        await door.publish(ctx.kube, written, new, pods, now, seen)
     logger.warning("Marked %s %s/%s Failed (InvalidSpec): %s", door.kind, namespace, name, message)
-    rt.metrics.transition(namespace, old, new)
-    rt.metrics.set_state(uid, namespace, st.state_of(new))
+    ctx.metrics.transition(namespace, old, new)
+    ctx.metrics.set_state(uid, namespace, st.state_of(new))

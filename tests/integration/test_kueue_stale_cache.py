@@ -4,7 +4,7 @@ job right after admitting it, the operator read "no Pods" from its watch cache, 
 admission, and Kueue gave the quota to another job while three Pods started.
 
 The window is sub-second in a running operator; here it is held open deterministically:
-the real reconcile (reconciler.reconcile_job) runs in this process against the real API
+the real reconcile (reconciler.reconcile) runs in this process against the real API
 server and the real Kueue, and its child index is fed by the test instead of a watch, so
 the test decides what the operator "has seen": the Workloads (as a watch would show them)
 but not the Pods it has just created. A second OperatorContext stands for a new incarnation
@@ -29,7 +29,16 @@ from tests.controlplane.kueue import Kueue
 from tests.integration.kueue_harness import Queues, condition, is_true, queued_job, wait_admitted
 from tests.integration.operator_harness import Cluster, name_of
 from tests.support import waits
-from trainjob_operator import children, config, context, kube, metrics, reconciler, writes
+from trainjob_operator import (
+    children,
+    config,
+    controller,
+    kube,
+    manager,
+    metrics,
+    reconciler,
+    writes,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +61,12 @@ class Incarnation:
         assert info is not None
         self.namespace = namespace
         self.api = kube.Kube(lambda: info, connections=4)
-        self.rt = context.OperatorContext(
+        self.ctx = manager.build(
             config.Settings(namespaces=(namespace,), kueue=True),
             self.api,
             metrics.Metrics(),
-        )
+            controller.Pause(),
+        ).ctx
         self.seen = writes.Seen()
 
     async def show(self, plural: str) -> None:
@@ -67,21 +77,15 @@ class Incarnation:
         listing = await self.api.list_labelled(
             self.namespace, plural, "trainjob.dev/job-name", group, version
         )
-        self.rt.child_index.replace(plural, self.namespace, listing.items)
+        self.ctx.child_index.replace(plural, self.namespace, listing.items)
 
     async def reconcile(self) -> reconciler.Outcome:
         key = (self.namespace, JOB)
         for _ in range(5):  # a conflicting status write is decided again, as the loop does
             try:
-                return await reconciler.reconcile_job(
-                    self.rt,
-                    self.namespace,
-                    JOB,
-                    self.rt.child_index.pods(key),
-                    self.rt.child_index.services(key),
-                    datetime.datetime.now(datetime.timezone.utc),
-                    None,
-                    self.seen,
+                now = datetime.datetime.now(datetime.timezone.utc)
+                return await reconciler.reconcile(
+                    self.ctx, reconciler.Request(key, None, self.seen, now)
                 )
             except kube.ConflictError:
                 # The job or a Workload changed since the index's copy (Kueue writes often):
@@ -128,7 +132,7 @@ def test_kueue_eviction_before_the_index_sees_new_pods_keeps_the_admission_until
             await first.reconcile()  # creates Services and Pods
             pods = await asyncio.to_thread(cluster.wait_pods, JOB, REPLICAS, T)
             assert set(pods) == REPLICAS
-            assert first.rt.child_index.pods((namespace, JOB)) == []  # not seen yet
+            assert first.ctx.child_index.pods((namespace, JOB)) == []  # not seen yet
 
             # Kueue evicts the job now, before the operator's Pod watch shows the Pods.
             workload = queues.workload(JOB)

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 from trainjob.core import policy
@@ -104,8 +103,7 @@ class FakeRuntime:
     metrics: FakeMetrics = dataclasses.field(default_factory=FakeMetrics)
     begun: list[JobKey] = dataclasses.field(default_factory=list)
     forgotten: list[JobKey] = dataclasses.field(default_factory=list)
-    on_wake: Callable[[JobKey], None] = lambda key: None
-    has_loop: Callable[[JobKey], bool] = lambda key: False
+    wakes: context.Wakes = dataclasses.field(default_factory=context.Wakes)
 
     def begin(self, key: JobKey) -> None:
         self.begun.append(key)
@@ -133,22 +131,16 @@ class Loop:
         self.script = script
 
         async def reconcile(
-            rt: context.OperatorContext,
-            namespace: str,
-            name: str,
-            pods: Iterable[children.ChildPod],
-            services: Iterable[children.ChildService],
-            now: datetime.datetime,
-            live: Mapping[str, Any] | None,
-            seen: writes.Seen | None,
+            ctx: context.OperatorContext, request: reconciler.Request
         ) -> reconciler.Outcome:
-            call = Call((namespace, name), live, seen)
+            call = Call(request.key, request.live, request.seen)
             self.calls.append(call)
             return await self.script(call)
 
         self.controller = controller.Controller(
             cast(context.OperatorContext, self.rt), workers=workers, reconcile=reconcile
         )
+        self.rt.wakes.serve(self.controller)  # as manager.build does
 
     def called(self) -> list[JobKey]:
         return [c.key for c in self.calls]
@@ -204,7 +196,7 @@ def test_a_child_event_of_a_parked_job_reconciles_it_again_from_a_fresh_read() -
         loop.controller.start()
         loop.controller.observe(None, trainjob())
         await settle(lambda: len(loop.calls) == 1 and KEY not in loop.controller.states)
-        loop.rt.on_wake(KEY)  # what the Pod informer calls
+        loop.rt.wakes.wake(KEY)  # what the Pod informer calls
         await settle(lambda: len(loop.calls) == 2)
         assert loop.calls[1].live is None  # no copy kept: the reconciler reads it
         await loop.controller.close()
@@ -257,7 +249,7 @@ def test_events_during_a_reconcile_coalesce_into_one_more_and_one_job_is_never_r
         await settle(lambda: len(loop.calls) == 2)  # two jobs at once
         for _ in range(10):
             loop.controller.observe("MODIFIED", trainjob("a", "uid-a"))
-            loop.rt.on_wake(("team-a", "a"))
+            loop.rt.wakes.wake(("team-a", "a"))
         await asyncio.sleep(0.05)
         assert len(loop.calls) == 2  # a's events wait for its reconcile to end
         release.set()
@@ -282,7 +274,7 @@ def test_a_deleted_job_is_forgotten_and_wakes_no_more() -> None:
         assert loop.controller.queue.timers == 0
         assert loop.rt.informer.users == 0
         assert loop.rt.forgotten == [KEY] and loop.rt.metrics.forgotten == ["uid-1"]
-        loop.rt.on_wake(KEY)
+        loop.rt.wakes.wake(KEY)
         await asyncio.sleep(0.05)
         assert len(loop.calls) == 1
         await loop.controller.close()

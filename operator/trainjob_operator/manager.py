@@ -1,0 +1,160 @@
+"""The operator's parts, built in one place, started in order and stopped in the reverse order
+(controller-runtime's Manager): the shared context with the child index, its informers, the
+node watch and the watchdog; the progress server; one job loop per watched kind. handlers.py
+builds and starts it at kopf's start-up and closes it at kopf's clean-up.
+
+    build:  child index → wake router → informers, gang requeue, node watch, watchdog →
+            progress server → context → job loops (each registered with the wake router)
+    start:  children listed (bounded wait) → node watch → watchdog → progress server →
+            job loops
+    close:  job loops → progress server → watchdog → informers → node watch → API client
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+from typing import Final
+
+from trainjob.core import tfjob
+from trainjob_operator import (
+    children,
+    config,
+    context,
+    controller,
+    doors,
+    gang,
+    gang_sync,
+    informer,
+    kube,
+    metrics,
+    nodes,
+    progress_server,
+    reconciler,
+    watchdog,
+)
+
+logger = logging.getLogger(__name__)
+
+# How long start-up waits for the children's first list before kopf lists the TrainJobs (it
+# goes on without it: jobs are then reconciled once it is in, as always, only not parked at
+# sight). Short: kopf serves nothing, its liveness probe included, until start-up is done, and
+# an operator that may not list Pods must still start and say so (test_operator_watchdog).
+LIST_WAIT: Final = 10.0
+
+
+def watched_children(settings: config.Settings) -> tuple[informer.Resource, ...]:
+    """The kinds the child informers list and watch: Pods and Services always; the jobs'
+    Workloads with Kueue; training-operator's Pods and Services of TFJobs taken over with
+    --tfjob; the PodGroups of the configured gang scheduler."""
+    kinds = informer.KINDS + ((informer.WORKLOADS,) if settings.kueue else ())
+    if settings.tfjob:
+        kinds += informer.KUBEFLOW_KINDS
+    if gang.wanted(settings):
+        kinds += (informer.pod_groups(settings.gang_scheduler),)
+    return kinds
+
+
+@dataclasses.dataclass
+class Manager:
+    ctx: context.OperatorContext
+    # The TrainJob loop, and the TFJob loop with --tfjob.
+    jobs: controller.Controller
+    tfjobs: controller.Controller | None
+    progress: progress_server.ProgressServer | None
+
+    @property
+    def loops(self) -> list[controller.Controller]:
+        return [self.jobs] + ([self.tfjobs] if self.tfjobs is not None else [])
+
+    async def start(self) -> None:
+        ctx = self.ctx
+        # Children (and Workloads) are listed before kopf lists the TrainJobs: a finished
+        # job with no child left is then parked at first sight, without a reconcile
+        # (controller.py), and a Workload whose job was deleted while no operator ran is
+        # still released.
+        scopes = ctx.settings.kopf_namespaces or ("",)
+        listed = [ctx.informer.acquire(namespace) for namespace in scopes]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in listed)), LIST_WAIT)
+        except asyncio.TimeoutError:
+            logger.warning("Children not listed in %.0fs; serving jobs as they come", LIST_WAIT)
+        ctx.nodes.start()
+        ctx.watchdog.start()
+        if self.progress is not None:
+            await self.progress.start()
+        for loop in self.loops:
+            loop.start()
+
+    async def close(self) -> None:
+        for loop in reversed(self.loops):
+            await loop.close()
+        if self.progress is not None:
+            await self.progress.close()
+        await self.ctx.watchdog.close()
+        await self.ctx.informer.close()
+        await self.ctx.nodes.close()
+        await self.ctx.kube.close()
+
+
+def build(
+    settings: config.Settings,
+    api: kube.Kube,
+    meters: metrics.Metrics,
+    pause: controller.Pause,
+) -> Manager:
+    index = children.ChildIndex()
+    wakes = context.Wakes()
+    # Jobs whose loop has begun reconciling (the watchdog and the progress server ask).
+    reconciled: set[children.JobKey] = set()
+    # One list+watch per kind for the cluster when kopf watches TrainJobs cluster-wide (no
+    # namespace given, or namespace patterns), else one per watched namespace.
+    child_informer = informer.ChildInformer(
+        api, index, wakes.wake, not settings.kopf_namespaces, watched_children(settings)
+    )
+    gangs = gang_sync.Requeue(api, settings, wakes.wake)
+    # The node watch wakes the jobs on a node whose readiness moved; the context, built below
+    # with the node watch in it, knows them (so the call is bound late, on purpose).
+    node_informer = nodes.NodeInformer(api, lambda names: ctx.wake_on_nodes(names))  # noqa: PLW0108
+    dog = watchdog.Watchdog(api, settings, meters, reconciled.__contains__)
+    server, progress = (
+        progress_server.build(settings, api, index, reconciled.__contains__, meters)
+        if settings.progress_enabled
+        else (None, context.Progress())
+    )
+    ctx = context.OperatorContext(
+        settings=settings,
+        kube=api,
+        metrics=meters,
+        wakes=wakes,
+        child_index=index,
+        informer=child_informer,
+        nodes=node_informer,
+        watchdog=dog,
+        gangs=gangs,
+        reconciled=reconciled,
+        progress=progress,
+    )
+    if settings.kueue:
+        index.workload_listeners.append(ctx.release_if_orphaned)
+    if gang.wanted(settings):
+        index.pod_listeners.append(gangs.pod_changed)
+    jobs = controller.Controller(ctx, pause=pause)
+    tfjobs = (
+        controller.Controller(
+            ctx,
+            pause=pause,
+            reconcile=functools.partial(
+                reconciler.reconcile, door=doors.TFJobDoor(mode=settings.tfjob_mode)
+            ),
+            kind=tfjob.KIND,
+        )
+        if settings.tfjob
+        else None
+    )
+    manager = Manager(ctx=ctx, jobs=jobs, tfjobs=tfjobs, progress=server)
+    for loop in manager.loops:
+        wakes.serve(loop)
+    return manager
