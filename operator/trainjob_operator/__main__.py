@@ -46,8 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     priority = settings.priority
     if priority is None and not settings.standalone:
         priority = 1 + secrets.randbelow(2**31 - 2)
-    if settings.tfjob:
-        handlers.serve_tfjobs()
     memo = kopf.Memo()
     memo[handlers.SETTINGS_KEY] = settings
     try:

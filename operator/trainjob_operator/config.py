@@ -133,14 +133,15 @@ class Settings:
 
     @property
     def namespace_patterns(self) -> bool:
-        """Whether a namespace is given as a pattern (glob, negation, comma list), which kopf
-        resolves by observing namespaces; exact names need no observation."""
+        """Whether a namespace is given as a pattern (glob, negation, comma list): jobs are then
+        watched cluster-wide and kept when `serves` says so (kopf observes namespaces only
+        for peering); exact names need no observation."""
         return not all(is_exact_namespace(ns) for ns in self.namespaces)
 
     @property
-    def kopf_namespaces(self) -> tuple[str, ...]:
-        """The namespaces TrainJobs are listed and watched in one by one; () means one
-        cluster-wide list+watch (every namespace, or namespace patterns)."""
+    def watched_namespaces(self) -> tuple[str, ...]:
+        """The namespaces jobs (and their children) are listed and watched in one by one; ()
+        means one cluster-wide list+watch (every namespace, or namespace patterns)."""
         return () if self.namespace_patterns else self.namespaces
 
     def serves(self, namespace: str) -> bool:

@@ -147,10 +147,6 @@ class OperatorContext:
             self.reconciled.add(key)
             self.watchdog.served(key)
 
-    def problems(self) -> list[str]:
-        """Why this operator is not healthy now (empty: it is)."""
-        return self.watchdog.problems([*self.informer.health(), self.nodes.health])
-
     def wake(self, key: JobKey) -> None:
         self.wakes.wake(key)
 

@@ -175,19 +175,24 @@ class Controller:
     # -- what wakes a job -------------------------------------------------------------
 
     def observe(self, event_type: str | None, raw: Mapping[str, Any]) -> None:
-        """A watch event of a TrainJob (type None: listed by a fresh watch)."""
+        """A watch event of a job of this loop's kind (type None: found by a list)."""
         key = job_key(raw)
         if key is None:
             return
         if event_type == "DELETED":
-            self._gone(key, raw)
+            self._gone(key)
             return
-        uid = str((raw.get("metadata") or {}).get("uid") or "")
+        metadata = raw.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
         if key not in self.known:
             self._listed[key] = self.ctx.informer.acquire(key[0])
         elif self.known[key] != uid:
             self._drop(key)  # deleted and made again under the same name: a new job
         self.known[key] = uid
+        if metadata.get("deletionTimestamp"):
+            self.ctx.watchdog.forget(key)  # going: its loop ends, or never needs to start
+        else:
+            self.ctx.watchdog.saw(key)
         if key not in self.states and self._parks_at_sight(key, uid, raw):
             return
         self.bodies[key] = slim(raw)
@@ -304,16 +309,23 @@ class Controller:
         self.bodies.pop(key, None)
         self.queue.forget(key)
 
-    def _gone(self, key: JobKey, raw: Mapping[str, Any]) -> None:
-        if key not in self.known:
+    def listed(self, namespace: str | None, keys: set[JobKey]) -> None:
+        """A fresh list of `namespace` (None: all) holds `keys`: the jobs known there and not
+        in it were deleted while the watch was down (their DELETED event was never seen)."""
+        for key in [k for k in self.known if namespace in (None, k[0]) and k not in keys]:
+            self._gone(key)
+
+    def _gone(self, key: JobKey) -> None:
+        uid = self.known.pop(key, None)
+        if uid is None:
             return
-        del self.known[key]
         self._drop(key)
         self._listed.pop(key, None)
         ctx = self.ctx
         ctx.informer.release(key[0])
         ctx.forget(key)
-        ctx.metrics.forget(str((raw.get("metadata") or {}).get("uid") or ""))
+        ctx.watchdog.forget(key)
+        ctx.metrics.forget(uid)
         if ctx.settings.kueue:
             # Kueue holds quota for the job's Workloads until they are finished and released.
             asyncio.get_running_loop().create_task(

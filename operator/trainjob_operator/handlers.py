@@ -1,21 +1,24 @@
-"""kopf handlers: thin wiring from kopf (TrainJob watch, start-up, probes, peering) to the job
-loop in controller.py.
+"""What the operator reacts to, and kopf's part in it: start-up, clean-up, login, the liveness
+probe and peering (HA). Everything watched comes in through the operator's own informers, one
+mechanism for every kind (manager.py builds them; informer.py is the list+watch):
 
-- kopf watches the TrainJobs and hands every event to `controller.observe`; the controller
-  owns the loop (a keyed work queue served by a bounded pool of workers, timers, retries,
-  parking finished jobs). There is no kopf daemon and no finalizer: kopf keeps no copy of
-  each object and makes no request per job. (Jobs that still carry the finalizer an
-  earlier release put there lose it at their first event: kopf removes a finalizer that no
-  handler needs, one PATCH per such job, once.)
-- Pods and Services are read from an in-memory index that informer.py keeps with a list
-  and a watch of the labelled objects (no list call per reconcile, no kopf per-object state
-  for them); their events wake the job. A job is first reconciled once its scope's initial
-  list is in, so a restarted operator sees every existing child before deciding anything
-  and adopts instead of duplicating.
-- Children need no finalizer: they carry a controller ownerReference and the garbage
-  collector deletes them.
-- Nothing is ever returned from a handler, so nothing lands in status; kopf's own progress
-  and diff-base annotations (none are written by event handlers) use our prefix.
+    For    TrainJob                        → its job loop (controller.py)
+    For    TFJob (with --tfjob)            → its job loop, the same engine (doors.py)
+    Owns   Pod, Service                    → wake the job named by trainjob.dev/job-name
+    Owns   Workload (with Kueue)           → wake the job; release an orphan's quota
+    Owns   PodGroup (with a gang scheduler) → wake the job; requeue waiting gangs
+    Owns   Pod, Service of training-operator (with --tfjob) → wake the TFJob taken over
+    Watch  Node                            → wake the jobs on a node whose readiness moved
+
+Why not kopf's resource handlers: kopf keeps per-object state for every object it watches
+(memories, a throttler, a worker task holding the last body) and makes a handler call per
+event; the informers keep only what a decision needs, hand a listed job over page by page,
+and keep nothing of a parked (finished, cleaned up) job but its key. kopf's peering pauses
+this replica's job loops (kopf_fixes.py passes kopf's pause switch on).
+
+Children need no finalizer: they carry a controller ownerReference and the garbage collector
+deletes them. Jobs need none either (a job that still carries the one an earlier release put
+there loses it at its first reconcile: reconciler.py).
 
 Run with `python -m trainjob_operator` or `kopf run -m trainjob_operator.handlers` (then
 settings come from TRAINJOB_* environment variables; see config.py).
@@ -48,24 +51,6 @@ logger = logging.getLogger("trainjob_operator")
 PAUSE: Final = controller.Pause()
 
 
-class NoEssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
-    """kopf builds every watched object's "essence" (a deep copy of the whole body, then
-    trimmed) on every watch event, to diff it for on.create/on.update/on.resume handlers. This
-    operator has none of those (event handlers and a daemon only), so nothing is ever diffed
-    and the copy was pure cost: about a tenth of the operator's CPU at 100 jobs x 8 (py-spy),
-    mostly on Pod events. An empty essence keeps kopf's contract without the copy."""
-
-    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        return kopf.BodyEssence()
-
-
-def _manager(memo: kopf.Memo) -> manager_.Manager:
-    running = memo.get(MANAGER_KEY)
-    if not isinstance(running, manager_.Manager):
-        raise kopf.TemporaryError("operator is not started yet", delay=1)
-    return running
-
-
 @kopf.on.startup()
 async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Before kopf starts its namespace observer and peering watches (they wait for start-up).
@@ -73,25 +58,17 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     cfg = memo.get(SETTINGS_KEY)
     if not isinstance(cfg, config.Settings):
         cfg = config.from_env(os.environ)
-    # kopf observes namespaces only to resolve namespace patterns; exact names and "every
-    # namespace" need no observation, and neither needs the CRD watch (the CRD is awaited
-    # below, before kopf's one scan of the API's resources).
+    # kopf observes namespaces only for peering in namespaces given as patterns (namespaced
+    # KopfPeering objects); exact names and "every namespace" need no observation.
     settings.scanning.disabled = not cfg.namespace_patterns
-    settings.persistence.finalizer = constants.FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
-    settings.persistence.diffbase_storage = NoEssenceDiffBaseStorage(prefix=constants.GROUP)
     # kopf's own k8s Events only for problems; ours tell the job's story.
     settings.posting.level = logging.WARNING
     # When the API server says when to come back (429: "storage is (re)initializing" after
     # it restarts, or priority-and-fairness throttling), come back then, as client-go does,
-    # instead of after kopf's growing backoff (13 s, 21 s): after a restart at 10,000 jobs a
-    # new job otherwise waited ~25 s for the TrainJob watch to resume.
+    # instead of after kopf's growing backoff (13 s, 21 s).
     settings.networking.enforce_retry_after = True
-    # A stalled stream (open, silent) is reopened, kopf's and ours alike.
+    # A stalled stream (open, silent) is reopened, kopf's (peering) and ours alike.
     settings.watching.inactivity_timeout = cfg.watch_idle_seconds
-    # kopf lists in one request by default: 10,000 TrainJobs parsed at once, a peak whose
-    # memory the process keeps. Pages of the size our informers use bound it.
-    settings.watching.chunk_size = kube.LIST_PAGE
     api = kube.Kube(
         functools.partial(kube.login, settings, logger),
         cfg.api_workers,
@@ -225,7 +202,7 @@ async def trainjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.login()
 def trainjob_login(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> kopf.ConnectionInfo:
-    """kopf (TrainJob watch, peering) logs in as our own API layer does (kube.login)."""
+    """kopf (peering) logs in as our own API layer does (kube.login)."""
     return kube.login(settings, logger)
 
 
@@ -236,44 +213,9 @@ def trainjob_probe(memo: kopf.Memo, **_: Any) -> int:
     running = memo.get(MANAGER_KEY)
     if not isinstance(running, manager_.Manager):
         return 0
-    problems = running.ctx.problems()
+    problems = running.problems()
     if problems:
         # Permanent: kopf would retry a plain exception with a delay, holding the probe's
         # HTTP request open until the kubelet gives up; this one answers 500 at once.
         raise kopf.PermanentError("; ".join(problems))
     return len(running.jobs.known)
-
-
-# -- wake-ups -------------------------------------------------------------------------------
-# Handlers are `async def` although they never await: kopf runs a plain `def` handler in its
-# thread pool (a thread hop, a context copy and a shielded task per call), once per watch
-# event; these are short and CPU-only, so they run inline.
-
-
-@kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL)
-async def trainjob_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    """Created, changed, listed at operator start or after a pause, deleted: to the loop."""
-    _manager(memo).jobs.observe(event.get("type"), event["object"])
-
-
-async def tfjob_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    """A TFJob created, changed, listed or deleted (with --tfjob): to its loop."""
-    loop = _manager(memo).tfjobs
-    if loop is not None:
-        loop.observe(event.get("type"), event["object"])
-
-
-_serving_tfjobs: list[bool] = []
-
-
-def serve_tfjobs() -> None:
-    """Watch TFJobs (--tfjob): registered before kopf.run, which resolves what it watches
-    once at start."""
-    if not _serving_tfjobs:
-        kopf.on.event(tfjob.GROUP, tfjob.VERSION, tfjob.PLURAL)(tfjob_event)
-        _serving_tfjobs.append(True)
-
-
-# `kopf run -m trainjob_operator.handlers` takes its settings from the environment.
-if config.env_flag(os.environ, config.ENV_TFJOB):
-    serve_tfjobs()

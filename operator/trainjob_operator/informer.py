@@ -24,8 +24,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Final, Protocol
 
 from trainjob.core import constants, tfjob
 from trainjob_operator import children, config, gang, kube
@@ -260,6 +260,103 @@ class ChildInformer:
                 namespace, plural, selector, keep=self._index.listed(key), **extra
             ),
             lambda version: self._api.watch_labelled(namespace, plural, selector, version, **extra),
+            on_list,
+            on_event,
+            health,
+        )
+
+
+# -- the jobs themselves --------------------------------------------------------------------
+
+
+class JobSink(Protocol):
+    """Where a job informer hands what it sees: the job loop of its kind (controller.py)."""
+
+    def observe(self, event_type: str | None, raw: Mapping[str, Any]) -> None:
+        """A job created, changed or deleted (type None: found by a list)."""
+
+    def listed(self, namespace: str | None, keys: set[children.JobKey]) -> None:
+        """A list of `namespace` (None: every namespace) is complete: the jobs it holds are
+        `keys`; any other job known there was deleted while nobody watched."""
+
+
+@dataclasses.dataclass(frozen=True)
+class JobKind:
+    """A kind of job the operator serves (the TrainJob; the TFJob with --tfjob)."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+
+
+TRAINJOBS: Final = JobKind(constants.KIND, constants.GROUP, constants.VERSION, constants.PLURAL)
+TFJOBS: Final = JobKind(tfjob.KIND, tfjob.GROUP, tfjob.VERSION, tfjob.PLURAL)
+
+
+class JobInformer:
+    """Lists, then watches, the jobs of one kind in the operator's scope (one list+watch for
+    the cluster, filtered by the namespace patterns if any; or one per exact namespace) and
+    hands every job to its loop, as the child informers do for children: one mechanism for
+    every kind the operator watches. A list hands each job over as its page arrives and keeps
+    only the keys, so 10,000 jobs are never held parsed at once."""
+
+    def __init__(
+        self, api: kube.Kube, settings: config.Settings, kind: JobKind, sink: JobSink
+    ) -> None:
+        self._api = api
+        self._settings = settings
+        self._kind = kind
+        self._sink = sink
+        self._tasks: list[asyncio.Task[None]] = []
+        self.watches: list[WatchHealth] = []
+
+    def start(self) -> None:
+        scopes: tuple[str | None, ...] = self._settings.watched_namespaces or (None,)
+        for namespace in scopes:
+            health = WatchHealth(f"{self._kind.plural} in {namespace or 'all namespaces'}")
+            self.watches.append(health)
+            self._tasks.append(
+                asyncio.get_running_loop().create_task(
+                    self._run(namespace, health), name=f"informer {self._kind.plural} {namespace}"
+                )
+            )
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def _serves(self, raw: Mapping[str, Any]) -> bool:
+        namespace = (raw.get("metadata") or {}).get("namespace")
+        return isinstance(namespace, str) and self._settings.serves(namespace)
+
+    async def _run(self, namespace: str | None, health: WatchHealth) -> None:
+        kind = self._kind
+
+        def keep(raw: dict[str, Any]) -> children.JobKey | None:
+            if not self._serves(raw):
+                return None
+            self._sink.observe(None, raw)
+            metadata = raw.get("metadata") or {}
+            return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+
+        def on_list(keys: list[children.JobKey | None]) -> None:
+            self._sink.listed(namespace, {key for key in keys if key is not None})
+
+        def on_event(event_type: str, raw: dict[str, Any]) -> None:
+            if self._serves(raw):
+                self._sink.observe(event_type, raw)
+
+        await reflect(
+            health.what,
+            lambda: self._api.list_labelled(
+                namespace, kind.plural, "", kind.group, kind.version, keep=keep
+            ),
+            lambda version: self._api.watch_labelled(
+                namespace, kind.plural, "", version, kind.group, kind.version
+            ),
             on_list,
             on_event,
             health,

@@ -5,13 +5,14 @@ start-up to finish). Written for kopf `KOPF_VERSION`, which pyproject.toml pins 
 tests/unit/test_kopf_fixes.py fails when the installed kopf differs, so a kopf upgrade is a
 conscious step: re-check both reasons below against the new release, then move the pin.
 
-1. **Namespaces listed by kopf's namespace watch are served** (kopf 1.45.2,
+1. **Namespaces listed by kopf's namespace watch are observed** (kopf 1.45.2,
    `observation.process_discovered_namespace_event`). kopf drops every event of its namespace
    watch's own listing (type None), assuming the one-shot namespace list just before covered
    them. A namespace created between that list and the watch's listing, or while the watch was
-   down and listed again, was never served, nor any TrainJob in it (measured: such namespaces
-   got no TrainJob watch at all). The replacement counts the listing's namespaces as seen,
-   exactly as a later ADDED event would.
+   down and listed again, was never observed (measured, when kopf still watched the TrainJobs:
+   such namespaces got no TrainJob watch at all). kopf now observes namespaces only for
+   peering in namespaces given as patterns; the replacement counts the listing's namespaces
+   as seen, exactly as a later ADDED event would.
 2. **Peering's pause is visible to the job loop** (`peering.process_peering_event`). kopf tells
    only its own daemons and watchers when peering pauses this replica; the operator's job loop
    is neither, so it reads the same switch: kopf hands each peering watch its pause toggle with

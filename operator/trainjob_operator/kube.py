@@ -61,9 +61,8 @@ WATCH_SECONDS: Final = 300
 LIST_PAGE: Final = 500
 
 JSON: Final = "application/json"
-# Metadata only (PartialObjectMetadata): what the first-reconcile watchdog needs of a TrainJob.
+# Metadata only (PartialObjectMetadataList): when names are all a list needs.
 METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
-METADATA_ONLY: Final = "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io"
 MERGE_PATCH: Final = "application/merge-patch+json"
 
 Obj = dict[str, Any]
@@ -201,6 +200,11 @@ def _retry_after(body: dict[str, Any]) -> float | None:
 
 
 # -- paths ----------------------------------------------------------------------------------
+
+
+def _selected(plural: str, selector: str) -> str:
+    """For messages: the objects listed or watched ("" selects every one)."""
+    return f"{plural} ({selector})" if selector else plural
 
 
 def _path(group: str, version: str, namespace: str | None, plural: str, *rest: str) -> str:
@@ -435,8 +439,8 @@ class Kube:
         resourceVersion to watch from; `keep`: what to keep of each (default: all of it)."""
         return await self._list(
             _path(group, version, namespace, plural),
-            f"listing {plural} ({selector}) in {namespace or 'all namespaces'}",
-            {"labelSelector": selector},
+            f"listing {_selected(plural, selector)} in {namespace or 'all namespaces'}",
+            {"labelSelector": selector} if selector else {},
             keep=keep,
         )
 
@@ -454,29 +458,9 @@ class Kube:
         version is too old, TransientError on other trouble."""
         return self._watch(
             _path(group, version, namespace, plural),
-            f"watching {plural} ({selector}) in {namespace or 'all namespaces'}",
-            {"labelSelector": selector},
+            f"watching {_selected(plural, selector)} in {namespace or 'all namespaces'}",
+            {"labelSelector": selector} if selector else {},
             resource_version,
-        )
-
-    async def list_trainjobs(self, namespace: str | None, keep: Keep | None = None) -> Listing:
-        """The metadata of every TrainJob in `namespace` (None: all namespaces)."""
-        return await self._list(
-            _path(constants.GROUP, constants.VERSION, namespace, constants.PLURAL),
-            f"listing TrainJobs in {namespace or 'all namespaces'}",
-            {},
-            accept_type=METADATA_LIST,
-            keep=keep,
-        )
-
-    def watch_trainjobs(self, namespace: str | None, resource_version: str) -> AsyncIterator[Obj]:
-        """Watch events of TrainJobs (metadata only) after `resource_version`."""
-        return self._watch(
-            _path(constants.GROUP, constants.VERSION, namespace, constants.PLURAL),
-            f"watching TrainJobs in {namespace or 'all namespaces'}",
-            {},
-            resource_version,
-            accept_type=METADATA_ONLY,
         )
 
     async def serves(self, group: str, version: str, plural: str) -> bool:

@@ -3,11 +3,19 @@
 node watch and the watchdog; the progress server; one job loop per watched kind. handlers.py
 builds and starts it at kopf's start-up and closes it at kopf's clean-up.
 
-    build:  child index → wake router → informers, gang requeue, node watch, watchdog →
-            progress server → context → job loops (each registered with the wake router)
-    start:  children listed (bounded wait) → node watch → watchdog → progress server →
-            job loops
-    close:  job loops → progress server → watchdog → informers → node watch → API client
+    build:  child index → wake router → child informers, gang requeue, node watch,
+            watchdog → progress server → context → job loops (each registered with the wake
+            router) → job informers (each feeding its loop)
+    start:  children listed (bounded wait) → node watch → progress server → job loops →
+            job informers
+    close:  job informers → job loops → progress server → watchdog → child informers →
+            node watch → API client
+
+Every kind the operator watches comes in the same way, a list then a watch (informer.py):
+the jobs (TrainJobs; TFJobs with --tfjob) through their job informers into their loops, their
+children (Pods, Services, Workloads, PodGroups) and the nodes into indexes whose events wake
+the job they belong to (controller-runtime's For().Owns()). kopf serves the rest: start-up,
+clean-up, probes, peering.
 """
 
 from __future__ import annotations
@@ -64,6 +72,16 @@ class Manager:
     jobs: controller.Controller
     tfjobs: controller.Controller | None
     progress: progress_server.ProgressServer | None
+    # The list+watch of each job kind, feeding its loop.
+    job_informers: list[informer.JobInformer] = dataclasses.field(default_factory=list)
+
+    def problems(self) -> list[str]:
+        """Why this operator is not healthy now (empty: it is): a list+watch failing too
+        long, or a job waiting too long for its first reconcile (watchdog.py)."""
+        ctx = self.ctx
+        watches = [*ctx.informer.health(), ctx.nodes.health]
+        watches += [health for jobs in self.job_informers for health in jobs.watches]
+        return ctx.watchdog.problems(watches)
 
     @property
     def loops(self) -> list[controller.Controller]:
@@ -75,20 +93,23 @@ class Manager:
         # job with no child left is then parked at first sight, without a reconcile
         # (controller.py), and a Workload whose job was deleted while no operator ran is
         # still released.
-        scopes = ctx.settings.kopf_namespaces or ("",)
+        scopes = ctx.settings.watched_namespaces or ("",)
         listed = [ctx.informer.acquire(namespace) for namespace in scopes]
         try:
             await asyncio.wait_for(asyncio.gather(*(event.wait() for event in listed)), LIST_WAIT)
         except asyncio.TimeoutError:
             logger.warning("Children not listed in %.0fs; serving jobs as they come", LIST_WAIT)
         ctx.nodes.start()
-        ctx.watchdog.start()
         if self.progress is not None:
             await self.progress.start()
         for loop in self.loops:
             loop.start()
+        for jobs in self.job_informers:
+            jobs.start()
 
     async def close(self) -> None:
+        for jobs in self.job_informers:
+            await jobs.close()
         for loop in reversed(self.loops):
             await loop.close()
         if self.progress is not None:
@@ -112,13 +133,13 @@ def build(
     # One list+watch per kind for the cluster when kopf watches TrainJobs cluster-wide (no
     # namespace given, or namespace patterns), else one per watched namespace.
     child_informer = informer.ChildInformer(
-        api, index, wakes.wake, not settings.kopf_namespaces, watched_children(settings)
+        api, index, wakes.wake, not settings.watched_namespaces, watched_children(settings)
     )
     gangs = gang_sync.Requeue(api, settings, wakes.wake)
     # The node watch wakes the jobs on a node whose readiness moved; the context, built below
     # with the node watch in it, knows them (so the call is bound late, on purpose).
     node_informer = nodes.NodeInformer(api, lambda names: ctx.wake_on_nodes(names))  # noqa: PLW0108
-    dog = watchdog.Watchdog(api, settings, meters, reconciled.__contains__)
+    dog = watchdog.Watchdog(settings, meters, reconciled.__contains__)
     server, progress = (
         progress_server.build(settings, api, index, reconciled.__contains__, meters)
         if settings.progress_enabled
@@ -157,4 +178,7 @@ def build(
     manager = Manager(ctx=ctx, jobs=jobs, tfjobs=tfjobs, progress=server)
     for loop in manager.loops:
         wakes.serve(loop)
+    manager.job_informers.append(informer.JobInformer(api, settings, informer.TRAINJOBS, jobs))
+    if tfjobs is not None:
+        manager.job_informers.append(informer.JobInformer(api, settings, informer.TFJOBS, tfjobs))
     return manager

@@ -47,7 +47,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
-from trainjob.core import naming, policy, render, spec
+from trainjob.core import constants, naming, policy, render, spec
 from trainjob.core import status as st
 from trainjob_operator import children, doors, kube, log_causes, phases, writes
 from trainjob_operator.context import OperatorContext
@@ -203,6 +203,16 @@ async def _read(ctx: OperatorContext, request: Request, door: doors.Door) -> Rec
     if raw is None:
         return Outcome(None, done=True)
     metadata = raw.get("metadata") or {}
+    finalizers = metadata.get("finalizers") or []
+    if door.kind == constants.KIND and constants.FINALIZER in finalizers:
+        # An earlier release put it there and nothing needs it: a job keeping it could never
+        # be deleted. Its change wakes the job again.
+        kept = [f for f in finalizers if f != constants.FINALIZER]
+        version = metadata.get("resourceVersion")
+        await ctx.kube.patch_trainjob(
+            namespace, name, {"metadata": {"finalizers": kept}}, str(version or "") or None
+        )
+        return Outcome(None)
     if metadata.get("deletionTimestamp"):
         return Outcome(None, done=True)
     if not door.accepts(raw):

@@ -3,11 +3,10 @@ within a bound is logged and counted, and the liveness probe fails while one wai
 list+watch of the operator keeps failing), so the kubelet restarts an operator that stopped
 serving instead of leaving it "healthy" and idle.
 
-Why an independent watch: the jobs kopf serves come from kopf's own TrainJob watch, so a job
-kopf never hears about (its resource or namespace observation missed it) leaves no trace in
-kopf at all. This module lists and watches the TrainJobs in the operator's scope by itself
-(metadata only: names, uids, deletion marks) and compares them with the jobs whose reconcile
-loop has run.
+The jobs come from the job informers (informer.JobInformer, through the job loop: `saw`,
+`forget`), the one watch of each kind; what can still leave a seen job unserved is the loop
+itself (its children never listed, e.g. a missing RBAC rule; workers stuck), and a failing
+list+watch says so on its own.
 
 Jobs are watched only by a standalone operator: a standby replica of an HA pair serves nothing
 by design, so waiting jobs say nothing there. Failing watches fail the probe in every mode.
@@ -18,32 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
 
-from trainjob_operator import children, config, informer, kube, metrics
+from trainjob_operator import children, config, informer, metrics
 
-logger = logging.getLogger("trainjob_operator.watchdog")
+logger = logging.getLogger(__name__)
 
 JobKey = children.JobKey
-
-
-def job_key(body: Mapping[str, Any]) -> JobKey | None:
-    metadata = body.get("metadata") or {}
-    name = metadata.get("name")
-    if not name:
-        return None
-    return str(metadata.get("namespace") or ""), str(name)
-
-
-def is_going(body: Mapping[str, Any]) -> bool:
-    """Marked for deletion: its loop has ended (or never needs to start)."""
-    return bool((body.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def _key_and_going(body: Mapping[str, Any]) -> tuple[JobKey | None, bool]:
-    """What the watchdog keeps of each listed TrainJob."""
-    return job_key(body), is_going(body)
 
 
 def unhealthy(
@@ -73,97 +53,49 @@ def unhealthy(
 class Watchdog:
     def __init__(
         self,
-        api: kube.Kube,
         settings: config.Settings,
         meters: metrics.Metrics,
         reconciled: Callable[[JobKey], bool],
     ) -> None:
-        self._api = api
         self._settings = settings
         self._metrics = meters
         self._reconciled = reconciled
         self.deadline = settings.serve_deadline_seconds
-        # Every TrainJob of our scope that is not going away -> when we first saw it.
+        # Every job of our scope seen, not going away and not yet served -> when we saw it.
         self._seen: dict[JobKey, float] = {}
         # Those found waiting past the deadline, until they are served or gone.
         self.late: set[JobKey] = set()
-        self.health: list[informer.WatchHealth] = []
-        self._tasks: list[asyncio.Task[None]] = []
         self._timers: dict[JobKey, asyncio.TimerHandle] = {}
-
-    def start(self) -> None:
-        if not self._settings.standalone:
-            return
-        scopes: tuple[str | None, ...] = self._settings.kopf_namespaces or (None,)
-        for namespace in scopes:
-            health = informer.WatchHealth(f"TrainJobs in {namespace or 'all namespaces'}")
-            self.health.append(health)
-            self._tasks.append(
-                asyncio.get_running_loop().create_task(
-                    self._run(namespace, health), name=f"watchdog {namespace}"
-                )
-            )
 
     async def close(self) -> None:
         for timer in self._timers.values():
             timer.cancel()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._timers.clear()
 
     def served(self, key: JobKey) -> None:
         """The job's loop has begun its first reconcile."""
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
+        seen = self._seen.pop(key, None)
         if key in self.late:
             self.late.discard(key)
-            waited = time.monotonic() - self._seen.get(key, time.monotonic())
+            waited = time.monotonic() - (time.monotonic() if seen is None else seen)
             logger.info("TrainJob %s/%s is served now, %.0fs after it was seen", *key, waited)
             self._metrics.waiting.set(len(self.late))
 
     def problems(self, watches: Iterable[informer.WatchHealth]) -> list[str]:
-        return unhealthy([*self.health, *watches], self.late, time.monotonic(), self.deadline)
+        return unhealthy(watches, self.late, time.monotonic(), self.deadline)
 
-    # -- the TrainJob list+watch ------------------------------------------------------------
-
-    async def _run(self, namespace: str | None, health: informer.WatchHealth) -> None:
-        def on_list(items: list[tuple[JobKey | None, bool]]) -> None:
-            keys = {key for key, going in items if key is not None and not going}
-            for key in [k for k in self._seen if namespace is None or k[0] == namespace]:
-                if key not in keys:
-                    self._forget(key)
-            for key in keys:
-                self._saw(key)
-
-        def on_event(kind: str, body: dict[str, Any]) -> None:
-            key = job_key(body)
-            if key is None:
-                return
-            if kind == "DELETED" or is_going(body):
-                self._forget(key)
-            else:
-                self._saw(key)
-
-        await informer.reflect(
-            health.what,
-            lambda: self._api.list_trainjobs(namespace, keep=_key_and_going),
-            lambda version: self._api.watch_trainjobs(namespace, version),
-            on_list,
-            on_event,
-            health,
-        )
-
-    def _saw(self, key: JobKey) -> None:
-        if key in self._seen or not self._settings.serves(key[0]):
+    def saw(self, key: JobKey) -> None:
+        """A job of the operator's scope exists and is not going away."""
+        if key in self._seen or not self._settings.standalone or self._reconciled(key):
             return
         self._seen[key] = time.monotonic()
-        if not self._reconciled(key):
-            self._timers[key] = asyncio.get_running_loop().call_later(
-                self.deadline, self._check, key
-            )
+        self._timers[key] = asyncio.get_running_loop().call_later(self.deadline, self._check, key)
 
-    def _forget(self, key: JobKey) -> None:
+    def forget(self, key: JobKey) -> None:
+        """The job is gone or going."""
         self._seen.pop(key, None)
         timer = self._timers.pop(key, None)
         if timer is not None:

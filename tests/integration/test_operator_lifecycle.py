@@ -44,6 +44,20 @@ def cluster(
     yield from module_cluster(operator, api_client, namespace, "test-op")
 
 
+def test_op_a_job_with_an_earlier_releases_finalizer_loses_it_and_can_be_deleted(
+    cluster: Cluster,
+) -> None:
+    job = trainjob("legacy", chief=1, workers=0)
+    job["metadata"]["finalizers"] = ["trainjob.dev/finalizer"]
+    cluster.create_job(job)
+    cluster.wait_pods("legacy", {"legacy-chief-0"})
+    assert not (cluster.job("legacy") or {})["metadata"].get("finalizers")
+    cluster.custom.delete_namespaced_custom_object(
+        "trainjob.dev", "v1alpha1", cluster.namespace, "trainjobs", "legacy"
+    )
+    waits.wait_until(lambda: cluster.job("legacy") is None, timeout=T, what="the job deleted")
+
+
 def test_op_create_then_running(cluster: Cluster, operator: operator_process.Operator) -> None:
     created = cluster.create_job(trainjob("mnist", chief=1, workers=2))
     names = {"mnist-chief-0", "mnist-worker-0", "mnist-worker-1"}

@@ -79,6 +79,17 @@ class FakeInformer:
         self.users -= 1
 
 
+class FakeWatchdog:
+    def __init__(self) -> None:
+        self.seen: set[JobKey] = set()
+
+    def saw(self, key: JobKey) -> None:
+        self.seen.add(key)
+
+    def forget(self, key: JobKey) -> None:
+        self.seen.discard(key)
+
+
 class FakeIndex:
     def __init__(self) -> None:
         self.with_children: set[JobKey] = set()
@@ -104,6 +115,7 @@ class FakeRuntime:
     begun: list[JobKey] = dataclasses.field(default_factory=list)
     forgotten: list[JobKey] = dataclasses.field(default_factory=list)
     wakes: context.Wakes = dataclasses.field(default_factory=context.Wakes)
+    watchdog: FakeWatchdog = dataclasses.field(default_factory=FakeWatchdog)
 
     def begin(self, key: JobKey) -> None:
         self.begun.append(key)
@@ -199,6 +211,35 @@ def test_a_child_event_of_a_parked_job_reconciles_it_again_from_a_fresh_read() -
         loop.rt.wakes.wake(KEY)  # what the Pod informer calls
         await settle(lambda: len(loop.calls) == 2)
         assert loop.calls[1].live is None  # no copy kept: the reconciler reads it
+        await loop.controller.close()
+
+    run(scenario)
+
+
+def test_a_relist_forgets_the_jobs_deleted_while_the_watch_was_down_and_only_in_its_scope() -> None:
+    async def scenario() -> None:
+        loop = Loop(active(None))
+        loop.controller.start()
+        loop.controller.observe(None, trainjob("kept", uid="u1"))
+        loop.controller.observe(None, trainjob("gone", uid="u2"))
+        other = trainjob("elsewhere", uid="u3")
+        other["metadata"]["namespace"] = "team-b"
+        loop.controller.observe(None, other)
+        await settle(lambda: len(loop.calls) == 3)
+        assert loop.rt.watchdog.seen == {
+            ("team-a", "kept"),
+            ("team-a", "gone"),
+            ("team-b", "elsewhere"),
+        }
+
+        loop.controller.listed("team-a", {("team-a", "kept")})
+
+        assert set(loop.controller.known) == {("team-a", "kept"), ("team-b", "elsewhere")}
+        assert loop.rt.metrics.forgotten == ["u2"]
+        assert loop.rt.watchdog.seen == {("team-a", "kept"), ("team-b", "elsewhere")}
+        assert loop.rt.informer.users == 2  # the deleted job's scope released
+        loop.controller.listed(None, set())
+        assert not loop.controller.known
         await loop.controller.close()
 
     run(scenario)

@@ -88,15 +88,15 @@ def test_namespace_patterns_select_what_kopf_selects(pattern: str) -> None:
 
 def test_exact_namespaces_are_watched_one_by_one_and_patterns_cluster_wide() -> None:
     exact = config.from_args(["-n", "team-a", "-n", "team-b"], {})
-    assert exact.kopf_namespaces == ("team-a", "team-b") and not exact.namespace_patterns
+    assert exact.watched_namespaces == ("team-a", "team-b") and not exact.namespace_patterns
     assert exact.serves("team-a") and not exact.serves("team-c")
     globbed = config.from_args(["-n", "team-a", "-n", "ml-*"], {})
-    assert globbed.kopf_namespaces == () and globbed.namespace_patterns
+    assert globbed.watched_namespaces == () and globbed.namespace_patterns
     assert globbed.serves("ml-x") and globbed.serves("team-a") and not globbed.serves("team-b")
     negated = config.from_args(["-n", "!kube-*"], {})
-    assert negated.kopf_namespaces == () and negated.serves("a") and not negated.serves("kube-s")
+    assert negated.watched_namespaces == () and negated.serves("a") and not negated.serves("kube-s")
     everything = config.from_args([], {})
-    assert everything.kopf_namespaces == () and everything.serves("anything")
+    assert everything.watched_namespaces == () and everything.serves("anything")
 
 
 def test_serve_deadline_flag_and_environment() -> None:

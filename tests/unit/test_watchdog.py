@@ -22,13 +22,3 @@ def test_jobs_waiting_for_a_first_reconcile_are_named() -> None:
     (problem,) = watchdog.unhealthy([], waiting, now=0.0, deadline=30.0)
     assert problem.startswith("7 TrainJob(s) waited more than 30s for a first reconcile: ns/job-0")
     assert problem.endswith("and 2 more")
-
-
-def test_job_keys_and_deletion_marks_from_metadata() -> None:
-    body = {
-        "metadata": {"namespace": "a", "name": "j", "deletionTimestamp": "2026-01-01T00:00:00Z"}
-    }
-    assert watchdog.job_key(body) == ("a", "j")
-    assert watchdog.is_going(body)
-    assert watchdog.job_key({"metadata": {}}) is None
-    assert not watchdog.is_going({"metadata": {"name": "j"}})
