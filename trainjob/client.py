@@ -39,10 +39,11 @@ from trainjob.cluster.cli import jobs as cluster_jobs
 from trainjob.cluster.cli import logs as cluster_logs
 from trainjob.cluster.cli import submit as cluster_submit
 from trainjob.cluster.errors import DEFAULT_REQUEST_TIMEOUT, ClusterError
+from trainjob.console import view
 from trainjob.core import progress as core_progress
 from trainjob.core import spec
 from trainjob.core import status as st
-from trainjob.local import plan, rundir, view
+from trainjob.local import plan, rundir
 
 if TYPE_CHECKING:  # imported by TrainJobClient: run_local needs no kubernetes package
     from trainjob.cluster import api

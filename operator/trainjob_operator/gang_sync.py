@@ -17,8 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainjob.core import policy, render, spec
-from trainjob.core import status as st
+from trainjob.core import policy, render, spec, times
 from trainjob_operator import children, config, gang, informer, kube
 
 logger = logging.getLogger("trainjob_operator.gang")
@@ -150,7 +149,7 @@ class Requeue:
         self.owed[key] = owed - 1
         self.touched_at[key] = clock
         resource = informer.pod_groups(self.settings.gang_scheduler)
-        now = st.format_time(datetime.datetime.now(datetime.timezone.utc))
+        now = times.format_time(datetime.datetime.now(datetime.timezone.utc))
         await self.api.patch_object(
             resource.group,
             resource.version,

@@ -15,7 +15,7 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from trainjob.core import policy
+from trainjob.core import policy, times
 from trainjob.core import status as st
 from trainjob_operator import kueue_workload as kw
 
@@ -268,7 +268,7 @@ def _set_condition(
                 "status": value,
                 "reason": reason,
                 "message": message[: kw.MAX_MESSAGE],
-                "lastTransitionTime": transition or st.format_time(now),
+                "lastTransitionTime": transition or times.format_time(now),
                 **({"observedGeneration": generation} if generation is not None else {}),
             }
         )
@@ -279,7 +279,7 @@ def _set_condition(
                 "status": value,
                 "reason": reason,
                 "message": message[: kw.MAX_MESSAGE],
-                "lastTransitionTime": st.format_time(now),
+                "lastTransitionTime": times.format_time(now),
                 **({"observedGeneration": generation} if generation is not None else {}),
             }
         )
@@ -329,7 +329,7 @@ def clear_admission_status(workload: Mapping[str, Any], now: datetime.datetime) 
     result: Obj = {"admission": None}
     admitted = kw.condition(workload, kw.ADMITTED)
     if admitted is not None and admitted.get("status") == "True":
-        since = st.parse_time(admitted.get("lastTransitionTime"))
+        since = times.parse_time(admitted.get("lastTransitionTime"))
         if since is not None:
             past = (workload.get("status") or {}).get("accumulatedPastExecutionTimeSeconds") or 0
             result["accumulatedPastExecutionTimeSeconds"] = int(past) + int(

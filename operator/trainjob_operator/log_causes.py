@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Final
 
-from trainjob.core import lastwords, naming, observe, policy, render, spec
+from trainjob.core import lastwords, naming, policy, render, spec
 from trainjob_operator import children, kube
 
 logger = logging.getLogger("trainjob_operator.log_causes")
@@ -119,4 +119,4 @@ async def _read(
     found = lastwords.last_exception(tail) if tail else None
     if found is not None:
         logger.info("Read the cause of Pod %s/%s from its log: %s", namespace, name, found)
-    return observe.cut_cause(found) if found else None
+    return lastwords.cut_cause(found) if found else None

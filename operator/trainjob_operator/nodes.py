@@ -21,8 +21,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from trainjob.core import policy
-from trainjob.core import status as st
+from trainjob.core import policy, times
 from trainjob_operator import informer, kube
 
 logger = logging.getLogger("trainjob_operator.nodes")
@@ -48,14 +47,14 @@ def readiness_of(body: Mapping[str, Any]) -> Readiness:
         if isinstance(condition, Mapping) and condition.get("type") == "Ready":
             return Readiness(
                 str(condition.get("status") or READY_UNKNOWN),
-                st.parse_time(condition.get("lastTransitionTime")),
+                times.parse_time(condition.get("lastTransitionTime")),
             )
     return Readiness("True", None)
 
 
 def loss_of(name: str, readiness: Readiness) -> tuple[str, str] | None:
     """(reason, words) for the policy when a Pod's node is lost; None when it is Ready."""
-    when = st.format_time(readiness.since) if readiness.since else ""
+    when = times.format_time(readiness.since) if readiness.since else ""
     since = f" since {when}" if when else ""
     if readiness.status == DELETED:
         return policy.REASON_NODE_UNREACHABLE, f"node {name} deleted" + (

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import prometheus_client
 
-from trainjob.core import progress
+from trainjob.core import containers, progress, termination
 from trainjob_operator import children, kube
 
 logger = logging.getLogger("trainjob_operator.progress")
@@ -94,13 +94,9 @@ def status_patch(
 
 def report_of_pod(body: Mapping[str, Any]) -> progress.Report | None:
     """The final report in a terminated container's termination message, if any."""
-    statuses = (body.get("status") or {}).get("containerStatuses") or []
-    for container in statuses:
-        if not isinstance(container, Mapping):
-            continue
-        terminated = (container.get("state") or {}).get("terminated")
-        if isinstance(terminated, Mapping):
-            report = progress.from_termination_message(terminated.get("message"))
+    for container in containers.of_pod(body):
+        if container.terminated is not None:
+            report = termination.read(container.terminated.get("message")).report
             if report is not None:
                 return report
     return None

@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
-from trainjob.core import policy
+from trainjob.core import policy, times
 from trainjob.core import status as st
 from trainjob_operator import kube
 
@@ -271,7 +271,7 @@ def conditions_of(status: st.JobStatus) -> list[dict[str, Any]]:
             "status": "True" if c.status else "False",
             "reason": c.reason,
             "message": c.message,
-            "lastTransitionTime": st.format_time(c.last_transition_time),
+            "lastTransitionTime": times.format_time(c.last_transition_time),
         }
         for c in status.conditions
     ]
@@ -285,7 +285,7 @@ def invalid_status_dict(status: st.JobStatus) -> dict[str, Any]:
         "conditions": conditions_of(status),
     }
     if status.completion_time is not None:
-        result["completionTime"] = st.format_time(status.completion_time)
+        result["completionTime"] = times.format_time(status.completion_time)
     if status.observed_generation is not None:
         result["observedGeneration"] = status.observed_generation
     return result

@@ -29,7 +29,7 @@ from kubernetes import client as k8s
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.operator_harness import TEST_IMAGE, Cluster, meta, pod_spec, trainjob
 from tests.support import kubelet, operator_process, ports, waits
-from trainjob.core import constants
+from trainjob.core import constants, termination
 from trainjob.core import progress as core_progress
 
 pytestmark = pytest.mark.integration
@@ -398,7 +398,7 @@ def test_progress_final_figures_from_the_termination_message(
         "reason": "Completed",
         "startedAt": now,
         "finishedAt": now,
-        "message": core_progress.termination_message(final),
+        "message": termination.with_report(final),
     }
     container = kubelet.container_status({"terminated": terminated}, image=TEST_IMAGE, ready=False)
     cluster.core.patch_namespaced_pod_status(

@@ -3,7 +3,7 @@ and over, as those commands do, for tests that run it inside a real terminal mul
 
     python -m tests.local.table_driver WORKERS COUNTER [--logs]
 
-It redraws through `trainjob.local.terminal.Terminal` (the code both commands share) with the
+It redraws through `trainjob.console.terminal.Terminal` (the code both commands share) with the
 terminal's size read at each draw, as they do, until it is killed; after each draw it writes how
 many it has made to the file COUNTER, so a test can wait for the next draws (after a resize, for
 instance) instead of sleeping. With --logs, a log line goes above the table every 5th draw.
@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from trainjob.console import terminal, view
+from trainjob.console.replica_progress import ReplicaProgress
 from trainjob.core import spec
 from trainjob.core import status as st
-from trainjob.local import terminal, view
-from trainjob.local.replica_progress import ReplicaProgress
 
 PACE_S = 0.02  # between draws: the real commands draw every 0.5-1 s; this is many draws a second
 JOB_LINE = "TrainJob table "  # how the table's first line starts (the job is named "table")
@@ -58,7 +58,7 @@ def main() -> None:
     frame = 0
     while True:
         frame += 1
-        progress = {key: ReplicaProgress(epoch=1, step=frame, loss=0.5) for key in keys}
+        progress = {key: ReplicaProgress(epoch=2, step=frame, loss=0.5) for key in keys}
         if args.logs and frame % 5 == 0:
             out.emit(f"log line {frame}")
         snapshot = view.Snapshot(job, st.JobStatus(), rows, progress, float(frame))

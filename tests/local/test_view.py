@@ -10,11 +10,12 @@ import time
 
 import pytest
 
+from trainjob.console import logfilter, outcome, view
+from trainjob.console.replica_progress import ReplicaProgress, fold
 from trainjob.core import policy, spec
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local import logfilter, outcome, runs, view
-from trainjob.local.replica_progress import ReplicaProgress, fold
+from trainjob.local import runs
 
 from .conftest import job_manifest
 
@@ -43,8 +44,8 @@ ROWS = [
     view.ReplicaRow(("ps", 0), "", 0, None, None),
 ]
 PROGRESS = {
-    ("chief", 0): ReplicaProgress(epoch=1, step=80, loss=0.42104, examples_per_sec=1234.5),
-    ("worker", 0): ReplicaProgress(epoch=1, step=80, loss=0.421, examples_per_sec=1200),
+    ("chief", 0): ReplicaProgress(epoch=2, step=80, loss=0.42104, examples_per_sec=1234.5),
+    ("worker", 0): ReplicaProgress(epoch=2, step=80, loss=0.421, examples_per_sec=1200),
 }
 TIMER = core_progress.StepTimer().observe(40, 0.0).observe(80, 10.0)
 
@@ -65,7 +66,7 @@ def test_fold_keeps_the_latest_known_numbers() -> None:
     p = fold(None, {"event": "start", "epoch": 1, "step": 40, "initial_step": 40})
     p = fold(p, {"event": "epoch", "epoch": 1, "step": 80, "loss": 0.5, "examples_per_sec": 1234.5})
     p = fold(p, {"event": "checkpoint", "epoch": 1, "step": 80, "loss": None})
-    assert (p.epoch, p.step, p.loss, p.examples_per_sec, p.initial_step) == (1, 80, 0.5, 1234.5, 40)
+    assert (p.epoch, p.step, p.loss, p.examples_per_sec, p.initial_step) == (2, 80, 0.5, 1234.5, 40)
     assert view.progress_text(p, JOB) == "epoch 2/3 step 80/120 loss 0.5000 1,234 ex/s"
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import training_harness as harness
 
-from trainjob.core import constants, observe
+from trainjob.core import constants, termination
 from trainjob.core import progress_events as progress
 from trainjob.runtime import exitcodes
 from trainjob.runtime.exitcodes import FailureKind
@@ -91,7 +91,7 @@ def test_a_nan_loss_stops_the_replica_with_exit_6_and_its_line(
     assert err.strip().splitlines()[-1] == NAN_LINE, err
     assert "Traceback" not in err, err
     # The termination message carries it: the job's Failed condition quotes it.
-    assert observe.termination_cause(message) == NAN_LINE, message
+    assert termination.read(message).cause == NAN_LINE, message
 
 
 def test_the_opt_out_trains_on_to_the_end(tmp_path: Path) -> None:

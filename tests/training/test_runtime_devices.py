@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import training_harness as harness
 
-from trainjob.core import constants, observe
+from trainjob.core import constants, termination
 from trainjob.core import progress_events as progress
 
 pytestmark = [pytest.mark.training, pytest.mark.timeout(180)]
@@ -79,7 +79,7 @@ def test_a_replica_given_a_gpu_it_cannot_see_fails_fast_naming_the_library(
     code, events, err, message = _train(tmp_path, CONFIG, CUDA_VISIBLE_DEVICES="0")
     assert code == 4, err  # Unsupported: permanent, the same node fails the same way
     assert not [e for e in events if e["event"] in ("start", "step")], events
-    cause = observe.termination_cause(message)
+    cause = termination.read(message).cause
     assert cause is not None, message
     assert "CUDA_VISIBLE_DEVICES=0 gives this replica GPUs but TensorFlow" in cause, cause
     if _build_info().get("is_cuda_build"):

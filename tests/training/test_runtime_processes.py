@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 import training_harness as harness
 
-from trainjob.core import constants, observe
-from trainjob.core import progress as core_progress
+from trainjob.core import constants, termination
 from trainjob.core import progress_events as progress
 from trainjob.runtime import exitcodes, settings
 from trainjob.runtime.exitcodes import FailureKind
@@ -252,9 +251,9 @@ def test_a_failed_replica_writes_its_exception_line_to_its_termination_message(
     code, _, out = _run(tmp_path, env)
     assert code == _code(FailureKind.USER_CODE_ERROR), out
     text = message.read_text()
-    assert observe.termination_cause(text) == "ValueError: learning rate must be > 0", text
+    assert termination.read(text).cause == "ValueError: learning rate must be > 0", text
     # The chief's final progress report stays beside it for the operator's progress status.
-    report = core_progress.from_termination_message(text)
+    report = termination.read(text).report
     assert report is not None and report.state == "Failed", text
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trainjob.core import constants
+from trainjob.core import constants, lastwords, termination
 from trainjob.core import progress_events as progress
 from trainjob.runtime import contract, settings
 from trainjob.runtime.exitcodes import ConfigError
@@ -256,24 +256,22 @@ def test_exception_line_is_what_python_prints_last() -> None:
 
 
 def test_the_error_goes_beside_the_final_report_and_alone_when_too_long() -> None:
-    from trainjob.core import observe
     from trainjob.core import progress as core_progress
-    from trainjob.runtime import reporter
 
-    report = core_progress.termination_message(core_progress.Report(replica="chief-0", step=7))
-    merged = reporter.with_error(report, "ValueError: bad")
-    assert observe.termination_cause(merged) == "ValueError: bad"
-    restored = core_progress.from_termination_message(merged)
+    report = termination.with_report(core_progress.Report(replica="chief-0", step=7))
+    merged = termination.with_error(report, "ValueError: bad")
+    assert termination.read(merged).cause == "ValueError: bad"
+    restored = termination.read(merged).report
     assert restored is not None and restored.step == 7
     assert (
-        observe.termination_cause(reporter.with_error("", "ValueError: bad")) == "ValueError: bad"
+        termination.read(termination.with_error("", "ValueError: bad")).cause == "ValueError: bad"
     )
     big = '{"trainjobProgress": {"lastCheckpoint": "' + "x" * 3900 + '"}}'
-    alone = reporter.with_error(big, "ValueError: " + "y" * 1000)
-    assert len(alone) <= reporter.TERMINATION_MESSAGE_LIMIT
-    assert core_progress.TERMINATION_KEY not in alone
-    cause = observe.termination_cause(alone)
-    assert cause is not None and len(cause) == observe.MAX_CAUSE_CHARS
+    alone = termination.with_error(big, "ValueError: " + "y" * 1000)
+    assert len(alone) <= termination.LIMIT
+    assert termination.PROGRESS_KEY not in alone
+    cause = termination.read(alone).cause
+    assert cause is not None and len(cause) == lastwords.MAX_CAUSE_CHARS
     assert cause.startswith("ValueError: yyy") and cause.endswith("...")
 
 

@@ -18,10 +18,10 @@ from trainjob import cli
 from trainjob.cluster import describe, objects, show
 from trainjob.cluster.cli import jobs as cluster_jobs
 from trainjob.cluster.cli import logs as cluster_logs
+from trainjob.console import outcome, view
 from trainjob.core import progress as core_progress
-from trainjob.core import spec
+from trainjob.core import spec, termination, times
 from trainjob.core import status as st
-from trainjob.local import outcome, view
 
 pytestmark = pytest.mark.unit
 
@@ -129,20 +129,20 @@ def test_human_duration_is_kubectls_age() -> None:
         30 * 3600: "30h",
     }
     cases |= {3 * 86400 + 4 * 3600: "3d4h", 40 * 86400: "40d", 800 * 86400: "2y70d"}
-    assert {s: objects.human_duration(s) for s in cases} == cases
+    assert {s: times.format_age(s) for s in cases} == cases
 
 
 @pytest.mark.parametrize(
     ("text", "seconds"), [("90", 90), ("90s", 90), ("5m", 300), ("1h30m", 5400)]
 )
 def test_durations_as_kubectl_timeout(text: str, seconds: float) -> None:
-    assert objects.parse_duration(text) == seconds
+    assert times.parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "soon", "5x", "-1s"])
 def test_a_bad_duration_is_named(text: str) -> None:
     with pytest.raises(ValueError, match="is not a duration such as 30s, 5m or 1h30m"):
-        objects.parse_duration(text)
+        times.parse_duration(text)
 
 
 def test_get_has_the_printer_columns_of_kubectl_get_tj() -> None:
@@ -215,7 +215,7 @@ def test_the_summary_quotes_the_operators_cause_never_a_progress_bar() -> None:
 
 
 def test_a_final_progress_report_is_not_quoted_as_a_cause() -> None:
-    final = core_progress.termination_message(core_progress.Report(state="Failed", step=3))
+    final = termination.with_report(core_progress.Report(state="Failed", step=3))
     pods = [pod("mnist-worker-0", "worker", 0, containerStatuses=container(
         {"terminated": {"exitCode": 1, "message": final}}))]  # fmt: skip
     assert "worker-0: exit code 1 (Error)" in view.summary_text(show.summary(FAILED, pods, NOW))

@@ -14,9 +14,9 @@ import pytest
 from trainjob import cliutil
 from trainjob.cluster import describe, objects, show
 from trainjob.cluster.cli import submit
+from trainjob.console import view
 from trainjob.core import policy, spec
 from trainjob.core import status as st
-from trainjob.local import view
 from trainjob_operator import kueue_patches as kp
 
 pytestmark = pytest.mark.unit

@@ -22,9 +22,9 @@ from kubernetes.client.exceptions import ApiException
 
 from trainjob import cli
 from trainjob.cluster import api, board, describe, objects, show
+from trainjob.console import view
 from trainjob.core import spec, tfjob
 from trainjob.core import status as st
-from trainjob.local import view
 
 pytestmark = pytest.mark.unit
 

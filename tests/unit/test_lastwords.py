@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from tests.support import kubelet
-from trainjob.core import lastwords, observe
+from trainjob.core import lastwords, termination
 
 LOGS = pathlib.Path(__file__).parents[1] / "corpus" / "logs"
 PERMISSION_DENIED = "PermissionDeniedError: /train/checkpoint_temp; Permission denied [Op:SaveV2]"
@@ -26,7 +26,7 @@ def test_the_keras_progress_bar_fills_the_termination_message() -> None:
     message = kubelet.termination_message_from_log(keras_log())
     assert "Traceback" not in message and "\r" in message and "\b" in message
     assert message.rsplit("\r", 1)[-1].startswith("68/70 [=====")
-    assert observe.termination_cause(message) is None
+    assert termination.read(message).cause is None
 
 
 def test_the_keras_logs_tail_gives_the_exception_not_the_bar() -> None:
@@ -45,7 +45,7 @@ def test_a_termination_message_with_the_traceback_then_a_bar_quotes_the_exceptio
         "\r 69/70 [============================>.] - ETA: 0s - loss: 1.6131\b\b\b\b\r"
         " 70/70 [==============================] - ETA: 0s - loss: 1.6003"
     )
-    assert observe.termination_cause(message) == (
+    assert termination.read(message).cause == (
         "PermissionDeniedError: /train/checkpoint; Permission denied"
     )
 
@@ -95,7 +95,7 @@ def test_no_exception_anywhere_is_none() -> None:
 
 
 def test_a_scripts_last_plain_line_is_still_its_cause() -> None:
-    assert observe.termination_cause("starting\nerror: no data in /data\n") == (
+    assert termination.read("starting\nerror: no data in /data\n").cause == (
         "error: no data in /data"
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 
-from trainjob.core import observe
+from trainjob.core import lastwords, observe, termination
 
 
 def pod(**status: object) -> dict[str, object]:
@@ -232,5 +232,5 @@ def test_the_log_tail_of_a_script_gives_its_last_line() -> None:
     )
     observed = observe.observe_pod(terminated(tail))
     assert observed is not None and observed[1].cause == "KeyError: 'images'"
-    long = observe.termination_cause("x" * 1000)
-    assert long is not None and len(long) == observe.MAX_CAUSE_CHARS and long.endswith("...")
+    long = termination.read("x" * 1000).cause
+    assert long is not None and len(long) == lastwords.MAX_CAUSE_CHARS and long.endswith("...")

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from trainjob.core import constants, policy, progress_events, render, spec
+from trainjob.core import constants, policy, progress_events, render, spec, termination, times
 from trainjob.core import progress as p
 from trainjob.runtime import progress as events
 from trainjob.runtime import reporter
@@ -76,11 +76,11 @@ def test_decode_refuses_what_is_not_one_json_object() -> None:
 
 def test_termination_message_round_trips_and_ignores_others() -> None:
     report = p.Report(state="Succeeded", step=10, total_steps=10, metrics={"a": 1.0})
-    assert p.from_termination_message(p.termination_message(report)) == report
-    assert p.from_termination_message("Error: OOM") is None
-    assert p.from_termination_message('{"trainjobProgress": {"step": -3}}') is None
+    assert termination.read(termination.with_report(report)).report == report
+    assert termination.read("Error: OOM").report is None
+    assert termination.read('{"trainjobProgress": {"step": -3}}').report is None
     long = p.Report(state="Failed", last_checkpoint="x" * 500, metrics={"m" * 60: 1.0})
-    assert len(p.termination_message(long)) < 4096
+    assert len(termination.with_report(long)) < 4096
 
 
 # -- derived numbers and text -----------------------------------------------------------------
@@ -111,7 +111,7 @@ def test_summary_and_percent() -> None:
     ],
 )
 def test_format_eta(seconds: float | None, text: str) -> None:
-    assert p.format_eta(seconds) == text
+    assert times.format_eta(seconds) == text
 
 
 def test_step_timer_is_a_moving_average_that_survives_a_restart() -> None:
@@ -268,7 +268,7 @@ def test_reporter_sends_at_once_then_the_final_report_and_never_raises(
     assert [r.get("state") for r in _Handler.received][-2:] == ["Succeeded", "Succeeded"]
     assert _Handler.received[0]["auth"] == "Bearer abc"
     assert _Handler.received[-1]["replica"] == "chief-0"
-    final = p.from_termination_message(message.read_text())
+    final = termination.read(message.read_text()).report
     assert final is not None and final.state == "Succeeded" and final.loss == 0.5
 
 
@@ -366,7 +366,7 @@ def test_supersedes_and_status_patch() -> None:
 
 
 def test_report_of_pod_reads_the_termination_message() -> None:
-    message = p.termination_message(p.Report(state="Succeeded", step=3))
+    message = termination.with_report(p.Report(state="Succeeded", step=3))
     body = {"status": {"containerStatuses": [{"state": {"terminated": {"message": message}}}]}}
     report = progress_status.report_of_pod(body)
     assert report is not None and report.step == 3

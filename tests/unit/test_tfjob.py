@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from tests.unit.test_policy import World, at
-from trainjob.core import render, spec, tfjob, tfjob_status
-from trainjob.core import status as st
+from trainjob.core import render, spec, tfjob, tfjob_status, times
 from trainjob_operator import doors
 
 
@@ -354,7 +353,7 @@ def test_created_suspended_shows_created_and_suspended_only_then_resumes() -> No
     shown.world.job = parsed(resumed)
     shown.step(at(10))
     assert shown.conditions()[-1] == ("Suspended", "False", "TFJobResumed")
-    assert shown.status["startTime"] == st.format_time(at(10))
+    assert shown.status["startTime"] == times.format_time(at(10))
 
 
 def test_suspending_a_running_job_zeroes_active_at_once_and_turns_running_false() -> None:
@@ -396,7 +395,7 @@ def test_an_unchanged_condition_keeps_its_place_and_times() -> None:
     )
     moved = tfjob_status.set_condition(running, "Created", True, "Other", "m", at(6))
     assert [c["type"] for c in moved] == ["Running", "Created"]
-    assert moved[-1]["lastTransitionTime"] == st.format_time(at(0))
+    assert moved[-1]["lastTransitionTime"] == times.format_time(at(0))
 
 
 def test_the_backoff_limit_th_failure_fails_it_in_training_operators_words() -> None:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from trainjob.cluster.objects import ref_of, source_of
-from trainjob.core import constants
+from trainjob.core import constants, containers
 from trainjob.core.policy_terms import CONTAINER_STUCK_REASONS
 
 Obj = dict[str, Any]
@@ -225,32 +225,26 @@ def tensorboard_pod(job: Mapping[str, Any], suffix: str, image: str | None = Non
 
 def started(pod: Mapping[str, Any]) -> bool:
     """Whether TensorBoard's container is running."""
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        # `running: {startedAt: ...}`; present, even empty, is what counts
-        if (
-            status.get("name") == CONTAINER
-            and (status.get("state") or {}).get("running") is not None
-        ):
-            return True
-    return False
+    container = containers.named(pod, CONTAINER)
+    # `running: {startedAt: ...}`; present, even empty, is what counts
+    return container is not None and container.running is not None
 
 
 def failure(pod: Mapping[str, Any]) -> str | None:
     """Why the Pod will not serve (it ended, or its container cannot start), in the kubelet's
     words; None while it may still come up."""
-    status = pod.get("status") or {}
-    for container in status.get("containerStatuses") or []:
-        state = container.get("state") or {}
-        ended = state.get("terminated")
+    for container in containers.of_pod(pod):
+        ended = container.terminated
         if ended:
             said = " ".join(str(ended.get("message") or "").split()[-40:])
             why = ended.get("reason") or "Error"
             return f"TensorBoard exited with code {ended.get('exitCode')} ({why})" + (
                 f": {said}" if said else ""
             )
-        waiting = state.get("waiting") or {}
+        waiting = container.waiting or {}
         if waiting.get("reason") in CONTAINER_STUCK_REASONS:
             return f"{waiting['reason']}: {waiting.get('message') or 'no message'}"
+    status = pod.get("status") or {}
     if status.get("phase") in ("Failed", "Succeeded"):
         return f"the Pod is {status['phase']}: {status.get('reason') or ''} " + str(
             status.get("message") or ""

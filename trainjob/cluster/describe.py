@@ -17,7 +17,6 @@ from trainjob.cluster.objects import (
     age,
     align,
     hold_of,
-    human_duration,
     name_of,
     namespace_of,
     no_status_yet,
@@ -28,10 +27,10 @@ from trainjob.cluster.objects import (
     source_of,
     status_of,
 )
-from trainjob.core import constants, tfjob
+from trainjob.console import view
+from trainjob.core import constants, containers, tfjob, times
 from trainjob.core import status as st
-from trainjob.local import view
-from trainjob.local.plan import label
+from trainjob.core.naming import replica_label
 
 # A line of `api.Cluster.follow_logs` that is a note about a stream, not a log line.
 NOTE_PREFIX: Final = "\x00note: "
@@ -40,13 +39,10 @@ NOTE_PREFIX: Final = "\x00note: "
 def log_instance(pod: Obj) -> str | None:
     """One container run of a Pod (its uid and restart count) whose log can be read: it has
     started (running or terminated). None while it waits to start."""
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
-        if container.get("name") != constants.DEFAULT_CONTAINER_NAME:
-            continue
-        state = container.get("state") or {}
-        if "running" in state or "terminated" in state:
-            uid = (pod.get("metadata") or {}).get("uid")
-            return f"{uid}/{container.get('restartCount') or 0}"
+    container = containers.named(pod, constants.DEFAULT_CONTAINER_NAME)
+    if container is not None and container.started:
+        uid = (pod.get("metadata") or {}).get("uid")
+        return f"{uid}/{container.restart_count}"
     return None
 
 
@@ -55,11 +51,10 @@ def log_unavailable(pod: Obj) -> str | None:
     if not (pod.get("spec") or {}).get("nodeName"):
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         return f"Pod {name_of(pod)} is on no node yet ({phase}, not scheduled), so it has no log"
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
-        waiting = (container.get("state") or {}).get("waiting")
-        if container.get("name") == constants.DEFAULT_CONTAINER_NAME and waiting:
-            why = waiting.get("reason") or "waiting"
-            return f"Pod {name_of(pod)}: its container has not started ({why}), so it has no log"
+    container = containers.named(pod, constants.DEFAULT_CONTAINER_NAME)
+    if container is not None and container.waiting:
+        why = container.waiting.get("reason") or "waiting"
+        return f"Pod {name_of(pod)}: its container has not started ({why}), so it has no log"
     return None
 
 
@@ -136,7 +131,7 @@ def describe_text(
             exit_code = entry.get("exitCode")
             replica_rows.append(
                 [
-                    label(key),
+                    replica_label(key),
                     # A replica with no Pod of its attempt: starting, unless the job waits.
                     entry.get("state") or (hold.state if hold is not None else "Starting"),
                     str(entry.get("attempt") or 0),
@@ -153,7 +148,7 @@ def describe_text(
     if events:
         rows = [["Type", "Reason", "Age", "From", "Object", "Message"]]
         for event in events:
-            when = st.parse_time(
+            when = times.parse_time(
                 event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp")
             )
             involved = event.get("involvedObject") or {}
@@ -162,7 +157,7 @@ def describe_text(
                 [
                     str(event.get("type") or ""),
                     str(event.get("reason") or ""),
-                    NONE if when is None else human_duration((now - when).total_seconds()),
+                    NONE if when is None else times.format_age((now - when).total_seconds()),
                     str(source or ""),
                     f"{involved.get('kind', '')}/{involved.get('name', '')}",
                     str(event.get("message") or "").replace("\n", " "),
@@ -179,7 +174,7 @@ def _conditions(obj: Obj, status: st.JobStatus) -> list[list[str]]:
     `kubectl describe tfjob`, the SDK and Kueue read), not the engine's behind them."""
     if not ref_of(obj).is_tfjob:
         return [
-            [c.type, str(c.status), c.reason, st.format_time(c.last_transition_time), c.message]
+            [c.type, str(c.status), c.reason, times.format_time(c.last_transition_time), c.message]
             for c in status.conditions
         ]
     rows = []

@@ -14,14 +14,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from trainjob.core import constants, convert, spec, tfjob
+from trainjob.core import constants, convert, spec, tfjob, times
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local.plan import ReplicaKey, label
+from trainjob.core.naming import ReplicaKey, replica_label
 
 Obj = Mapping[str, Any]
 NONE: Final = "<none>"  # an empty cell, as kubectl prints it
@@ -417,7 +416,7 @@ def pod_key(pod: Obj) -> ReplicaKey | None:
 
 def pod_label(pod: Obj) -> str:
     key = pod_key(pod)
-    return label(key) if key is not None else name_of(pod)
+    return replica_label(key) if key is not None else name_of(pod)
 
 
 def report_of(raw_status: object) -> core_progress.Report | None:
@@ -436,42 +435,9 @@ def report_of(raw_status: object) -> core_progress.Report | None:
 
 
 # ----- time -----
-def human_duration(seconds: float) -> str:
-    """kubectl's AGE: `45s`, `3m20s`, `15m`, `5h2m`, `30h`, `3d4h`, `40d`, `2y10d`."""
-    s = int(max(0.0, seconds))
-    minutes, hours, days = s // 60, s // 3600, s // 86400
-    if s < 120:
-        return f"{s}s"
-    if minutes < 10:
-        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
-    if minutes < 180:
-        return f"{minutes}m"
-    if hours < 8:
-        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
-    if hours < 48:
-        return f"{hours}h"
-    if hours < 24 * 8:
-        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
-    if days < 365 * 2:
-        return f"{days}d"
-    return f"{days // 365}y{days % 365}d"
-
-
-_DURATION: Final = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?$")
-
-
-def parse_duration(text: str) -> float:
-    """`90`, `90s`, `5m`, `1h30m` as seconds (kubectl's --timeout); ValueError naming it."""
-    match = _DURATION.match(text.strip())
-    if not text.strip() or match is None or not any(match.groups()):
-        raise ValueError(f"{text!r} is not a duration such as 30s, 5m or 1h30m")
-    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
-    return hours * 3600 + minutes * 60 + seconds
-
-
 def age(obj: Obj, now: datetime.datetime) -> str:
-    created = st.parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
-    return NONE if created is None else human_duration((now - created).total_seconds())
+    created = times.parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
+    return NONE if created is None else times.format_age((now - created).total_seconds())
 
 
 def align(rows: Sequence[Sequence[str]]) -> list[str]:

@@ -5,7 +5,7 @@ concludes. Beside it: the objects themselves (`trainjob.cluster.objects`) and `d
 
 Everything takes the plain objects `trainjob.cluster.api` returns (TrainJobs, Pods and Events
 as `kubectl get -o json` prints them) and `now`, and returns data or strings, so the same
-`trainjob.local.view` draws a cluster job exactly as it draws a local run.
+`trainjob.console.view` draws a cluster job exactly as it draws a local run.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from trainjob.cluster.objects import (
     report_of,
     status_of,
 )
-from trainjob.core import observe, spec
+from trainjob.console import view
+from trainjob.console.outcome import Cause, Summary, failed_replicas
+from trainjob.console.replica_progress import ReplicaProgress, lead_replica
+from trainjob.core import containers, spec, termination, times
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local import view
-from trainjob.local.outcome import Cause, Summary, failed_replicas
-from trainjob.local.plan import ReplicaKey, label
-from trainjob.local.replica_progress import ReplicaProgress, lead_replica
+from trainjob.core.naming import ReplicaKey, replica_label
 
 WAIT_FOR: Final = ("succeeded", "finished", "running")
 
@@ -115,8 +115,8 @@ def replica_progress(
     key = replica_key(report.replica) or lead_replica(job)
     return {
         key: ReplicaProgress(
-            # A report counts epochs from 1, a local progress event from 0.
-            epoch=None if report.epoch is None else max(0, report.epoch - 1),
+            # Both count from 1; a script of one's own may report epoch 0.
+            epoch=None if report.epoch is None else max(1, report.epoch),
             step=report.step,
             loss=report.loss,
             examples_per_sec=report.examples_per_second,
@@ -129,10 +129,10 @@ def replica_progress(
 def elapsed_seconds(obj: Obj, now: datetime.datetime) -> float:
     """Since the job started (else since it was created), until it completed."""
     raw = obj.get("status") or {}
-    start = st.parse_time(raw.get("startTime")) or st.parse_time(
+    start = times.parse_time(raw.get("startTime")) or times.parse_time(
         (obj.get("metadata") or {}).get("creationTimestamp")
     )
-    end = st.parse_time(raw.get("completionTime")) or now
+    end = times.parse_time(raw.get("completionTime")) or now
     return view.elapsed(start, end)
 
 
@@ -170,14 +170,14 @@ def logs_command(obj: Obj, replica: str | None = None) -> str:
 
 def _termination_cause(pods: Sequence[Obj], key: ReplicaKey) -> str | None:
     """The cause in the replica container's termination message, read as the operator reads
-    it (`observe.termination_cause`): never the runtime's final progress report, nor a
+    it (`termination.read`): never the runtime's final progress report, nor a
     progress bar that filled the log's tail."""
     for pod in pods:
         if pod_key(pod) != key:
             continue
-        for container in (pod.get("status") or {}).get("containerStatuses") or []:
-            terminated = (container.get("state") or {}).get("terminated") or {}
-            cause = observe.termination_cause(terminated.get("message"))
+        for container in containers.of_pod(pod):
+            terminated = container.terminated or {}
+            cause = termination.read(terminated.get("message")).cause
             if cause:
                 return cause
     return None
@@ -199,7 +199,7 @@ def summary(obj: Obj, pods: Sequence[Obj], now: datetime.datetime) -> Summary:
             or _termination_cause(pods, key)
             or f"exit code {record.exit_code}" + (f" ({record.reason})" if record.reason else "")
         )
-        causes.append(Cause(label(key), line, logs_command(obj, label(key))))
+        causes.append(Cause(replica_label(key), line, logs_command(obj, replica_label(key))))
     if job.checkpoint is not None:
         checkpoint = job.checkpoint.path + (
             f" on PVC {job.checkpoint.claim_name}" if job.checkpoint.claim_name else ""

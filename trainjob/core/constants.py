@@ -71,6 +71,11 @@ ENV_PROGRESS_CA_FILE: Final = "TRAINJOB_PROGRESS_CA_FILE"
 ENV_PROGRESS_INTERVAL: Final = "TRAINJOB_PROGRESS_INTERVAL"
 ENV_TERMINATION_MESSAGE_PATH: Final = "TRAINJOB_TERMINATION_MESSAGE_PATH"
 
+# The runtime's exit code for a training loss that became NaN or +/-Inf: permanent (1-127), and
+# the policy names the job's failure by it (reason NonFiniteLoss). Here, not in the policy, so the
+# runtime reads it without loading the policy engine.
+EXIT_CODE_NON_FINITE_LOSS: Final = 6
+
 # Progress events the runtime prints on stdout, one JSON object per line after this prefix.
 PROGRESS_LINE_PREFIX: Final = "TRAINJOB_PROGRESS "
 

@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
+# A cause longer than this is cut: it is quoted in a condition message and an Event.
+MAX_CAUSE_CHARS: Final = 400
 # CSI sequences (colors, cursor moves; Keras 3 colours its bar), OSC sequences, two-byte escapes.
 _ANSI_ESCAPE: Final = re.compile(
     r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])"
@@ -97,6 +99,11 @@ def last_line(text: str) -> str | None:
         visible = _CONTROL.sub("", _ANSI_ESCAPE.sub("", line)).strip()
         return visible or None
     return None
+
+
+def cut_cause(text: str) -> str:
+    """A cause as a condition message and an Event quote it: at most `MAX_CAUSE_CHARS`."""
+    return text if len(text) <= MAX_CAUSE_CHARS else text[: MAX_CAUSE_CHARS - 3] + "..."
 
 
 def is_exception_line(cause: str | None) -> bool:

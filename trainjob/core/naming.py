@@ -8,6 +8,14 @@ from __future__ import annotations
 
 from trainjob.core import constants
 
+# A replica: (replica type, index), e.g. ("worker", 0).
+ReplicaKey = tuple[str, int]
+
+
+def replica_label(key: ReplicaKey) -> str:
+    """`worker-0`: how a replica is named in logs, tables and file names."""
+    return f"{key[0]}-{key[1]}"
+
 
 def child_name(job_name: str, replica_type: str, index: int) -> str:
     """The Pod and its headless Service share `<job>-<type>-<index>`."""

@@ -5,21 +5,16 @@ data."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from trainjob.core import constants, lastwords, policy, status, tfjob
+from trainjob.core import constants, containers, lastwords, policy, termination, tfjob, times
 
 # The scheduler's PodScheduled=False reason for a Pod that fits no node.
 REASON_UNSCHEDULABLE: Final = policy.REASON_UNSCHEDULABLE
 # Pod condition (Kubernetes >= 1.26) set by whoever disrupts a Pod: the scheduler's
 # preemption, the Eviction API, the taint manager, the kubelet's node-pressure eviction, pod GC.
 DISRUPTION_TARGET: Final = "DisruptionTarget"
-# The key of the replica's last exception line in a termination message the runtime writes.
-TERMINATION_ERROR_KEY: Final = "trainjobError"
-# A cause longer than this is cut: it is quoted in a condition message and an Event.
-MAX_CAUSE_CHARS: Final = 400
 
 
 # training-operator's replica-type label values (a TFJob's children it made before a
@@ -53,11 +48,11 @@ def observe_pod(pod: Mapping[str, Any]) -> tuple[tuple[str, int], policy.Observe
     annotations = metadata.get("annotations") or {}
     attempt_text = str(annotations.get(constants.ANNOTATION_ATTEMPT, "0"))
     pod_status = pod.get("status") or {}
-    terminated = _tf_container_terminated(pod_status)
+    terminated = containers.terminated(pod)
     exit_code = terminated.get("exitCode") if terminated else None
     reason = (terminated or {}).get("reason") or pod_status.get("reason")
     phase = str(pod_status.get("phase") or policy.PHASE_PENDING)
-    waiting = _waiting(pod_status) if phase == policy.PHASE_PENDING else None
+    waiting = _waiting(pod) if phase == policy.PHASE_PENDING else None
     disruption = _condition(pod_status, DISRUPTION_TARGET)
     return key, policy.ObservedReplica(
         phase=phase,
@@ -65,29 +60,13 @@ def observe_pod(pod: Mapping[str, Any]) -> tuple[tuple[str, int], policy.Observe
         exit_code=exit_code if isinstance(exit_code, int) else None,
         reason=str(reason) if reason else None,
         deleting=bool(metadata.get("deletionTimestamp")),
-        finished_at=status.parse_time((terminated or {}).get("finishedAt")),
+        finished_at=times.parse_time((terminated or {}).get("finishedAt")),
         waiting_reason=waiting[0] if waiting else None,
         waiting_message=waiting[1] if waiting else None,
         disruption_reason=disruption[0] if disruption else None,
         disruption_message=disruption[1] if disruption else None,
-        cause=termination_cause((terminated or {}).get("message")),
+        cause=termination.read((terminated or {}).get("message")).cause,
     )
-
-
-def _container_statuses(pod_status: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    """The statuses under `key`, the TensorFlow container's first."""
-    statuses = [s for s in pod_status.get(key) or [] if isinstance(s, Mapping)]
-    statuses.sort(key=lambda s: s.get("name") != constants.DEFAULT_CONTAINER_NAME)
-    return statuses
-
-
-def _tf_container_terminated(pod_status: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The terminated state of the TensorFlow container (else of the first terminated one)."""
-    for container_status in _container_statuses(pod_status, "containerStatuses"):
-        terminated = (container_status.get("state") or {}).get("terminated")
-        if isinstance(terminated, Mapping):
-            return terminated
-    return None
 
 
 def _condition(pod_status: Mapping[str, Any], ctype: str) -> tuple[str, str] | None:
@@ -100,49 +79,24 @@ def _condition(pod_status: Mapping[str, Any], ctype: str) -> tuple[str, str] | N
     return None
 
 
-def _waiting(pod_status: Mapping[str, Any]) -> tuple[str, str] | None:
+def _waiting(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     """Why a Pending Pod does not run, when a user must act: a container stuck waiting (init
     containers first: they run first), else the scheduler's Unschedulable. None while the Pod
     is merely starting (pulling, creating)."""
-    for key in ("initContainerStatuses", "containerStatuses"):
-        for container_status in _container_statuses(pod_status, key):
-            waiting = (container_status.get("state") or {}).get("waiting")
-            if isinstance(waiting, Mapping) and waiting.get("reason") in policy.WAITING_REASONS:
+    for key in (containers.INIT, containers.MAIN):
+        for container in containers.of_pod(pod, key):
+            waiting = container.waiting
+            if waiting is not None and waiting.get("reason") in policy.WAITING_REASONS:
                 message = str(waiting.get("message") or "")
-                if not message and container_status.get("image"):
-                    message = f"image {container_status['image']}"
-                return str(waiting["reason"]), cut_cause(message)
-    for condition in pod_status.get("conditions") or []:
+                if not message and container.image:
+                    message = f"image {container.image}"
+                return str(waiting["reason"]), lastwords.cut_cause(message)
+    for condition in (pod.get("status") or {}).get("conditions") or []:
         if (
             isinstance(condition, Mapping)
             and condition.get("type") == "PodScheduled"
             and condition.get("status") == "False"
             and condition.get("reason") == REASON_UNSCHEDULABLE
         ):
-            return REASON_UNSCHEDULABLE, cut_cause(str(condition.get("message") or ""))
+            return REASON_UNSCHEDULABLE, lastwords.cut_cause(str(condition.get("message") or ""))
     return None
-
-
-def termination_cause(message: object) -> str | None:
-    """The replica's own last words in its termination message: the runtime's error line (a
-    JSON object beside its final progress report), else what a person would read as the cause
-    in whatever else the container wrote there (FallbackToLogsOnError puts the log's 2 KiB
-    tail there): the last traceback's exception line, else the last line unless it is a
-    redrawn progress bar (`lastwords`). None for a progress report alone or nothing."""
-    if not isinstance(message, str) or not message.strip():
-        return None
-    text = message.strip()
-    if text.startswith("{"):
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, Mapping):
-            error = parsed.get(TERMINATION_ERROR_KEY)
-            return cut_cause(str(error)) if error else None
-    found = lastwords.last_exception(message) or lastwords.last_line(message)
-    return cut_cause(found) if found else None
-
-
-def cut_cause(text: str) -> str:
-    return text if len(text) <= MAX_CAUSE_CHARS else text[: MAX_CAUSE_CHARS - 3] + "..."

@@ -1,23 +1,23 @@
-"""The policy engine's terms (pure): what it observes of a replica (:class:`ObservedReplica`),
-what it decides (:class:`Decision`, :class:`Event`), the phases and condition reasons it speaks
-in, a failure (:class:`Failure`) and the rules that judge one (retryable under a restart
-policy, the restart group it takes down, the root cause of several), and :class:`Work`, the
-scratch space one reconcile fills.
+"""The policy engine's terms, no rule among them: what it observes of a replica
+(:class:`ObservedReplica`), what it decides (:class:`Decision`, :class:`Event`), the phases and
+condition reasons it speaks in, one replica's end (:class:`Failure`), a rule's :class:`Verdict`,
+and :class:`DecisionDraft`, the decision one reconcile writes before it is frozen.
 
-:mod:`trainjob.core.policy` (the engine) re-exports every public name here.
+The rules live in modules named after them (:mod:`trainjob.core.policy_failure`,
+:mod:`~trainjob.core.policy_restart`, ...); what they share is here, so that none of them takes
+a type from another.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Final
 
-from trainjob.core import constants, spec
+from trainjob.core import spec
 from trainjob.core import status as st
-
-ReplicaKey = tuple[str, int]
+from trainjob.core.naming import ReplicaKey as ReplicaKey  # noqa: PLC0414 (policy re-exports it)
 
 # Phases as the kubelet (or the local executor) reports them.
 PHASE_PENDING: Final = "Pending"
@@ -43,8 +43,8 @@ REASON_PREEMPTED: Final = "Preempted"
 REASON_EVICTED: Final = "Evicted"
 REASON_DISRUPTION_LIMIT: Final = "DisruptionLimitExceeded"
 REASON_STALLED: Final = "Stalled"
-# The runtime's exit code for a training loss that became NaN or +/-Inf (permanent: 1-127).
-EXIT_CODE_NON_FINITE_LOSS: Final = 6
+# The runtime's verdict on a training loss that became NaN or +/-Inf (its exit code:
+# policy_failure.EXIT_CODE_NON_FINITE_LOSS).
 REASON_NON_FINITE_LOSS: Final = "NonFiniteLoss"
 # The node a replica's Pod runs on is lost (its Ready condition Unknown: the kubelet stopped
 # reporting) or not ready (False). Kubernetes, not the operator, decides the Pod's end (taint
@@ -81,27 +81,10 @@ REASON_UNSCHEDULABLE: Final = "Unschedulable"
 # The gang scheduler has not admitted the job's PodGroup yet (Volcano: not Inqueue): its Pods
 # are not created, so that a job that cannot fit holds nothing (the executor says why).
 REASON_GANG_PENDING: Final = "GangPending"
-# DisruptionTarget's reason for a preemption; every other one (EvictionByEvictionAPI,
-# DeletionByTaintManager, TerminationByKubelet, DeletionByPodGC) is an eviction.
-DISRUPTION_PREEMPTION: Final = "PreemptionByScheduler"
 
-# Exit codes 1-127 are the program's own verdict; >= 128 means killed by a signal (128 + n).
-FIRST_SIGNAL_EXIT_CODE: Final = 128
-
-# Restarts after the first wait before their replicas are created again, doubling each time
-# (as the Job controller backs off): a replica that fails at once, or a Pod deleted in a loop,
-# must not use up backoffLimit in a few seconds (6 restarts took 2.7 s without a delay).
-RESTART_DELAY_FIRST: Final = 2.0
-RESTART_DELAY_MAX: Final = 60.0
-
-
-def restart_delay(restart_count: int) -> float:
-    """Seconds between the `restart_count`-th restart decision and its new replicas: none for
-    the first restart (a preemption or one lost worker resumes at once), then 2 s, 4 s, ...
-    up to RESTART_DELAY_MAX."""
-    if restart_count <= 1:
-        return 0.0
-    return float(min(RESTART_DELAY_MAX, RESTART_DELAY_FIRST * 2 ** (restart_count - 2)))
+# A Failure's reason when the replica's Pod went away without a verdict of its own: deleted
+# under us, or taken with its lost node.
+DELETED: Final = "Deleted"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +129,9 @@ class Decision:
 
 @dataclasses.dataclass(frozen=True)
 class Failure:
+    """A replica of the current attempt that ended: its Pod failed, went away (reason DELETED),
+    or `succeeded` (exit 0), which policy_failure.failure_fate may still judge a failure."""
+
     key: ReplicaKey
     exit_code: int | None
     reason: str | None
@@ -153,108 +139,39 @@ class Failure:
     disruption_reason: str | None = None
     disruption_message: str | None = None
     cause: str | None = None
+    succeeded: bool = False
 
     @property
     def disrupted(self) -> bool:
         return self.disruption_reason is not None
 
-
-def is_retryable(restart_policy: str, failure: Failure) -> bool:
-    """Whether a replica's failure may be retried, by its replica type's restart policy."""
-    if failure.disrupted:
-        # Preempted or evicted: the replica did nothing wrong; it runs again (uncounted).
-        return True
-    if failure.reason == "Deleted":
-        # A Pod deleted under us (kubectl delete pod, node drain) is recreated under any
-        # policy, as a Kubernetes controller would; it still counts toward backoffLimit.
-        return True
-    if restart_policy in ("OnFailure", "Always"):
-        return True
-    if restart_policy == "ExitCode":
-        return retryable_exit_code(failure.exit_code)
-    return False
+    @classmethod
+    def deleted(
+        cls,
+        key: ReplicaKey,
+        now: datetime.datetime,
+        disruption_reason: str | None,
+        disruption_message: str | None,
+    ) -> Failure:
+        """A replica whose Pod is gone (or going) without a verdict of its own, as of `now`."""
+        return cls(key, None, DELETED, now, disruption_reason, disruption_message)
 
 
-def retryable_exit_code(code: int | None) -> bool:
-    """The ExitCode restart policy's rule: 1-127, the program gave up, are permanent; >= 128
-    or no code (killed, evicted, OOM-killed) are retried. The runtime's own exit codes are
-    chosen by it (:mod:`trainjob.runtime.exitcodes`)."""
-    return code is None or code == 0 or code >= FIRST_SIGNAL_EXIT_CODE
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What a rule decided for the job's counters: the restarts and disruptions used, when the
+    attempt now running started (None: unchanged), and whether the job finished."""
 
-
-def success_deciders(job: spec.TrainJob) -> list[ReplicaKey]:
-    """The replicas whose success makes the job succeed."""
-    workers = [(constants.WORKER, i) for i in range(job.replicas(constants.WORKER))]
-    chief = [(constants.CHIEF, 0)] if job.replicas(constants.CHIEF) > 0 else []
-    if job.success_policy == "AllWorkers":
-        return chief + workers
-    return chief or workers[:1]
-
-
-def is_success(job: spec.TrainJob, replicas: Mapping[ReplicaKey, st.ReplicaRecord]) -> bool:
-    deciders = success_deciders(job)
-    return bool(deciders) and all(
-        replicas.get(key, st.ReplicaRecord()).state == st.STATE_SUCCEEDED for key in deciders
-    )
-
-
-def restart_scope(job: spec.TrainJob, key: ReplicaKey) -> tuple[ReplicaKey, ...]:
-    """The replicas restarted together when `key` fails."""
-    rtype = key[0]
-    if rtype == constants.EVALUATOR:
-        return (key,)
-    if not job.uses_parameter_servers:
-        # All-reduce: chief + workers form one collective.
-        return tuple(k for k in job.replica_keys() if k[0] in (constants.CHIEF, constants.WORKER))
-    if rtype == constants.WORKER:
-        return (key,)
-    # Coordinator or a ps lost: variables must be restored from the checkpoint into fresh ps.
-    return tuple(k for k in job.replica_keys() if k[0] in (constants.CHIEF, constants.PS))
-
-
-def root_cause(failures: Iterable[Failure]) -> Failure:
-    """The earliest failure of a group: peers of an all-reduce job fail *because* one was lost
-    (exit 1 within seconds), so only the first failure tells whether to retry."""
-    far_future = datetime.datetime.max.replace(tzinfo=datetime.timezone.utc)
-    ordered = sorted(failures, key=lambda f: (f.finished_at or far_future,))
-    return ordered[0]
-
-
-def disruption_kind(disruption_reason: str) -> str:
-    """Preempted or Evicted, from the DisruptionTarget condition's reason."""
-    if disruption_reason == DISRUPTION_PREEMPTION:
-        return REASON_PREEMPTED
-    return REASON_EVICTED
-
-
-def failed_reason(failure: Failure) -> str:
-    """The Failed condition's reason for a replica failure no policy retries: the runtime's
-    own verdict where its exit code names one (a diverged loss), else ReplicaFailed."""
-    if failure.exit_code == EXIT_CODE_NON_FINITE_LOSS and not failure.disrupted:
-        return REASON_NON_FINITE_LOSS
-    return REASON_FAILED
-
-
-def describe(failure: Failure) -> str:
-    rtype, index = failure.key
-    if failure.disruption_reason is not None:
-        preempted = disruption_kind(failure.disruption_reason) == REASON_PREEMPTED
-        verb = "preempted" if preempted else "evicted"
-        detail = failure.disruption_reason
-        if failure.disruption_message:
-            detail += f": {failure.disruption_message}"
-        return f"{rtype} {index} was {verb} ({detail})"
-    if failure.reason == "Deleted":
-        return f"{rtype} {index} was deleted"
-    if failure.exit_code is None:
-        return f"{rtype} {index} failed ({failure.reason or 'no exit code'})"
-    detail = f", {failure.reason}" if failure.reason else ""
-    return f"{rtype} {index} exited with code {failure.exit_code}{detail}"
+    restart_count: int
+    disruption_count: int
+    attempt_start: datetime.datetime | None
+    finished: bool
 
 
 @dataclasses.dataclass
-class Work:
-    """Mutable scratch space of one reconcile; the result is frozen into a Decision."""
+class DecisionDraft:
+    """The decision one reconcile writes as its rules apply (conditions, replica records,
+    Events, Pods to delete, when to look again); it is then frozen into a :class:`Decision`."""
 
     job: spec.TrainJob
     now: datetime.datetime
@@ -280,3 +197,13 @@ class Work:
 
     def event(self, etype: str, reason: str, message: str) -> None:
         self.events.append(Event(etype, reason, message))
+
+    def finish(self, ctype: str, reason: str, message: str) -> None:
+        """The job ends (`ctype` Succeeded or Failed): Running and Restarting end with it, and
+        one Event says why."""
+        self.condition(ctype, True, reason, message)
+        self.condition(st.RUNNING, False, reason, message)
+        if self.is_true(st.RESTARTING):
+            self.condition(st.RESTARTING, False, reason, message)
+        event_type = "Normal" if ctype == st.SUCCEEDED else "Warning"
+        self.event(event_type, reason, message)

@@ -1,6 +1,7 @@
 """Training progress as a job reports it: the report schema (the wire format of the progress
-endpoint, the termination message and `status.progress`), its validation, the ETA from a moving
-average of step time, and the text `kubectl get tj` shows.
+endpoint, the termination message's final report (:mod:`trainjob.core.termination`) and
+`status.progress`), its validation, the ETA from a moving average of step time, and the text
+`kubectl get tj` shows.
 
 Pure: no I/O, no clock reads (callers pass `now`), so the operator, the runtime's reporter and
 local mode all share this one implementation.
@@ -26,7 +27,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final
 
-from trainjob.core import status as st
+from trainjob.core import times
 
 STATE_RUNNING: Final = "Running"
 STATE_SUCCEEDED: Final = "Succeeded"
@@ -40,8 +41,6 @@ MAX_TEXT: Final = 512
 # The most bytes a report body may have (the endpoint answers 413 above it). A full report is
 # under 1 KiB; the kubelet keeps at most 4 KiB of a termination message.
 MAX_BODY_BYTES: Final = 16 * 1024
-# A termination message carrying a final report is one JSON object with this single key.
-TERMINATION_KEY: Final = "trainjobProgress"
 
 # Weight of the newest step time in the moving average: about the last 10 samples count.
 EMA_ALPHA: Final = 0.2
@@ -212,27 +211,6 @@ def to_wire(report: Report) -> dict[str, Any]:
     return result
 
 
-def termination_message(report: Report) -> str:
-    """The final report as a container termination message (the kubelet keeps 4 KiB): the
-    operator reads it from the Pod when the job ends between two reports."""
-    text = json.dumps({TERMINATION_KEY: to_wire(report)}, separators=(",", ":"))
-    if len(text) > 4000:  # only a huge checkpoint path can do this; drop what is optional
-        slim = dataclasses.replace(report, metrics={}, last_checkpoint=None)
-        text = json.dumps({TERMINATION_KEY: to_wire(slim)}, separators=(",", ":"))
-    return text
-
-
-def from_termination_message(text: object) -> Report | None:
-    """The final report in a termination message, or None (another message, or a bad one)."""
-    if not isinstance(text, str) or TERMINATION_KEY not in text:
-        return None
-    try:
-        raw = json.loads(text)
-        return parse_report(raw[TERMINATION_KEY]) if isinstance(raw, dict) else None
-    except (ValueError, KeyError, ReportError):
-        return None
-
-
 # -- numbers derived from a report ------------------------------------------------------------
 
 
@@ -312,23 +290,6 @@ class StepTimer:
         return max(0.0, (total_steps - step) * self.seconds_per_step)
 
 
-def format_eta(seconds: float | None) -> str:
-    """`45s`, `4m`, `1h20m`, `2d3h`: coarse enough to read at a glance."""
-    if seconds is None:
-        return ""
-    whole = round(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    minutes = (whole + 30) // 60
-    if minutes < 60:
-        return f"{minutes}m"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours}h" if hours else f"{days}d"
-
-
 def summary(report: Report) -> str:
     """`45% (3/10)`: percent and epoch/total epochs (else step/total steps, else the step)."""
     percent = percent_of(report)
@@ -377,7 +338,7 @@ def status_progress(report: Report, received: datetime.datetime) -> dict[str, An
     result: dict[str, Any] = {
         "summary": summary(report),
         "state": report.state,
-        "lastUpdateTime": st.format_time(received),
+        "lastUpdateTime": times.format_time(received),
     }
     percent = percent_of(report)
     eta = 0.0 if report.state == STATE_SUCCEEDED else report.eta_seconds
@@ -395,7 +356,7 @@ def status_progress(report: Report, received: datetime.datetime) -> dict[str, An
         ),
         "lastCheckpoint": report.last_checkpoint,
         "etaSeconds": None if eta is None or report.state == STATE_FAILED else round(eta),
-        "eta": "" if report.state == STATE_FAILED else format_eta(eta),
+        "eta": "" if report.state == STATE_FAILED else times.format_eta(eta),
     }
     result.update({k: v for k, v in fields.items() if v not in (None, "")})
     return result

@@ -17,7 +17,9 @@ Fields (absent or ``null`` when not known):
 ``time``            seconds since the epoch (float) when the event was written
 ``replica``         ``"<type>-<index>"`` of the writer, e.g. ``worker-0``
 ``chief``           whether the writer is the chief (the replica whose numbers count)
-``epoch``           0-based epoch the event belongs to (Keras); ``null`` for Estimator
+``epoch``           0-based epoch the event belongs to (Keras); ``null`` for Estimator. The
+                    report, ``status.progress`` and the console count from 1:
+                    :func:`epoch_number` is the one place that converts
 ``step``            global step: steps completed over the whole job, resumed runs included
 ``loss``            last training loss
 ``metrics``         other training/validation metrics, name -> float
@@ -112,6 +114,14 @@ def make_event(
         raise ValueError(f"extra fields clash with the schema: {sorted(clash)}")
     record.update(extra)
     return record
+
+
+def epoch_number(record: Mapping[str, Any]) -> int | None:
+    """The event's epoch counted from 1, as a progress report, `status.progress` and the
+    console count it (events count from 0, as Keras does): the one conversion between the two
+    bases."""
+    epoch = record.get("epoch")
+    return epoch + 1 if isinstance(epoch, int) else None
 
 
 def format_line(record: Mapping[str, Any]) -> str:

@@ -13,7 +13,8 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from trainjob.core import constants, spec
+from trainjob.core import constants, spec, times
+from trainjob.core.naming import ReplicaKey
 
 # Condition types, Kubernetes API conventions.
 CREATED: Final = "Created"
@@ -31,8 +32,6 @@ STATE_RUNNING: Final = "Running"
 STATE_SUCCEEDED: Final = "Succeeded"
 STATE_FAILED: Final = "Failed"
 STATE_STOPPED: Final = "Stopped"  # stopped by us after the job finished
-
-ReplicaKey = tuple[str, int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,23 +149,6 @@ def set_condition(
     return tuple(result)
 
 
-def format_time(value: datetime.datetime) -> str:
-    """RFC 3339 in UTC with a Z, as the API server writes metav1.Time."""
-    return value.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: object) -> datetime.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
-    return parsed
-
-
 def to_dict(job: spec.TrainJob, status: JobStatus) -> dict[str, Any]:
     """The `status` object written to the API server (and printed by local mode)."""
     result: dict[str, Any] = {
@@ -180,7 +162,7 @@ def to_dict(job: spec.TrainJob, status: JobStatus) -> dict[str, Any]:
                 "status": "True" if c.status else "False",
                 "reason": c.reason,
                 "message": c.message,
-                "lastTransitionTime": format_time(c.last_transition_time),
+                "lastTransitionTime": times.format_time(c.last_transition_time),
             }
             for c in status.conditions
         ],
@@ -191,11 +173,11 @@ def to_dict(job: spec.TrainJob, status: JobStatus) -> dict[str, Any]:
         },
     }
     if status.start_time is not None:
-        result["startTime"] = format_time(status.start_time)
+        result["startTime"] = times.format_time(status.start_time)
     if status.attempt_start_time is not None:
-        result["attemptStartTime"] = format_time(status.attempt_start_time)
+        result["attemptStartTime"] = times.format_time(status.attempt_start_time)
     if status.completion_time is not None:
-        result["completionTime"] = format_time(status.completion_time)
+        result["completionTime"] = times.format_time(status.completion_time)
     if status.observed_generation is not None:
         result["observedGeneration"] = status.observed_generation
     return result
@@ -254,7 +236,7 @@ def from_dict(raw: object) -> JobStatus:
                 status=item.get("status") == "True",
                 reason=str(item.get("reason") or ""),
                 message=str(item.get("message") or ""),
-                last_transition_time=parse_time(item.get("lastTransitionTime"))
+                last_transition_time=times.parse_time(item.get("lastTransitionTime"))
                 or datetime.datetime.fromtimestamp(0, datetime.timezone.utc),
             )
         )
@@ -285,9 +267,9 @@ def from_dict(raw: object) -> JobStatus:
         replicas=replicas,
         restart_count=int(raw.get("restartCount") or 0),
         disruption_count=int(raw.get("disruptionCount") or 0),
-        start_time=parse_time(raw.get("startTime")),
-        attempt_start_time=parse_time(raw.get("attemptStartTime")),
-        completion_time=parse_time(raw.get("completionTime")),
+        start_time=times.parse_time(raw.get("startTime")),
+        attempt_start_time=times.parse_time(raw.get("attemptStartTime")),
+        completion_time=times.parse_time(raw.get("completionTime")),
         observed_generation=generation if isinstance(generation, int) else None,
     )
 

@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from trainjob.core import constants, policy
+from trainjob.core import constants, policy, times
 from trainjob.core import status as st
 
 REASON_CREATED: Final = "TFJobCreated"
@@ -48,7 +48,7 @@ class PodPhase:
 
 
 def _stamp(when: datetime.datetime) -> str:
-    return st.format_time(when)
+    return times.format_time(when)
 
 
 def set_condition(

@@ -22,19 +22,9 @@ from trainjob.cliutil import (
     parse_job,
     source_name,
 )
+from trainjob.console import outcome, view
 from trainjob.core import spec
-from trainjob.local import (
-    board,
-    data,
-    executor,
-    gpus,
-    outcome,
-    plan,
-    rundir,
-    runs,
-    supervisor,
-    view,
-)
+from trainjob.local import board, data, executor, gpus, plan, rundir, runs, supervisor
 
 RUN_DESCRIPTION: Final = """\
 Run a TrainJob on this machine: every replica is a process on 127.0.0.1 with the same

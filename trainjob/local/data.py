@@ -11,8 +11,9 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from trainjob.console import logfilter
 from trainjob.core import constants
-from trainjob.local import logfilter, plan
+from trainjob.local import plan
 
 PREPARE_MNIST: Final = (sys.executable, "-m", "trainjob", "data", "prepare", "mnist")
 

@@ -17,22 +17,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TextIO
 
-from trainjob.core import policy, progress_events
+from trainjob.console import logfilter, outcome, replica_progress, view
+from trainjob.console.terminal import Terminal
+from trainjob.core import policy, progress_events, times
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local import (
-    data,
-    logfilter,
-    netns,
-    outcome,
-    plan,
-    replica_progress,
-    rundir,
-    supervisor,
-    view,
-)
-from trainjob.local.plan import ReplicaKey
-from trainjob.local.terminal import Terminal
+from trainjob.core.naming import ReplicaKey
+from trainjob.local import data, netns, plan, rundir, supervisor
 
 POLL_SECONDS: Final = 0.1
 
@@ -209,7 +200,7 @@ class Executor:
                     f"{self.job.run_policy.startup_deadline_seconds})"
                 )
             return
-        log = self.recorder.open_log(process, attempt, st.format_time(self.now()))
+        log = self.recorder.open_log(process, attempt, times.format_time(self.now()))
         problem = self.processes.start(process, attempt, log)
         if problem is not None:
             self.emit(view.prefix_line(key, problem, self._width))

@@ -25,9 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from trainjob.core import constants, naming, spec, tfconfig
+from trainjob.core.naming import ReplicaKey
 from trainjob.local import gpus as gpus_mod
-
-ReplicaKey = tuple[str, int]
 
 LOCAL_NAMESPACE: Final = "local"
 LOGS_DIR: Final = "logs"
@@ -75,7 +74,7 @@ class ProcessPlan:
     @property
     def label(self) -> str:
         """`worker-0`: the runtime's replica name, used as the terminal prefix."""
-        return label(self.key)
+        return naming.replica_label(self.key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,11 +100,6 @@ class RunPlan:
             if process.key == key:
                 return process
         raise KeyError(key)
-
-
-def label(key: ReplicaKey) -> str:
-    """`worker-0`: how a replica is named in logs, tables and file names."""
-    return f"{key[0]}-{key[1]}"
 
 
 def default_run_dir(cwd: str, job_name: str) -> str:

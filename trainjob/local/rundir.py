@@ -16,8 +16,10 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any, Final, TextIO
 
-from trainjob.local import logfilter, outcome, plan, view
-from trainjob.local.plan import ReplicaKey
+from trainjob.console import logfilter, outcome, view
+from trainjob.core import naming
+from trainjob.core.naming import ReplicaKey
+from trainjob.local import plan
 from trainjob.local.supervisor import ProcessRecord
 
 LOCK_FILE: Final = ".trainjob.lock"
@@ -214,7 +216,7 @@ class Recorder:
     def write_processes(self, records: Mapping[ReplicaKey, ProcessRecord]) -> None:
         """processes.json: the latest process of every replica (pid, attempt, port, exit)."""
         for key, record in records.items():
-            self._processes[plan.label(key)] = {
+            self._processes[naming.replica_label(key)] = {
                 "pid": record.pid,
                 "attempt": record.attempt,
                 "port": record.port,
@@ -229,7 +231,7 @@ class Recorder:
         """Why a replica failed, quoted from the end of its log."""
         path = self._plan.process(key).log_path
         return outcome.Cause(
-            plan.label(key), logfilter.last_exception_line(read_log_tail(path)), path
+            naming.replica_label(key), logfilter.last_exception_line(read_log_tail(path)), path
         )
 
     def has_checkpoint(self) -> bool:

@@ -8,8 +8,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from trainjob.console.outcome import INTERRUPTED
 from trainjob.core import status as st
-from trainjob.local.outcome import INTERRUPTED
 
 UNKNOWN: Final = "Unknown"
 _ENDED: Final = (st.SUCCEEDED, st.FAILED, INTERRUPTED)

@@ -28,8 +28,8 @@ from types import FrameType
 from typing import IO, Final
 
 from trainjob.core import policy
+from trainjob.core.naming import ReplicaKey
 from trainjob.local import netns, plan
-from trainjob.local.plan import ReplicaKey
 
 EXEC_FAILED_EXIT_CODE: Final = 127  # what a shell reports for a command it cannot run
 # A Python start and two system calls: seconds only on a machine that is very busy.

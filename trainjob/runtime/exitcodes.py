@@ -34,7 +34,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from trainjob.core import policy
+from trainjob.core import constants
 
 
 class FailureKind(enum.Enum):
@@ -58,7 +58,7 @@ EXIT_CODES: Final[Mapping[FailureKind, int]] = {
     FailureKind.UNSUPPORTED: 4,
     FailureKind.RESOURCE_EXHAUSTED: 5,
     # The core's constant: the policy names a job's failure by it (reason NonFiniteLoss).
-    FailureKind.NON_FINITE_LOSS: policy.EXIT_CODE_NON_FINITE_LOSS,
+    FailureKind.NON_FINITE_LOSS: constants.EXIT_CODE_NON_FINITE_LOSS,
     FailureKind.PEER_UNAVAILABLE: 190,
     FailureKind.COLLECTIVE_TIMEOUT: 191,
     FailureKind.PREEMPTED: 143,

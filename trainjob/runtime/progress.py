@@ -16,19 +16,18 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from trainjob.core import progress as core_progress
-from trainjob.core.progress_events import format_line, make_event, report_state
+from trainjob.core.progress_events import epoch_number, format_line, make_event, report_state
 from trainjob.runtime import reporter as reporter_mod
 
 
 def track(tracker: reporter_mod.Tracker, record: Mapping[str, Any]) -> None:
-    """Feed one event into the tracker (events count epochs from 0, reports from 1)."""
+    """Feed one event into the tracker."""
     if record.get("event") == "start":
         tracker.restart_timer()
-    epoch = record.get("epoch")
     metrics = record.get("metrics")
     tracker.update(
         step=record["step"] if isinstance(record.get("step"), int) else None,
-        epoch=epoch + 1 if isinstance(epoch, int) else None,
+        epoch=epoch_number(record),
         loss=record.get("loss"),
         metrics=metrics if isinstance(metrics, Mapping) else None,
         examples_per_second=record.get("examples_per_sec"),
@@ -85,7 +84,7 @@ class Emitter:
             if event == "end":
                 self.reporter.finish(report_state(record))
             elif event == "epoch":
-                self.reporter.epoch_end(int(record.get("epoch") or 0) + 1)
+                self.reporter.epoch_end(epoch_number(record) or 1)
         # One write per line and an explicit flush: executors tail stdout while the process runs.
         self.stream.write(format_line(record) + "\n")
         self.stream.flush()

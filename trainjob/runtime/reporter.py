@@ -38,7 +38,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from trainjob.core import constants, observe
+from trainjob.core import constants, termination
 from trainjob.core import progress as core_progress
 from trainjob.runtime import exitcodes
 
@@ -51,8 +51,6 @@ REQUEST_TIMEOUT: Final = 5.0
 # How long `finish` waits for the final report to go out before the process exits.
 FINISH_TIMEOUT: Final = 5.0
 LOG_EVERY: Final = 60.0
-# The kubelet keeps the first 4 KiB of a termination message; leave room to spare.
-TERMINATION_MESSAGE_LIMIT: Final = 4000
 # Answers that the same report would get again: the final report is not retried after them.
 PERMANENT_REFUSALS: Final = (400, 401, 403, 404, 413, 415)
 
@@ -350,7 +348,7 @@ def write_termination_message(env: Mapping[str, str], report: core_progress.Repo
     if not path:
         return
     with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as handle:
-        handle.write(core_progress.termination_message(report))
+        handle.write(termination.with_report(report))
 
 
 def exception_line(exc: BaseException) -> str:
@@ -375,23 +373,6 @@ def termination_path(env: Mapping[str, str], exists: Callable[[str], bool]) -> s
     return default if exists(default) else None
 
 
-def with_error(previous: str, line: str) -> str:
-    """A termination message with the replica's exception line beside what it held already
-    (the chief's final progress report), as one JSON object the operator's observe reads. The
-    kubelet keeps 4 KiB: past that the error alone is kept, as it says why the job failed."""
-    line = observe.cut_cause(line)
-    merged: dict[str, Any] = {}
-    with contextlib.suppress(ValueError):
-        parsed = json.loads(previous) if previous.strip() else {}
-        if isinstance(parsed, dict):
-            merged = parsed
-    merged[observe.TERMINATION_ERROR_KEY] = line
-    text = json.dumps(merged, separators=(",", ":"))
-    if len(text) > TERMINATION_MESSAGE_LIMIT:
-        text = json.dumps({observe.TERMINATION_ERROR_KEY: line}, separators=(",", ":"))
-    return text
-
-
 def write_termination_error(env: Mapping[str, str], exc: BaseException) -> None:
     """Record why this replica failed in its termination message, so the job's status quotes
     it even after cleanPodPolicy deleted the Pod and its log."""
@@ -400,9 +381,9 @@ def write_termination_error(env: Mapping[str, str], exc: BaseException) -> None:
         return
     previous = ""
     with contextlib.suppress(OSError), open(path, encoding="utf-8") as handle:
-        previous = handle.read(TERMINATION_MESSAGE_LIMIT + 1)
+        previous = handle.read(termination.LIMIT + 1)
     with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as handle:
-        handle.write(with_error(previous, exception_line(exc)))
+        handle.write(termination.with_error(previous, exception_line(exc)))
 
 
 class ProgressReporter:

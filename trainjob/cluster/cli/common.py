@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from trainjob.cliutil import EXIT_FAILED, CliError
 from trainjob.cluster import objects
 from trainjob.cluster.errors import DEFAULT_REQUEST_TIMEOUT, INSTALL_HINT, ClusterError
-from trainjob.core import constants
+from trainjob.core import constants, times
 
 if TYPE_CHECKING:  # imported when a command runs: it imports the kubernetes package
     from trainjob.cluster import api
@@ -45,7 +45,7 @@ def add_cluster_flags(parser: argparse.ArgumentParser, *, all_namespaces: bool =
 def _request_timeout(text: str) -> float:
     """kubectl's --request-timeout: a duration (`30s`, `2m`; a bare number is seconds)."""
     try:
-        return objects.parse_duration(text)
+        return times.parse_duration(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 

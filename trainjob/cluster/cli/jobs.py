@@ -18,7 +18,7 @@ from trainjob.cluster.cli.common import (
     connected,
     utc_now,
 )
-from trainjob.core import constants, tfjob
+from trainjob.core import constants, tfjob, times
 
 WAIT_FOR: Final = show.WAIT_FOR
 
@@ -84,7 +84,7 @@ def add_wait_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _duration(text: str) -> float:
     try:
-        return objects.parse_duration(text)
+        return times.parse_duration(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 

@@ -13,7 +13,7 @@ from trainjob.cliutil import EXIT_FAILED, EXIT_OK, EXIT_SIGINT, CliError, Stream
 from trainjob.cluster import describe, objects, show
 from trainjob.cluster.cli.common import add_cluster_flags, connected
 from trainjob.cluster.errors import ClusterError
-from trainjob.local import logfilter, view
+from trainjob.console import logfilter, view
 
 if TYPE_CHECKING:  # imported when a command runs: it imports the kubernetes package
     from trainjob.cluster import api

@@ -32,8 +32,8 @@ from trainjob.cluster.cli.common import (
     utc_now,
 )
 from trainjob.cluster.errors import ClusterError
-from trainjob.local import outcome, view
-from trainjob.local.terminal import Terminal
+from trainjob.console import outcome, view
+from trainjob.console.terminal import Terminal
 
 if TYPE_CHECKING:  # imported when a command runs: it imports the kubernetes package
     from trainjob.cluster import api

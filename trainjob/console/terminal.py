@@ -1,6 +1,6 @@
-"""Where `trainjob run` writes: on a TTY, log lines scroll above a live table redrawn in place;
-anything else gets plain lines. The only module of local mode that writes to the terminal
-during a run (the view makes the text, this module puts it on the screen).
+"""Where `trainjob run` and `trainjob submit --follow` write: on a TTY, log lines scroll above a
+live table redrawn in place; anything else gets plain lines. The only module that writes to the
+terminal during a run (the view makes the text, this module puts it on the screen).
 
 A closed window or a closed pipe does not end the run by itself: the terminal just stops
 writing, and says whether the reader went away (`| head`), so the run can stop cleanly as a
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Final, TextIO
 
-from trainjob.local import view
+from trainjob.console import view
 
 REDRAW_SECONDS: Final = 0.5  # the live table refreshes at least this often on a TTY
 

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from trainjob import cliutil
+from trainjob.console.replica_progress import ReplicaProgress
 from trainjob.core import constants, spec
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local.plan import ReplicaKey
-from trainjob.local.replica_progress import ReplicaProgress
+from trainjob.core.naming import ReplicaKey
 
 INTERRUPTED: Final = "Interrupted"
 # The exit codes of the SIGKILL / SIGTERM that trainjob sends (137, 143), as the supervisor

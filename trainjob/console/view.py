@@ -1,9 +1,9 @@
-"""What local mode shows (pure): replica log prefixes, progress lines, the live table, the
-summary.
+"""What a run shows, locally and on a cluster (pure): replica log prefixes, progress lines, the
+live table, the summary.
 
 The view takes states, not processes: a `Snapshot` of the job, its status, one `ReplicaRow` per
-replica and their progress, from any source (local processes now, a cluster later). Every
-function returns strings; `trainjob.local.terminal` decides where they go (a TTY gets the live
+replica and their progress, from any source (local processes, or a cluster's objects). Every
+function returns strings; `trainjob.console.terminal` decides where they go (a TTY gets the live
 table redrawn below the logs, anything else gets one plain line per event).
 
 The live table is sized for the terminal it is drawn on: every line is cut to `width - 1`
@@ -20,13 +20,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from trainjob.core import constants, policy, spec
+from trainjob.console.logfilter import terminal_safe
+from trainjob.console.outcome import INTERRUPTED, Cause, Summary, final_state, killed_by
+from trainjob.console.replica_progress import ReplicaProgress, fold, job_step, lead_replica
+from trainjob.core import constants, policy, spec, times
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
-from trainjob.local.logfilter import terminal_safe
-from trainjob.local.outcome import INTERRUPTED, Cause, Summary, final_state, killed_by
-from trainjob.local.plan import ReplicaKey, label
-from trainjob.local.replica_progress import ReplicaProgress, fold, job_step, lead_replica
+from trainjob.core.naming import ReplicaKey, replica_label
 
 ANSI_UP: Final = "\x1b[{n}A"
 ANSI_ERASE_LINE: Final = "\x1b[K"  # from the cursor to the end of its row
@@ -74,7 +74,7 @@ def _progress_fields(progress: ReplicaProgress | None, job: spec.TrainJob) -> di
     epochs, total = _config_totals(job)
     fields: dict[str, str] = {}
     if progress.epoch is not None:
-        fields["epoch"] = f"epoch {progress.epoch + 1}" + (f"/{epochs}" if epochs else "")
+        fields["epoch"] = f"epoch {progress.epoch}" + (f"/{epochs}" if epochs else "")
     if progress.step is not None:
         fields["step"] = f"step {progress.step}" + (f"/{total}" if total else "")
     if progress.loss is not None:
@@ -95,20 +95,21 @@ def event_line(
     """One plain line for a progress event (non-TTY output). `stopped`: trainjob stopped this
     replica itself, so its preempted end is the expected one, not a failure."""
     kind = event.get("event")
+    name = replica_label(key)
     progress = fold(None, event)
     text = progress_text(progress, job)
     if kind == "start":
         step = event.get("initial_step") or 0
         detail = f"resumed at step {step}" if step else "started training"
-        return f"[{label(key)}] progress: {detail}"
+        return f"[{name}] progress: {detail}"
     if kind == "checkpoint":
-        return f"[{label(key)}] progress: checkpoint at step {event.get('step')}"
+        return f"[{name}] progress: checkpoint at step {event.get('step')}"
     if kind == "end" and stopped and event.get("status") != "succeeded":
-        return f"[{label(key)}] progress: stopped {text}".rstrip()
+        return f"[{name}] progress: stopped {text}".rstrip()
     if kind == "end":
         export = f", model at {event['export']}" if event.get("export") else ""
-        return f"[{label(key)}] progress: ended ({event.get('status')}){export} {text}".rstrip()
-    return f"[{label(key)}] progress: {text}"
+        return f"[{name}] progress: ended ({event.get('status')}){export} {text}".rstrip()
+    return f"[{name}] progress: {text}"
 
 
 def keeps_line(key: ReplicaKey, event: Mapping[str, Any], job: spec.TrainJob) -> bool:
@@ -128,7 +129,7 @@ def prefix_line(
     key: ReplicaKey, line: str, width: int, *, color: bool = False, style: str | None = None
 ) -> str:
     """`worker-0   | <log line>`: every replica's output on one terminal, told apart."""
-    prefix = styled(f"{label(key):<{width}} |", style, color)
+    prefix = styled(f"{replica_label(key):<{width}} |", style, color)
     return f"{prefix} {terminal_safe(line)}".rstrip()
 
 
@@ -139,7 +140,7 @@ def log_line(label_text: str | None, line: str, width: int) -> str:
 
 
 def prefix_width(keys: Sequence[ReplicaKey]) -> int:
-    return max((len(label(key)) for key in keys), default=8)
+    return max((len(replica_label(key)) for key in keys), default=8)
 
 
 def prefix_style(index: int) -> str:
@@ -152,15 +153,6 @@ def engine_event_line(event: policy.Event, color: bool = False) -> str:
 
 
 # ----- the live table -----
-def duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m{secs:02d}s"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
-
-
 @dataclasses.dataclass(frozen=True)
 class ReplicaRow:
     key: ReplicaKey
@@ -190,7 +182,7 @@ def _row_fields(
 ) -> dict[str, _Field]:
     state = row.state or "Starting"
     fields = {
-        "label": _Field("label", label(row.key)),
+        "label": _Field("label", replica_label(row.key)),
         "state": _Field("state", state, _STATE_STYLES.get(state)),
         "attempt": _Field("attempt", f"attempt {row.attempt}"),
     }
@@ -267,7 +259,7 @@ def _job_line(snapshot: Snapshot, width: int) -> list[Segment]:
     parts: list[tuple[str, Segment]] = [
         ("name", (f"{snapshot.kind} {job.name}", STYLE_BOLD)),
         ("state", (state, _STATE_STYLES.get(state))),
-        ("time", (duration(snapshot.elapsed_seconds), None)),
+        ("time", (times.format_elapsed(snapshot.elapsed_seconds), None)),
     ]
     if step is not None:
         percent = f" ({math.floor(core_progress.step_percent(step, total))}%)" if total else ""
@@ -277,7 +269,7 @@ def _job_line(snapshot: Snapshot, width: int) -> list[Segment]:
     if report is not None and report.eta_seconds is not None:
         eta = report.eta_seconds
     if eta is not None and not status.finished:
-        parts.append(("eta", (f"ETA {duration(eta)}", None)))
+        parts.append(("eta", (f"ETA {times.format_elapsed(eta)}", None)))
     parts.append(
         ("restarts", (f"restarts {status.restart_count}/{job.run_policy.backoff_limit}", None))
     )
@@ -391,7 +383,8 @@ def summary_text(summary: Summary, color: bool = False) -> str:
     """The final summary: state, reason, cause, duration, restarts, last exit codes, paths."""
     job, status = summary.job, summary.status
     state = final_state(summary)
-    title = f"{summary.kind} {job.name} {state} after {duration(summary.elapsed_seconds)}"
+    after = times.format_elapsed(summary.elapsed_seconds)
+    title = f"{summary.kind} {job.name} {state} after {after}"
     lines = [styled(title, _STATE_STYLES.get(state, STYLE_BOLD), color)]
     if summary.problem is not None:
         lines.append(f"  reason:     {summary.problem}")
@@ -417,9 +410,8 @@ def summary_text(summary: Summary, color: bool = False) -> str:
     for key in job.replica_keys():
         record = status.record(key)
         code = "-" if record.exit_code is None else str(record.exit_code)
-        codes.append(
-            f"{label(key)}={code} ({record.state or 'not started'}, attempt {record.attempt})"
-        )
+        state = record.state or "not started"
+        codes.append(f"{replica_label(key)}={code} ({state}, attempt {record.attempt})")
     lines.append("  last exit:  " + _joined_limited(codes, 16))
     step = job_step(summary.progress)
     if summary.report is not None and core_progress.summary(summary.report):

@@ -7,15 +7,16 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from trainjob.core import spec
-from trainjob.local.plan import ReplicaKey
+from trainjob.core import progress_events, spec
+from trainjob.core.naming import ReplicaKey
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplicaProgress:
-    """The latest progress event numbers of one replica (from TRAINJOB_PROGRESS lines)."""
+    """The latest progress numbers of one replica: from its TRAINJOB_PROGRESS events (local
+    mode), or from the job's progress report (a cluster job)."""
 
-    epoch: int | None = None
+    epoch: int | None = None  # counted from 1, as a report counts it
     step: int | None = None
     loss: float | None = None
     examples_per_sec: float | None = None
@@ -30,7 +31,10 @@ def fold(current: ReplicaProgress | None, event: Mapping[str, Any]) -> ReplicaPr
     base = current or ReplicaProgress()
     kind = event.get("event")
     changes: dict[str, Any] = {}
-    for name in ("epoch", "step", "loss", "examples_per_sec", "checkpoint", "export"):
+    epoch = progress_events.epoch_number(event)
+    if epoch is not None:
+        changes["epoch"] = epoch
+    for name in ("step", "loss", "examples_per_sec", "checkpoint", "export"):
         value = event.get(name)
         if value is not None:
             changes[name] = value
