@@ -714,6 +714,24 @@ def test_a_preempted_worker_restarts_uncounted_with_reason_preempted() -> None:
     assert st.to_dict(world.job, world.status)["disruptionCount"] == 1
 
 
+def test_a_disruption_after_backoff_limit_was_lowered_below_the_restarts_used_is_not_counted() -> (
+    None
+):
+    """backoffLimit counts failures, never disruptions: with the limit edited below the
+    restarts already used, a preemption still restarts uncounted (it crashed the reconcile)."""
+    world = started(make_job({"worker": 2}))
+    world.status = dataclasses.replace(world.status, restart_count=3)
+    run_policy = dataclasses.replace(world.job.run_policy, backoff_limit=1)
+    world.job = dataclasses.replace(world.job, run_policy=run_policy)
+    disrupt(world, ("worker", 1), "PreemptionByScheduler", "Preempted by pod abc on node n1")
+    world.reconcile(at(10))
+    world.finish_deletions()
+    world.reconcile(at(11))
+    assert world.state() == "Restarting"
+    assert (world.status.restart_count, world.status.disruption_count) == (3, 1)
+    assert world.condition(st.RESTARTING).reason == "Preempted"
+
+
 def test_peers_that_fail_because_a_worker_was_evicted_are_not_counted_either() -> None:
     """All-reduce: worker 0 exits 1 within seconds of losing worker 1, whose Pod is still
     terminating under DisruptionTarget; the eviction is the cause, not worker 0's exit."""

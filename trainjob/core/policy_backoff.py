@@ -39,8 +39,10 @@ def delay_remaining(
 
 
 def exceeds_backoff_limit(job: spec.TrainJob, restart_count: int, restarts: int) -> bool:
-    """Whether `restarts` more restarts, after `restart_count`, are more than backoffLimit."""
-    return restart_count + restarts > job.run_policy.backoff_limit
+    """Whether `restarts` more restarts, after `restart_count`, are more than backoffLimit.
+    None more never are: with the limit edited below the restarts already used, a disruption
+    alone (not counted) still restarts."""
+    return restarts > 0 and restart_count + restarts > job.run_policy.backoff_limit
 
 
 def fail_past_backoff_limit(draft: DecisionDraft, what: str, last_words: str = "") -> None:
