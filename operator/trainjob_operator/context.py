@@ -156,7 +156,7 @@ class OperatorContext:
 
 
 async def release_workloads(
-    rt: OperatorContext,
+    ctx: OperatorContext,
     key: JobKey,
     now: datetime.datetime,
     workloads: Sequence[Mapping[str, Any]] | None = None,
@@ -166,11 +166,11 @@ async def release_workloads(
     Workload is then deleted by the garbage collector, and its next watch event
     (deletionTimestamp set) releases it (`_release_if_orphaned`)."""
     if workloads is None:
-        workloads = [w.body for w in rt.child_index.workloads(key)]
+        workloads = [w.body for w in ctx.child_index.workloads(key)]
     if not workloads:
         return
     try:
-        if not await pods_stopped(rt, key, workloads):
+        if not await pods_stopped(ctx, key, workloads):
             logger.warning(
                 "Released the Workloads of deleted TrainJob %s/%s while some of its Pods "
                 "still run (%.0fs after it was deleted)",
@@ -178,7 +178,7 @@ async def release_workloads(
                 RELEASE_WAIT_SECONDS,
             )
             now = datetime.datetime.now(datetime.timezone.utc)
-        await kueue.finalize(rt.kube, workloads, now)
+        await kueue.finalize(ctx.kube, workloads, now)
     except (kube.TransientError, kube.RejectedError) as exc:
         logger.warning("Could not release the Workloads of TrainJob %s/%s: %s", *key, exc)
 
@@ -193,7 +193,7 @@ RELEASE_POLL_MAX: Final = 5.0
 
 
 async def pods_stopped(
-    rt: OperatorContext, key: JobKey, workloads: Sequence[Mapping[str, Any]]
+    ctx: OperatorContext, key: JobKey, workloads: Sequence[Mapping[str, Any]]
 ) -> bool:
     """Wait until no Pod of the deleted job may still run, or RELEASE_WAIT_SECONDS have
     passed (False). Why wait: the TrainJob is gone at once, but the garbage collector
@@ -206,8 +206,8 @@ async def pods_stopped(
     deadline = time.monotonic() + RELEASE_WAIT_SECONDS
     asks = 0
     while True:
-        indexed = rt.child_index.pods(key)
-        if all([await pods_left.gone(rt.kube, key[0], key[1], uid, indexed) for uid in owners]):
+        indexed = ctx.child_index.pods(key)
+        if all([await pods_left.gone(ctx.kube, key[0], key[1], uid, indexed) for uid in owners]):
             return True
         asks += 1
         pause = kube.retry_delay(asks, RELEASE_POLL_FIRST, RELEASE_POLL_MAX)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-from trainjob.core import policy_disruption, policy_success, spec
+from trainjob.core import constants, policy_disruption, policy_success, spec
 from trainjob.core.policy_terms import (
     DELETED,
     REASON_FAILED,
@@ -22,7 +22,7 @@ from trainjob.core.policy_terms import (
 # Exit codes 1-127 are the program's own verdict; >= 128 means killed by a signal (128 + n).
 FIRST_SIGNAL_EXIT_CODE: Final = 128
 # The runtime's exit code for a training loss that became NaN or +/-Inf (permanent: 1-127).
-EXIT_CODE_NON_FINITE_LOSS: Final = 6
+EXIT_CODE_NON_FINITE_LOSS: Final = constants.EXIT_CODE_NON_FINITE_LOSS
 
 
 class Fate(enum.Enum):

@@ -44,29 +44,17 @@ from trainjob.core.model import (
     tf_container,
     tf_port,
 )
-from trainjob.core.yamlload import MAX_YAML_NODES, YamlError, load_documents
+from trainjob.core.yamlload import YamlError, load_documents
 
 __all__ = [
     "CLEAN_POD_POLICIES",
-    "DEFAULT_BACKOFF_LIMIT",
-    "DEFAULT_DISRUPTION_LIMIT",
-    "DEFAULT_STARTUP_DEADLINE_SECONDS",
     "FRAMEWORKS",
-    "MAX_JOB_NAME_LENGTH",
-    "MAX_REPLICAS",
-    "MAX_YAML_NODES",
     "NETWORK_ISOLATIONS",
-    "OBJECT_META_FIELDS",
     "PROGRESS_DEADLINE_ACTIONS",
     "RESTART_POLICIES",
     "STRATEGIES",
     "SUCCESS_POLICIES",
-    "CheckpointSpec",
     "Problem",
-    "ReplicaSpec",
-    "RunPolicy",
-    "RuntimeSpec",
-    "SchedulingPolicy",
     "SpecError",
     "TrainJob",
     "YamlError",
