@@ -186,7 +186,13 @@ def test_kueue_tfjob_preempted_is_admitted_again_when_room_is_back(
         timeout=T,
         what="low admitted again once high finished",
     )
-    assert cluster.conditions("low")[-1] == ("Suspended", "False", "TFJobResumed")
+    # The TFJob's own status is written after its Pods (as training-operator does): it may
+    # follow them by a moment.
+    waits.wait_until(
+        lambda: cluster.conditions("low")[-1] == ("Suspended", "False", "TFJobResumed"),
+        timeout=T,
+        what="low's TFJob status says it resumed",
+    )
     assert spec_of(cluster, "low")["runPolicy"]["suspend"] is False
 
 
