@@ -3,7 +3,8 @@
     POST /v1/namespaces/{namespace}/trainjobs/{name}/progress
     Authorization: Bearer <the Pod's projected token, audience trainjob.dev/progress/{ns}/{name}>
     Content-Type: application/json
-    <a report: trainjob.core.progress>
+    <a report: trainjob.core.progress; a replica other than the chief sends one report of
+     its replica and `devices` when it starts, folded into status per replica>
 
 Answers (a JSON body {"error": ...} names the problem):
   202 accepted (kept as the job's latest; written to status under the write budget)

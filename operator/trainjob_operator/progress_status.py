@@ -10,6 +10,13 @@ queue and go at once, so a finished job shows its final figures right away.
 A job that ends between two reports still shows its final figures: the runtime also writes
 the final report as the container's termination message, which arrives here with the Pod's
 watch event (`observe_pod`, fed by the informer the operator already runs).
+
+Devices: the chief's reports carry its devices, every other replica sends one report of its
+devices when it starts. They are folded per replica (`progress.fold_devices`) and written as
+`status.progress.replicaDevices` and `deviceSummary`; such a report of another replica never
+replaces the job's progress. A replica says its devices once, so a write never removes an
+entry, and what status already holds (written before an operator restart) is folded back in
+from the object a write returns (`resync_devices`), with one more write when the line changed.
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ class Latest:
     # (runPolicy.progressDeadlineSeconds) measures from. A hung collective keeps reporting
     # the same step; a stopped process reports nothing: neither moves it.
     advanced_at: datetime.datetime | None = None
+    # The devices of the job's replicas, by replica (every replica's report of them folded).
+    devices: Mapping[str, progress.Devices] = dataclasses.field(default_factory=dict)
 
 
 def advanced(current: Latest | None, new: progress.Report) -> bool:
@@ -72,6 +81,8 @@ def supersedes(current: progress.Report | None, new: progress.Report) -> bool:
     a later one (a restarted job reporting again)."""
     if current is None:
         return True
+    if new.replica != current.replica and not progress.says_progress(new):
+        return False  # another replica saying only which devices it trains on
     if dataclasses.replace(current, time=None) == dataclasses.replace(new, time=None):
         return False
     if current.time is not None and new.time is not None:
@@ -80,16 +91,38 @@ def supersedes(current: progress.Report | None, new: progress.Report) -> bool:
 
 
 def status_patch(
-    report: progress.Report, received: datetime.datetime, old_metrics: frozenset[str]
+    report: progress.Report,
+    received: datetime.datetime,
+    old_metrics: frozenset[str],
+    devices: Mapping[str, progress.Devices] | None = None,
 ) -> dict[str, Any]:
     """The merge patch of `status.progress`: every field we own is set or nulled, so nothing
-    of an older report survives next to the new one."""
-    value = progress.status_progress(report, received)
+    of an older report survives next to the new one; the replicas' devices (all known, by
+    replica) are set when known and never removed (a replica says them once)."""
+    value = progress.status_progress(report, received, devices or {})
     patch: dict[str, Any] = {key: value.get(key) for key in progress.STATUS_FIELDS}
     metrics: dict[str, Any] = dict.fromkeys(old_metrics)
     metrics.update(value.get("metrics") or {})
     patch["metrics"] = metrics or None
+    patch.update(progress.devices_status(devices or {}))
     return {"progress": patch}
+
+
+def resync_devices(
+    known: Mapping[str, progress.Devices], written: Mapping[str, Any] | None
+) -> dict[str, progress.Devices] | None:
+    """The devices to write again after a write that returned the TrainJob `written`: status
+    may hold replicas' devices this operator does not know (written before it restarted, or by
+    another replica of it), and the line was made without them. None when nothing is new."""
+    status = (written or {}).get("status")
+    seen = progress.devices_of_status(
+        status.get("progress") if isinstance(status, Mapping) else None
+    )
+    merged = dict(known)
+    for replica, devices in seen.items():
+        if replica not in merged and len(merged) < progress.MAX_DEVICE_REPLICAS:
+            merged[replica] = devices
+    return merged if merged != dict(known) else None
 
 
 def report_of_pod(body: Mapping[str, Any]) -> progress.Report | None:
@@ -138,10 +171,18 @@ class ProgressStatus:
     # -- what arrives -------------------------------------------------------------------------
 
     def offer(self, job: JobKey, report: progress.Report) -> bool:
-        """Keep `report` as the job's latest if it supersedes what is kept; True if so."""
+        """Keep `report` as the job's latest if it supersedes what is kept, and its devices
+        under its replica; True if either changed what is kept."""
         current = self._latest.get(job)
+        devices = progress.fold_devices(current.devices if current else {}, report)
         if not supersedes(current.report if current else None, report):
-            return False
+            if current is None or devices == current.devices:
+                return False
+            current.devices = devices  # written with the job's next write, queued now
+            if job not in self._finals:
+                self._waiting.setdefault(job, None)
+            self._wake.set()
+            return True
         now = datetime.datetime.now(datetime.timezone.utc)
         self._latest[job] = Latest(
             report,
@@ -151,6 +192,7 @@ class ProgressStatus:
             advanced_at=now
             if advanced(current, report) or current is None
             else current.advanced_at,
+            devices=devices,
         )
         if report.final:
             self._waiting.pop(job, None)
@@ -228,7 +270,8 @@ class ProgressStatus:
             latest = self._latest.get(job)
             if latest is None:
                 return
-            patch = status_patch(latest.report, latest.received, latest.written_metrics)
+            devices = latest.devices
+            patch = status_patch(latest.report, latest.received, latest.written_metrics, devices)
             try:
                 written = await self._api.patch_status(job[0], job[1], patch)
             except (kube.TransientError, kube.RejectedError) as exc:
@@ -255,6 +298,13 @@ class ProgressStatus:
             current = self._latest.get(job)
             if current is not None and current is not latest:
                 current.written_metrics = latest.written_metrics
+            if current is not None:
+                more = resync_devices(devices, written)
+                if more is not None:
+                    # Replicas' devices from status this operator did not know: the line
+                    # counts them from the next write on.
+                    current.devices = {**more, **current.devices}
+                    self._requeue(job, current)
         finally:
             self._slots.release()
 

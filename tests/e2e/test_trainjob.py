@@ -115,6 +115,11 @@ def test_multiworker_example_succeeds_exports_to_the_volume_and_kubectl_shows_it
 
     status = cluster.get_json("trainjob", job, "-n", namespace)["status"]
     assert status["replicaStatuses"]["worker"]["succeeded"] >= 1, status
+    # Each worker said what TensorFlow sees (worker 1 in its one report at start): no GPU here.
+    devices = status["progress"]["replicaDevices"]
+    assert sorted(devices) == ["worker-0", "worker-1"], devices
+    assert all(d["gpus"] == 0 for d in devices.values()), devices
+    assert status["progress"]["deviceSummary"] == "CPU", status["progress"]
     end = [e for e in cluster.progress(namespace, f"{job}-worker-0") if e["event"] == "end"]
     assert end and end[-1]["status"] == "succeeded", end
     assert end[-1]["step"] == 3 * 40, end  # epochs x steps_per_epoch
@@ -133,9 +138,11 @@ def test_multiworker_example_succeeds_exports_to_the_volume_and_kubectl_shows_it
         "PROGRESS",
         "ETA",
         "LOSS",
+        "DEVICES",
         "AGE",
     ]
     assert "Succeeded" in table.splitlines()[1], table
+    assert " CPU " in table.splitlines()[1], table  # the node has no GPU: said, not silent
     assert "TrainJobSucceeded" in table.splitlines()[1], table  # the Running condition's reason
     assert "100% (3/3)" in table.splitlines()[1], table
     described = cluster.kubectl("describe", "tj", job, "-n", namespace)

@@ -275,6 +275,7 @@ def test_printer_columns(
         "PROGRESS",
         "ETA",
         "LOSS",
+        "DEVICES",
         "AGE",
     ]
     assert row.split()[:8] == [

@@ -209,6 +209,22 @@ def _metric(op: operator_process.Operator, name: str) -> float:
     )
 
 
+def _printed(api: k8s.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    """The job's row as `kubectl get tj` receives it: the server-side Table of the CRD's
+    printer columns, by column name."""
+    method, url, headers, _, _ = api.param_serialize(
+        "GET",
+        f"/apis/{constants.API_VERSION}/namespaces/{namespace}/trainjobs/{name}",
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(method, url, header_params=headers)
+    table = json.loads(response.read() or b"{}")
+    assert table["kind"] == "Table", table
+    names = [column["name"] for column in table["columnDefinitions"]]
+    return dict(zip(names, table["rows"][0]["cells"], strict=True))
+
+
 def _start_job(cluster: Cluster, name: str) -> dict[str, k8s.V1Pod]:
     cluster.create_job(trainjob(name, chief=1, workers=1))
     pods = cluster.wait_pods(name, {f"{name}-chief-0", f"{name}-worker-0"}, timeout=T)
@@ -429,3 +445,65 @@ def test_progress_final_figures_from_the_termination_message(
     header, row = table.splitlines()[:2]
     assert "PROGRESS" in header and "ETA" in header and "LOSS" in header, table
     assert "100% (5/5)" in row and "0.1" in row, table
+
+
+def test_progress_devices_of_every_replica_in_status_and_the_devices_column(
+    cluster: Cluster,
+    control_plane: ControlPlane,
+    progress_operator: operator_process.Operator,
+    api_client: k8s.ApiClient,
+) -> None:
+    """The chief's reports carry its devices; worker 0 (not the reporting replica) sends one
+    report of its devices when it starts: both land in status per replica, the job's line in
+    the Devices column, and the worker's report never replaces the chief's progress."""
+    ns = cluster.namespace
+    _start_job(cluster, "dev")
+    job = Reporter(control_plane, progress_operator, ns, "dev")
+    audience = core_progress.audience(ns, "dev")
+    chief = _pod_token(cluster, "dev-chief-0", audience)
+    worker = _pod_token(cluster, "dev-worker-0", audience)
+    gpus = {"gpus": 2, "names": ["GPU:0", "GPU:1"], "cudaBuild": True, "cudaVersion": "12.5"}
+    report = {"replica": "chief-0", "step": 40, "totalSteps": 100, "devices": gpus}
+
+    def served() -> Reply | None:
+        reply = job.post({**report, "time": time.time()}, chief)
+        return reply if reply[0] not in (429, 503) else None
+
+    code, _, body = waits.wait_until(served, timeout=T, what="job dev served (not 503)")
+    assert code == 202, body
+    waits.wait_until(
+        lambda: _progress(cluster, "dev").get("deviceSummary") == "2 GPU",
+        timeout=T,
+        what="the chief's devices in status",
+    )
+    # A garbage devices field is refused naming it (the endpoint's 400), not a traceback.
+    code, _, body = job.post({"devices": {"gpus": "two"}}, worker)
+    assert code == 400 and body["error"].startswith("devices.gpus:"), body
+    code, _, body = job.post({"devices": [1]}, worker)
+    assert code == 400 and body["error"].startswith("devices:"), body
+    # Worker 0 trains on its CPU (a CUDA build that sees no GPU): said, not silent.
+    cpu = {"gpus": 0, "cudaBuild": True, "cudaVersion": "12.5"}
+    announce = {"replica": "worker-0", "devices": cpu, "time": time.time()}
+    assert job.post(announce, worker)[0] == 202
+    waits.wait_until(
+        lambda: _progress(cluster, "dev").get("deviceSummary") == "2 GPU + CPU",
+        timeout=T,
+        what="worker 0's devices folded into the job's line",
+    )
+    progress = _progress(cluster, "dev")
+    assert progress["replicaDevices"] == {"chief-0": gpus, "worker-0": cpu}, progress
+    # The job's progress is still the chief's.
+    assert (progress["replica"], progress["step"], progress["summary"]) == (
+        "chief-0",
+        40,
+        "40% (40/100)",
+    ), progress
+    # The chief's next report (the operator keeps what worker 0 said).
+    assert job.post({**report, "step": 50, "time": time.time()}, chief)[0] in (202, 429)
+    waits.wait_until(
+        lambda: _progress(cluster, "dev").get("step") == 50, timeout=T, what="the next report"
+    )
+    assert _progress(cluster, "dev")["deviceSummary"] == "2 GPU + CPU"
+    # What kubectl get tj shows: the CRD's printer column, from the server-side Table.
+    row = _printed(api_client, ns, "dev")
+    assert row["Devices"] == "2 GPU + CPU" and row["Progress"] == "50% (50/100)", row

@@ -159,9 +159,10 @@ def test_get_has_the_printer_columns_of_kubectl_get_tj() -> None:
         "(2/3)",
         "20s",
         "0.421",
+        "<none>",  # DEVICES: no replica said yet
         "2m",
     ]
-    assert lines[2].split() == ["fresh", *["<none>"] * 7, "2m"]
+    assert lines[2].split() == ["fresh", *["<none>"] * 8, "2m"]
     wide = show.jobs_table([RUNNING], NOW, all_namespaces=True, wide=True)
     assert wide[0].split()[0] == "NAMESPACE" and wide[0].split()[-2:] == ["STEP", "MESSAGE"]
     assert wide[1].split()[:2] == ["team-a", "mnist"] and "80/120" in wide[1]

@@ -170,7 +170,17 @@ def test_crd_names_and_subresources() -> None:
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["State", "Ready", "Restarts", "Reason", "Progress", "ETA", "Loss", "Age"]
+    assert columns == [
+        "State",
+        "Ready",
+        "Restarts",
+        "Reason",
+        "Progress",
+        "ETA",
+        "Loss",
+        "Devices",
+        "Age",
+    ]
     # Why a job is not running (ImagePullBackOff, Unschedulable, Preempted) at a glance.
     reason = version["additionalPrinterColumns"][3]
     assert reason["jsonPath"] == '.status.conditions[?(@.type=="Running")].reason'

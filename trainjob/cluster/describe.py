@@ -29,6 +29,7 @@ from trainjob.cluster.objects import (
 )
 from trainjob.console import view
 from trainjob.core import constants, containers, tfjob, times
+from trainjob.core import progress as core_progress
 from trainjob.core import status as st
 from trainjob.core.naming import replica_label
 
@@ -115,6 +116,10 @@ def describe_text(
             lines.append(f"Checkpoint:   {report.last_checkpoint}")
     else:
         lines.append(f"Progress:     {NONE}")
+    # What TensorFlow sees in each replica, as each said when it started (none for a TFJob).
+    devices = core_progress.devices_of_status(raw.get("progress"))
+    if devices:
+        lines.append(f"Devices:      {core_progress.devices_summary(devices)}")
     lines.append("Conditions:")
     conditions = _conditions(obj, status)
     if conditions:
@@ -124,22 +129,26 @@ def describe_text(
         lines.append(f"  {NONE}")
     lines.append("Replicas:")
     replica_rows = [["Replica", "State", "Attempt", "Exit Code", "Reason", "Pod"]]
+    if devices:
+        replica_rows[0].append("Devices")
     pods_by_key = {pod_key(p): name_of(p) for p in pods}
     for rtype, type_status in (raw.get("replicaStatuses") or {}).items():
         for entry in (type_status or {}).get("indexes") or []:
             key = (str(rtype), int(entry.get("index") or 0))
             exit_code = entry.get("exitCode")
-            replica_rows.append(
-                [
-                    replica_label(key),
-                    # A replica with no Pod of its attempt: starting, unless the job waits.
-                    entry.get("state") or (hold.state if hold is not None else "Starting"),
-                    str(entry.get("attempt") or 0),
-                    NONE if exit_code is None else str(exit_code),
-                    entry.get("reason") or "",
-                    pods_by_key.get(key, NONE),
-                ]
-            )
+            row = [
+                replica_label(key),
+                # A replica with no Pod of its attempt: starting, unless the job waits.
+                entry.get("state") or (hold.state if hold is not None else "Starting"),
+                str(entry.get("attempt") or 0),
+                NONE if exit_code is None else str(exit_code),
+                entry.get("reason") or "",
+                pods_by_key.get(key, NONE),
+            ]
+            if devices:
+                said = devices.get(replica_label(key))
+                row.append(NONE if said is None else core_progress.devices_detail(said))
+            replica_rows.append(row)
     if len(replica_rows) > 1:
         lines += ["  " + line for line in align(replica_rows)]
     else:

@@ -41,7 +41,18 @@ WAIT_FOR: Final = ("succeeded", "finished", "running")
 
 
 # ----- get -----
-HEADERS: Final = ("NAME", "STATE", "READY", "RESTARTS", "REASON", "PROGRESS", "ETA", "LOSS", "AGE")
+HEADERS: Final = (
+    "NAME",
+    "STATE",
+    "READY",
+    "RESTARTS",
+    "REASON",
+    "PROGRESS",
+    "ETA",
+    "LOSS",
+    "DEVICES",
+    "AGE",
+)
 
 
 def _cell(value: object) -> str:
@@ -62,6 +73,7 @@ def job_row(obj: Obj, now: datetime.datetime, *, wide: bool = False) -> list[str
         _cell(progress.get("summary")),
         _cell(progress.get("eta")),
         _cell(progress.get("loss")),
+        _cell(progress.get(core_progress.DEVICE_SUMMARY)),
         age(obj, now),
     ]
     if wide:

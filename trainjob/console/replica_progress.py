@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from trainjob.core import progress as core_progress
 from trainjob.core import progress_events, spec
 from trainjob.core.naming import ReplicaKey
 
@@ -24,6 +25,7 @@ class ReplicaProgress:
     export: str | None = None
     initial_step: int | None = None
     end_status: str | None = None
+    devices: core_progress.Devices | None = None  # what it trains on, from its start event
 
 
 def fold(current: ReplicaProgress | None, event: Mapping[str, Any]) -> ReplicaProgress:
@@ -41,6 +43,7 @@ def fold(current: ReplicaProgress | None, event: Mapping[str, Any]) -> ReplicaPr
     if kind == "start":
         changes["initial_step"] = event.get("initial_step")
         changes["end_status"] = None
+        changes["devices"] = progress_events.devices_of(event)
     if kind == "end":
         changes["end_status"] = event.get("status")
     return dataclasses.replace(base, **changes)

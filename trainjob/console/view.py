@@ -101,6 +101,8 @@ def event_line(
     if kind == "start":
         step = event.get("initial_step") or 0
         detail = f"resumed at step {step}" if step else "started training"
+        if progress.devices is not None:
+            detail += f" on {core_progress.devices_detail(progress.devices)}"
         return f"[{name}] progress: {detail}"
     if kind == "checkpoint":
         return f"[{name}] progress: checkpoint at step {event.get('step')}"
@@ -173,8 +175,19 @@ class _Field:
 
 
 # Which fields go first when the terminal is narrow (first in this list = first dropped).
-_DROP_ORDER: Final = ("pid", "attempt", "speed", "epoch", "exit", "loss")
-_FIELD_ORDER: Final = ("label", "state", "exit", "epoch", "step", "loss", "speed", "attempt", "pid")
+_DROP_ORDER: Final = ("pid", "attempt", "devices", "speed", "epoch", "exit", "loss")
+_FIELD_ORDER: Final = (
+    "label",
+    "state",
+    "exit",
+    "epoch",
+    "step",
+    "loss",
+    "speed",
+    "devices",
+    "attempt",
+    "pid",
+)
 
 
 def _row_fields(
@@ -193,6 +206,9 @@ def _row_fields(
         fields["pid"] = _Field("pid", f"pid {row.pid}", STYLE_DIM)
     for name, text in _progress_fields(progress, job).items():
         fields[name] = _Field(name, text)
+    if progress is not None and progress.devices is not None:
+        # `CPU` when it sees no GPU: a replica that trains on its CPU is never silent.
+        fields["devices"] = _Field("devices", core_progress.devices_text(progress.devices))
     return fields
 
 

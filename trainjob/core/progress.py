@@ -12,10 +12,19 @@ knows)::
     {"replica": "worker-0", "state": "Running", "epoch": 3, "totalEpochs": 10,
      "step": 300, "totalSteps": 1000, "percent": 30.0, "loss": 0.231,
      "metrics": {"accuracy": 0.93}, "examplesPerSecond": 1234.5,
-     "lastCheckpoint": "/checkpoints/backup", "etaSeconds": 240, "time": 1795000000.0}
+     "lastCheckpoint": "/checkpoints/backup", "etaSeconds": 240, "time": 1795000000.0,
+     "devices": {"gpus": 2, "names": ["GPU:0", "GPU:1"], "cudaBuild": true,
+                 "cudaVersion": "12.5"}}
 
 `epoch` counts from 1 (the epoch in progress, or the last one completed); `state` is `Running`
 until the last report, which says `Succeeded` or `Failed` (a final report).
+
+`devices` is what TensorFlow sees in the sending replica (the runtime's ``start`` event): the
+chief's reports carry its own, and every other replica sends one report of just its replica
+and devices when it starts (:func:`says_progress` tells the two apart). The operator folds them
+per replica (:func:`fold_devices`) into `status.progress.replicaDevices` and one line for
+`kubectl get tj`, `status.progress.deviceSummary` (:func:`devices_summary`: `4 GPU`, `CPU`,
+`4 GPU + CPU`), so a replica training on its CPU is never silent.
 """
 
 from __future__ import annotations
@@ -38,6 +47,14 @@ STATES: Final = (STATE_RUNNING, STATE_SUCCEEDED, STATE_FAILED)
 MAX_METRICS: Final = 8
 MAX_NAME: Final = 63
 MAX_TEXT: Final = 512
+# Bounds of a report's `devices` (a full one stays far below the termination message's 4 KiB).
+MAX_GPUS: Final = 1024
+MAX_DEVICE_NAMES: Final = 16
+MAX_VERSION: Final = 32
+# The most replicas whose devices a job's status keeps (each entry is about 100 bytes).
+MAX_DEVICE_REPLICAS: Final = 128
+# The key of a report that names no replica in a job's devices.
+UNKNOWN_REPLICA: Final = "unknown"
 # The most bytes a report body may have (the endpoint answers 413 above it). A full report is
 # under 1 KiB; the kubelet keeps at most 4 KiB of a termination message.
 MAX_BODY_BYTES: Final = 16 * 1024
@@ -62,6 +79,18 @@ class ReportError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Devices:
+    """What TensorFlow sees in one replica: its GPUs (`names` may list fewer than `gpus`, at
+    most MAX_DEVICE_NAMES), and whether it is a CUDA build and of which CUDA (None: not
+    said)."""
+
+    gpus: int = 0
+    names: tuple[str, ...] = ()
+    cuda_build: bool | None = None
+    cuda_version: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Report:
     replica: str | None = None
     state: str = STATE_RUNNING
@@ -76,6 +105,7 @@ class Report:
     last_checkpoint: str | None = None
     eta_seconds: float | None = None
     time: float | None = None
+    devices: Devices | None = None
 
     @property
     def final(self) -> bool:
@@ -85,14 +115,14 @@ class Report:
 # -- validation (the edge: a report from the network or a termination message) ---------------
 
 
-def _count(raw: Mapping[str, Any], name: str) -> int | None:
+def _count(raw: Mapping[str, Any], name: str, *, prefix: str = "") -> int | None:
     value = raw.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ReportError(f"{name}: expected a whole number, got {value!r:.40}")
+        raise ReportError(f"{prefix}{name}: expected a whole number, got {value!r:.40}")
     if value < 0:
-        raise ReportError(f"{name}: must not be negative, got {value}")
+        raise ReportError(f"{prefix}{name}: must not be negative, got {value}")
     return value
 
 
@@ -139,6 +169,49 @@ def _metrics(raw: Mapping[str, Any]) -> dict[str, float]:
     return result
 
 
+def _devices(raw: Mapping[str, Any]) -> Devices | None:
+    value = raw.get("devices")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ReportError(f"devices: expected an object (gpus, names, ...), got {value!r:.40}")
+    unknown = sorted(str(key) for key in value if key not in DEVICE_FIELDS)
+    if unknown:
+        raise ReportError(
+            f"devices.{unknown[0]:.40}: unknown field; known fields: {', '.join(DEVICE_FIELDS)}"
+        )
+    gpus = _count(value, "gpus", prefix="devices.")
+    if gpus is None:
+        raise ReportError("devices.gpus: required (0 for a replica that trains on its CPU)")
+    if gpus > MAX_GPUS:
+        raise ReportError(f"devices.gpus: at most {MAX_GPUS}, got {gpus}")
+    names = value.get("names")
+    if names is None:
+        names = []
+    if not isinstance(names, list):
+        raise ReportError(f"devices.names: expected a list of strings, got {names!r:.40}")
+    if len(names) > min(gpus, MAX_DEVICE_NAMES):
+        raise ReportError(
+            f"devices.names: at most {min(gpus, MAX_DEVICE_NAMES)} (one per GPU, up to "
+            f"{MAX_DEVICE_NAMES}), got {len(names)}"
+        )
+    for name in names:
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+            raise ReportError(
+                f"devices.names: each must be 1-{MAX_NAME} characters, got {name!r:.40}"
+            )
+    cuda_build = value.get("cudaBuild")
+    if cuda_build is not None and not isinstance(cuda_build, bool):
+        raise ReportError(f"devices.cudaBuild: expected true or false, got {cuda_build!r:.40}")
+    version = value.get("cudaVersion")
+    if version is not None and (not isinstance(version, str) or len(version) > MAX_VERSION):
+        raise ReportError(
+            f"devices.cudaVersion: expected a string of at most {MAX_VERSION} characters, "
+            f"got {version!r:.40}"
+        )
+    return Devices(gpus, tuple(names), cuda_build, version or None)
+
+
 def parse_report(raw: object) -> Report:
     """A Report from a decoded JSON object; ReportError naming the first bad field."""
     if not isinstance(raw, Mapping):
@@ -168,6 +241,7 @@ def parse_report(raw: object) -> Report:
         last_checkpoint=_text(raw, "lastCheckpoint"),
         eta_seconds=_number(raw, "etaSeconds", minimum=0.0),
         time=_number(raw, "time", minimum=0.0),
+        devices=_devices(raw),
     )
 
 
@@ -196,8 +270,23 @@ _WIRE: Final = (
     ("last_checkpoint", "lastCheckpoint"),
     ("eta_seconds", "etaSeconds"),
     ("time", "time"),
+    ("devices", "devices"),
 )
 WIRE_FIELDS: Final = tuple(wire for _, wire in _WIRE)
+DEVICE_FIELDS: Final = ("gpus", "names", "cudaBuild", "cudaVersion")
+
+
+def devices_to_wire(devices: Devices) -> dict[str, Any]:
+    """The JSON object of one replica's devices (unknown fields and no names left out): the
+    report's `devices` and an entry of `status.progress.replicaDevices`."""
+    result: dict[str, Any] = {"gpus": devices.gpus}
+    if devices.names:
+        result["names"] = list(devices.names)
+    if devices.cuda_build is not None:
+        result["cudaBuild"] = devices.cuda_build
+    if devices.cuda_version is not None:
+        result["cudaVersion"] = devices.cuda_version
+    return result
 
 
 def to_wire(report: Report) -> dict[str, Any]:
@@ -207,7 +296,101 @@ def to_wire(report: Report) -> dict[str, Any]:
         value = getattr(report, attribute)
         if value is None or (attribute == "metrics" and not value):
             continue
-        result[wire] = dict(value) if attribute == "metrics" else value
+        if isinstance(value, Devices):
+            result[wire] = devices_to_wire(value)
+        else:
+            result[wire] = dict(value) if attribute == "metrics" else value
+    return result
+
+
+# -- devices: per replica, and the job's one line ---------------------------------------------
+
+
+def says_progress(report: Report) -> bool:
+    """Whether a report says anything about training progress (a number, a checkpoint, a
+    final state), not only who sent it and on which devices: a replica other than the
+    reporting one sends just that when it starts."""
+    return report.final or any(
+        value is not None and value != {}
+        for value in (
+            report.epoch,
+            report.total_epochs,
+            report.step,
+            report.total_steps,
+            report.percent,
+            report.loss,
+            report.metrics,
+            report.examples_per_second,
+            report.last_checkpoint,
+            report.eta_seconds,
+        )
+    )
+
+
+def fold_devices(known: Mapping[str, Devices], report: Report) -> dict[str, Devices]:
+    """The devices of a job's replicas after `report`: its replica's entry replaced (a
+    restarted replica may have landed elsewhere), the rest kept; at most MAX_DEVICE_REPLICAS
+    replicas (a new one past that is left out)."""
+    result = dict(known)
+    if report.devices is None:
+        return result
+    replica = report.replica or UNKNOWN_REPLICA
+    if replica in result or len(result) < MAX_DEVICE_REPLICAS:
+        result[replica] = report.devices
+    return result
+
+
+def devices_text(devices: Devices) -> str:
+    """One replica in a few characters: `2 GPU`, or `CPU` when TensorFlow sees no GPU."""
+    return f"{devices.gpus} GPU" if devices.gpus else "CPU"
+
+
+def devices_detail(devices: Devices) -> str:
+    """One replica for people: `2 GPU (GPU:0, GPU:1; CUDA 12.5)`, `CPU (CUDA 12.5 build, no
+    GPU visible)`, `CPU (TensorFlow without CUDA)`."""
+    cuda = f"CUDA {devices.cuda_version}" if devices.cuda_version else "CUDA"
+    if devices.gpus:
+        names = ", ".join(devices.names)
+        if names and devices.gpus > len(devices.names):
+            names += f", +{devices.gpus - len(devices.names)} more"
+        facts = [part for part in (names, cuda if devices.cuda_version else "") if part]
+        return devices_text(devices) + (f" ({'; '.join(facts)})" if facts else "")
+    if devices.cuda_build:
+        return f"CPU ({cuda} build, no GPU visible)"
+    if devices.cuda_build is False:
+        return "CPU (TensorFlow without CUDA)"
+    return "CPU"
+
+
+def devices_summary(by_replica: Mapping[str, Devices]) -> str:
+    """The job's devices in one short line (the `Devices` column of `kubectl get tj`): the
+    GPUs of all its replicas, `4 GPU`; `CPU` when no replica has one; `4 GPU + CPU` when some
+    replicas train (or serve, as parameter servers do) on their CPU. Empty when no replica said."""
+    if not by_replica:
+        return ""
+    gpus = sum(devices.gpus for devices in by_replica.values())
+    on_cpu = any(not devices.gpus for devices in by_replica.values())
+    if not gpus:
+        return "CPU"
+    return f"{gpus} GPU + CPU" if on_cpu else f"{gpus} GPU"
+
+
+def devices_of_status(progress: object) -> dict[str, Devices]:
+    """The replicas' devices `status.progress.replicaDevices` holds (entries that are not
+    valid are left out: status is read, not trusted), by replica."""
+    if not isinstance(progress, Mapping):
+        return {}
+    entries = progress.get(REPLICA_DEVICES)
+    if not isinstance(entries, Mapping):
+        return {}
+    result: dict[str, Devices] = {}
+    for replica, entry in entries.items():
+        try:
+            devices = _devices({"devices": entry})
+        except ReportError:
+            continue
+        if isinstance(replica, str) and devices is not None:
+            result[replica] = devices
     return result
 
 
@@ -330,11 +513,34 @@ STATUS_FIELDS: Final = (
     "etaSeconds",
     "eta",
 )
+# Keys of `status.progress` with the replicas' devices, written only when some are known (a
+# write never removes what a replica said: a replica says it once, when it starts).
+DEVICE_SUMMARY: Final = "deviceSummary"
+REPLICA_DEVICES: Final = "replicaDevices"
 
 
-def status_progress(report: Report, received: datetime.datetime) -> dict[str, Any]:
+def devices_status(by_replica: Mapping[str, Devices]) -> dict[str, Any]:
+    """The devices' keys of `status.progress` (none when no replica said)."""
+    if not by_replica:
+        return {}
+    return {
+        DEVICE_SUMMARY: devices_summary(by_replica),
+        REPLICA_DEVICES: {
+            replica: devices_to_wire(devices) for replica, devices in sorted(by_replica.items())
+        },
+    }
+
+
+def status_progress(
+    report: Report,
+    received: datetime.datetime,
+    devices: Mapping[str, Devices] | None = None,
+) -> dict[str, Any]:
     """`status.progress` for a report received at `received` (the same object local mode
-    writes to status.json)."""
+    writes to status.json). `devices`: every replica's, by replica (the operator folds them);
+    else the report's own."""
+    if devices is None:
+        devices = fold_devices({}, report)
     result: dict[str, Any] = {
         "summary": summary(report),
         "state": report.state,
@@ -359,4 +565,5 @@ def status_progress(report: Report, received: datetime.datetime) -> dict[str, An
         "eta": "" if report.state == STATE_FAILED else times.format_eta(eta),
     }
     result.update({k: v for k, v in fields.items() if v not in (None, "")})
+    result.update(devices_status(devices))
     return result

@@ -29,7 +29,9 @@ Fields (absent or ``null`` when not known):
 ``initial_step``    (``start``) the global step training resumes at
 ``tf_version``      (``start``) the TensorFlow version the replica runs
 ``devices``         (``start``) what TensorFlow sees: ``gpus`` (count), ``names``,
-                    ``cuda_build``, ``cuda_version``: a CPU run is said, never silent
+                    ``cuda_build``, ``cuda_version``: a CPU run is said, never silent;
+                    :func:`devices_of` makes it a report's ``devices`` (the operator
+                    shows it per replica and as one line: ``kubectl get tj``'s Devices)
 ``export``          (``end``, chief only) path of the exported model
 ``status``          (``end``) ``succeeded`` or the :class:`~trainjob.runtime.exitcodes.FailureKind`
 ``progress``        (the reporting replica: the chief, else worker 0) the job's progress
@@ -151,6 +153,44 @@ def report_state(record: Mapping[str, Any]) -> str:
     if status == "preempted":
         return core_progress.STATE_RUNNING
     return core_progress.STATE_FAILED
+
+
+# TensorFlow names physical devices `/physical_device:GPU:0`; a report says `GPU:0`.
+_PHYSICAL_PREFIX: Final = "/physical_device:"
+
+
+def short_device_name(name: str) -> str:
+    """`GPU:0` for TensorFlow's `/physical_device:GPU:0` (other names as they are)."""
+    return name[len(_PHYSICAL_PREFIX) :] if name.startswith(_PHYSICAL_PREFIX) else name
+
+
+def devices_of(record: Mapping[str, Any]) -> core_progress.Devices | None:
+    """The devices a ``start`` event says its replica trains on, as a report carries them
+    (names shortened and both cut to the report's bounds), or None: no ``devices`` field, or
+    one without a GPU count."""
+    raw = record.get("devices")
+    if not isinstance(raw, Mapping):
+        return None
+    gpus = raw.get("gpus")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        return None
+    gpus = min(gpus, core_progress.MAX_GPUS)
+    names = raw.get("names")
+    shown = [
+        short_device_name(name)[: core_progress.MAX_NAME]
+        for name in (names if isinstance(names, list) else [])
+        if isinstance(name, str) and name
+    ]
+    cuda_build = raw.get("cuda_build")
+    version = raw.get("cuda_version")
+    return core_progress.Devices(
+        gpus=gpus,
+        names=tuple(shown[: min(gpus, core_progress.MAX_DEVICE_NAMES)]),
+        cuda_build=cuda_build if isinstance(cuda_build, bool) else None,
+        cuda_version=version[: core_progress.MAX_VERSION]
+        if isinstance(version, str) and version
+        else None,
+    )
 
 
 def report_of(record: Mapping[str, Any]) -> core_progress.Report | None:

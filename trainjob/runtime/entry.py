@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import logging
 import os
@@ -144,6 +145,8 @@ def train_main(argv: list[str]) -> int:
         progress_file=settings.progress_file,
         reporter=_reporter(settings, os.environ),
         summaries=_summaries(settings),
+        # The other replicas say once, when they start, which devices they train on.
+        announce=None if settings.is_chief else functools.partial(reporter.announce, os.environ),
     )
 
     def _on_stop(code: int) -> None:

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from trainjob.core import progress as core_progress
-from trainjob.core.progress_events import epoch_number, format_line, make_event, report_state
+from trainjob.core.progress_events import (
+    devices_of,
+    epoch_number,
+    format_line,
+    make_event,
+    report_state,
+)
 from trainjob.runtime import reporter as reporter_mod
 
 
@@ -53,6 +59,9 @@ class Emitter:
     summaries: Callable[[Mapping[str, Any]], None] | None = None
     # Added to every ``start`` event, whichever runner writes it (the devices in use).
     start_fields: dict[str, Any] = field(default_factory=dict)
+    # A replica without a reporter: sends the report of its devices when training starts
+    # (``reporter.announce`` in a Pod), so the job's status shows every replica's devices.
+    announce: Callable[[core_progress.Report], object] | None = None
 
     def tick(self, step: int) -> None:
         """The global step just completed (cheap: call it every step)."""
@@ -80,11 +89,21 @@ class Emitter:
         )
         if self.reporter is not None:
             track(self.reporter.tracker, record)
+            if event == "start":
+                self.reporter.started(devices_of(record))
             record["progress"] = core_progress.to_wire(self.reporter.tracker.report())
             if event == "end":
                 self.reporter.finish(report_state(record))
             elif event == "epoch":
                 self.reporter.epoch_end(epoch_number(record) or 1)
+        elif event == "start" and self.announce is not None:
+            devices = devices_of(record)
+            if devices is not None:
+                self.announce(
+                    core_progress.Report(
+                        replica=self.replica, time=record.get("time"), devices=devices
+                    )
+                )
         # One write per line and an explicit flush: executors tail stdout while the process runs.
         self.stream.write(format_line(record) + "\n")
         self.stream.flush()

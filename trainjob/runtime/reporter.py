@@ -12,6 +12,10 @@ Standard library only and no TensorFlow, so a bring-your-own training script can
 
 Outside a TrainJob Pod (no ``TRAINJOB_PROGRESS_URL``) nothing is sent and every call is cheap.
 
+The reporting replica's reports carry the devices it trains on once it knows them
+(``Tracker.update(devices=...)``); every other replica sends one report of its devices when it
+starts (:func:`announce`), so the job's status shows every replica's.
+
 Guarantees, because reporting must never cost training anything:
 - ``tick``/``step``/``update`` only store numbers; building a report and every network call
   happen on one daemon thread, at most every ``interval`` seconds, plus right away (but not
@@ -50,6 +54,8 @@ MIN_GAP: Final = 1.0
 REQUEST_TIMEOUT: Final = 5.0
 # How long `finish` waits for the final report to go out before the process exits.
 FINISH_TIMEOUT: Final = 5.0
+# How long a replica's one report of its devices is retried (429, 503) in the background.
+ANNOUNCE_TIMEOUT: Final = 60.0
 LOG_EVERY: Final = 60.0
 # Answers that the same report would get again: the final report is not retried after them.
 PERMANENT_REFUSALS: Final = (400, 401, 403, 404, 413, 415)
@@ -86,6 +92,7 @@ class Tracker:
         self._rate: float | None = None
         self._checkpoint: str | None = None
         self._state = core_progress.STATE_RUNNING
+        self._devices: core_progress.Devices | None = None
 
     def plan(
         self,
@@ -115,6 +122,7 @@ class Tracker:
         examples_per_second: float | None = None,
         checkpoint: str | None = None,
         state: str | None = None,
+        devices: core_progress.Devices | None = None,
     ) -> None:
         """New numbers (None: unchanged). `epoch` counts from 1."""
         if step is not None:
@@ -132,6 +140,8 @@ class Tracker:
                 self._checkpoint = checkpoint
             if state is not None:
                 self._state = state
+            if devices is not None:
+                self._devices = devices
 
     def restart_timer(self) -> None:
         """Training (re)started: the step times of a previous attempt say nothing now."""
@@ -164,6 +174,7 @@ class Tracker:
                 last_checkpoint=self._checkpoint,
                 eta_seconds=self._timer.eta(step, self.total_steps),
                 time=round(self._wall(), 3),
+                devices=self._devices,
             )
 
 
@@ -197,6 +208,8 @@ class Sender:
         ca_file: str | None,
         report: Callable[[], core_progress.Report],
         interval: float = DEFAULT_INTERVAL,
+        *,
+        start: bool = True,
     ) -> None:
         self.url = url
         self.token_file = token_file
@@ -214,7 +227,8 @@ class Sender:
         self.last_status: int | None = None
         self._final_sent = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trainjob-progress", daemon=True)
-        self._thread.start()
+        if start:
+            self._thread.start()
 
     def urgent(self) -> None:
         """Send soon (an epoch ended, or the final report): within MIN_GAP of the last send."""
@@ -250,6 +264,11 @@ class Sender:
             sent_at = time.monotonic()
             earliest = sent_at + max(MIN_GAP, delay)
             next_at = sent_at + max(self.interval, delay)
+
+    def send_one(self) -> bool:
+        """Send the report once, retried like the final report; True if it was accepted. For
+        a Sender made with ``start=False`` (no thread of its own)."""
+        return self._send_final()
 
     def _send_final(self) -> bool:
         """The final report, retried (network trouble, 429, 503) for `finish_timeout`."""
@@ -341,6 +360,26 @@ def sender_from_env(
     )
 
 
+def announce(env: Mapping[str, str], report: core_progress.Report) -> threading.Thread | None:
+    """Send one report (a replica that does not report the job's progress says which devices
+    it trains on) from a daemon thread, retried for ANNOUNCE_TIMEOUT; never raises, never waited
+    for. None outside a TrainJob Pod."""
+    url = env.get(constants.ENV_PROGRESS_URL)
+    if not url:
+        return None
+    sender = Sender(
+        url,
+        env.get(constants.ENV_PROGRESS_TOKEN_FILE) or None,
+        env.get(constants.ENV_PROGRESS_CA_FILE) or None,
+        lambda: report,
+        start=False,
+    )
+    sender.finish_timeout = ANNOUNCE_TIMEOUT
+    thread = threading.Thread(target=sender.send_one, name="trainjob-devices", daemon=True)
+    thread.start()
+    return thread
+
+
 def write_termination_message(env: Mapping[str, str], report: core_progress.Report) -> None:
     """The final report where the kubelet reads the container's termination message, so the
     operator shows the final figures even when the last POST never arrived."""
@@ -427,6 +466,13 @@ class ProgressReporter:
         """The step with its numbers (`loss`, `metrics`, `epoch`, `examples_per_second`,
         `checkpoint`)."""
         self.tracker.update(step=step, **numbers)
+
+    def started(self, devices: core_progress.Devices | None) -> None:
+        """Training (re)started on `devices` (None: not known): reported soon, so the job
+        shows them without waiting for the interval."""
+        self.tracker.update(devices=devices)
+        if self.sender is not None:
+            self.sender.urgent()
 
     def epoch_end(self, epoch: int, **numbers: Any) -> None:
         """Epoch `epoch` (from 1) is done: reported soon, not only at the next interval."""
