@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds the three TrainJob images from their Dockerfiles with buildah (no Docker daemon) and
+# Builds the four TrainJob images from their Dockerfiles with buildah (no Docker daemon) and
 # prints their sizes:
 #   docker.io/trainjob/trainjob-operator:<version>   images/operator/Dockerfile
-#   docker.io/trainjob/trainjob:<version>            images/trainjob/Dockerfile
+#   docker.io/trainjob/trainjob:<version>            images/trainjob/Dockerfile (tensorflow-cpu)
+#   docker.io/trainjob/trainjob:<version>-gpu        the same, TENSORFLOW=tensorflow[and-cuda]
 #   docker.io/trainjob/trainjob-legacy:<version>     images/trainjob-legacy/Dockerfile
 # and, for the e2e tier only, the image Kubeflow's own TFJob e2e test (kubeflow-training's
 # test/e2e/test_e2e_tfjob.py, tests/e2e/test_kubeflow_sdk.py) runs, FROM the runtime image:
@@ -81,28 +82,39 @@ if [[ -f "$ca" ]]; then
     mounts+=(-v "$ca:/etc/ssl/certs/trainjob-build-ca.crt:ro" -v "$work/pip.conf:/etc/pip.conf:ro")
 fi
 
+# The runtime image with TensorFlow's CUDA build: the CPU image's Dockerfile with another wheel.
+gpu_tensorflow="tensorflow[and-cuda]==2.21.0"
+
 summary=()
-for name in operator trainjob trainjob-legacy; do
+for name in operator trainjob trainjob-legacy trainjob-gpu; do
     image="$name"
-    [[ "$name" == operator ]] && image="trainjob-operator"
+    dockerfile="images/$name/Dockerfile"
     ref="docker.io/trainjob/$image:$version"
-    sources=(images/"$name" pyproject.toml README.md trainjob)
+    build_args=(--build-arg "BASE_IMAGE=$base")
+    case "$name" in
+        operator) image="trainjob-operator" ref="docker.io/trainjob/$image:$version" ;;
+        trainjob-gpu)
+            dockerfile="images/trainjob/Dockerfile" ref="docker.io/trainjob/trainjob:$version-gpu"
+            build_args+=(--build-arg "TENSORFLOW=$gpu_tensorflow")
+            ;;
+    esac
+    sources=("$(dirname "$dockerfile")" pyproject.toml README.md trainjob)
     [[ "$name" == operator ]] && sources+=(operator)
-    hash="$(printf '%s %s\n' "$base_id" "$(content_hash "${sources[@]}")" | sha256sum | cut -c1-16)"
+    hash="$(printf '%s %s %s\n' "$base_id" "${build_args[*]}" "$(content_hash "${sources[@]}")" \
+        | sha256sum | cut -c1-16)"
     cached="localhost/trainjob-cache/$image:$hash"
     t0=$SECONDS
     if exists "$cached"; then
         state="cached"
     else
-        echo "==> building $ref from images/$name/Dockerfile (base $base)"
+        echo "==> building $ref from $dockerfile (base $base)"
         # --network host: pip reaches PyPI through the host's network; --isolation chroot:
         # RUN steps need no cgroup or network namespace set-up; --layers: a change to the
         # trainjob sources rebuilds only the steps after the big pip install.
         log="$store/build-$image.log"
         if ! bah bud --quiet --layers --pull=false --network host --isolation chroot \
             --ulimit nofile=1024:1024 "${mounts[@]}" \
-            --build-arg "BASE_IMAGE=$base" \
-            -f "images/$name/Dockerfile" -t "$cached" . >"$log" 2>&1; then
+            "${build_args[@]}" -f "$dockerfile" -t "$cached" . >"$log" 2>&1; then
             tail -n 40 "$log" >&2
             echo "images/build.sh: building $ref failed (log: $log)" >&2
             exit 1
@@ -111,7 +123,7 @@ for name in operator trainjob trainjob-legacy; do
     fi
     bah tag "$cached" "$ref"
     # Earlier builds of this image (other hashes) only take space: remove their tags.
-    for old in $(bah images --format '{{.Name}}:{{.Tag}}' "localhost/trainjob-cache/$image" 2>/dev/null); do
+    for old in $(bah images --format '{{.Name}}:{{.Tag}}' | grep "^localhost/trainjob-cache/$image:"); do
         [[ "$old" == "$cached" ]] || bah rmi "$old" >/dev/null 2>&1 || true
     done
     size="$(bah images --format '{{.Size}}' "$ref" | awk 'NR == 1')"
@@ -142,7 +154,7 @@ else
     state="built in $((SECONDS - t0))s"
 fi
 bah tag "$cached" "$ref"
-for old in $(bah images --format '{{.Name}}:{{.Tag}}' localhost/trainjob-cache/kubeflow-sdk-e2e 2>/dev/null); do
+for old in $(bah images --format '{{.Name}}:{{.Tag}}' | grep '^localhost/trainjob-cache/kubeflow-sdk-e2e:'); do
     [[ "$old" == "$cached" ]] || bah rmi "$old" >/dev/null 2>&1 || true
 done
 size="$(bah images --format '{{.Size}}' "$ref" | awk 'NR == 1')"

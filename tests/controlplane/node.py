@@ -74,11 +74,13 @@ STATE_DIR: Final = Path("/run/trainjob-node")
 IPTABLES_TABLES: Final = ("filter", "nat", "mangle", "raw")
 IPTABLES_TOOLS: Final = ("iptables", "ip6tables")
 NODE_INSTALL_COMMAND: Final = "bash tests/controlplane/install.sh --node"
-# images/build.sh names them so; the examples and the chart's defaults use these references.
+# images/build.sh names them so ({version}: pyproject.toml's); the examples and the chart's
+# defaults use these references.
 PRODUCT_IMAGES: Final = (
-    "docker.io/trainjob/trainjob-operator",
-    "docker.io/trainjob/trainjob",
-    "docker.io/trainjob/trainjob-legacy",
+    "docker.io/trainjob/trainjob-operator:{version}",
+    "docker.io/trainjob/trainjob:{version}",
+    "docker.io/trainjob/trainjob:{version}-gpu",
+    "docker.io/trainjob/trainjob-legacy:{version}",
 )
 # Built by images/build.sh for tests only, imported under exactly these references: the image
 # Kubeflow's own TFJob e2e test (kubeflow-training's test/e2e/test_e2e_tfjob.py) runs.
@@ -597,7 +599,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
     def _product_refs(self) -> list[str]:
         version = _pyproject_version()
-        refs = [f"{name}:{version}" for name in self.images] + list(TEST_IMAGES)
+        refs = [image.format(version=version) for image in self.images] + list(TEST_IMAGES)
         listed = self._buildah("images", "--format", "{{.Name}}:{{.Tag}}")
         missing = [r for r in refs if r not in listed.split()]
         if missing:
