@@ -205,6 +205,15 @@ def index_pod_group(body: Mapping[str, Any]) -> ChildPodGroup | None:
 C = TypeVar("C", ChildPod, ChildService, ChildWorkload, ChildPodGroup)
 
 
+def carry_pod_cause(before: ChildPod, now: ChildPod) -> ChildPod:
+    """Every event of a Pod is seen here, while a reconcile reads only the latest: the words
+    a gang's echo replaces within a second are kept from the event that had them."""
+    if before.uid != now.uid:
+        return now
+    observed = observe.keep_cause(before.observed, now.observed)
+    return now if observed is now.observed else dataclasses.replace(now, observed=observed)
+
+
 class Listed(NamedTuple):
     """What a list keeps of one object: its job and name, the index's entry, and the body
     only where a listener needs it (Workloads)."""
@@ -216,11 +225,17 @@ class Listed(NamedTuple):
 
 
 class _Kind(Generic[C]):
-    """The children of one kind, by job and then by object name."""
+    """The children of one kind, by job and then by object name. ``carry`` (old, new) -> kept
+    lets an entry keep something of its previous version that the object itself forgot."""
 
-    def __init__(self, index: Callable[[Mapping[str, Any]], C | None]) -> None:
+    def __init__(
+        self,
+        index: Callable[[Mapping[str, Any]], C | None],
+        carry: Callable[[C, C], C] | None = None,
+    ) -> None:
         self.by_job: dict[JobKey, dict[str, C]] = {}
         self._index: Callable[[Mapping[str, Any]], C | None] = index
+        self._carry: Callable[[C, C], C] | None = carry
 
     def apply(self, body: Mapping[str, Any], deleted: bool) -> JobKey | None:
         """A watch event; returns the job it concerns (None: not a child of any job)."""
@@ -236,7 +251,11 @@ class _Kind(Generic[C]):
                 if not children:
                     del self.by_job[job]
             return job
-        self.by_job.setdefault(job, {})[name] = child
+        kept = self.by_job.setdefault(job, {})
+        previous = kept.get(name)
+        kept[name] = (
+            child if previous is None or self._carry is None else self._carry(previous, child)
+        )
         return job
 
     @property
@@ -263,11 +282,11 @@ class ChildIndex:
 
     def __init__(self) -> None:
         self._kinds: dict[str, _Kind[Any]] = {
-            PODS: _Kind(index_pod),
+            PODS: _Kind(index_pod, carry_pod_cause),
             SERVICES: _Kind(index_service),
             WORKLOADS: _Kind(index_workload),
             PODGROUPS: _Kind(index_pod_group),
-            KUBEFLOW_PODS: _Kind(index_pod),
+            KUBEFLOW_PODS: _Kind(index_pod, carry_pod_cause),
             KUBEFLOW_SERVICES: _Kind(index_service),
         }
         # Called with every Pod watch event's job and body (progress_status reads final

@@ -132,3 +132,33 @@ def test_a_pods_node_is_kept_and_finds_the_jobs_on_a_node() -> None:
     assert [p.node_name for p in index.pods(OTHER)] == [""]
     assert index.jobs_on_nodes({"n3"}) == {JOB}
     assert index.jobs_on_nodes({"n4"}) == set()
+
+
+def test_a_pods_words_about_the_nodes_outlive_the_gangs_echo_of_them() -> None:
+    """The index sees every event of a Pod; a reconcile reads only the latest, which under a
+    gang soon says only that the gang failed recently."""
+
+    def pending(message: str, uid: str | None = None) -> Any:
+        body = pod("mnist-worker-0", "worker", 0, "Pending")
+        if uid is not None:
+            body["metadata"]["uid"] = uid
+        body["status"]["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+            }
+        ]
+        return body
+
+    nodes_say = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    index = ChildIndex()
+    index.event(PODS, pending(nodes_say))
+    index.event(PODS, pending('0/4 nodes are available: podGroup "ns/mnist" failed recently.'))
+    assert [p.observed.waiting_message for p in index.pods(JOB)] == [nodes_say]
+    # A new Pod of the same name (another uid) starts afresh.
+    index.event(PODS, pending("optimistic rejection in PostFilter", uid="another"))
+    assert [p.observed.waiting_message for p in index.pods(JOB)] == [
+        "optimistic rejection in PostFilter"
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 
-from trainjob.core import lastwords, observe, termination
+from trainjob.core import lastwords, observe, policy, termination
 
 
 def pod(**status: object) -> dict[str, object]:
@@ -234,3 +234,40 @@ def test_the_log_tail_of_a_script_gives_its_last_line() -> None:
     assert observed is not None and observed[1].cause == "KeyError: 'images'"
     long = termination.read("x" * 1000).cause
     assert long is not None and len(long) == lastwords.MAX_CAUSE_CHARS and long.endswith("...")
+
+
+def unschedulable(message: str, attempt: int = 0) -> policy.ObservedReplica:
+    return policy.ObservedReplica(
+        phase="Pending", attempt=attempt, waiting_reason="Unschedulable", waiting_message=message
+    )
+
+
+NODES_SAY = "0/6 nodes are available: 2 Insufficient nvidia.com/gpu, 4 node(s) didn't match"
+GANG_ECHO = '0/6 nodes are available: podGroup "team-a/greedy" failed recently.'
+
+
+def test_a_gang_echo_keeps_the_schedulers_words_about_the_nodes() -> None:
+    kept = observe.keep_cause(unschedulable(NODES_SAY), unschedulable(GANG_ECHO))
+    assert kept.waiting_message == NODES_SAY
+    later = unschedulable("rejected pod by Coscheduling: optimistic rejection in PostFilter")
+    assert observe.keep_cause(kept, later).waiting_message == NODES_SAY
+
+
+def test_new_words_about_the_nodes_a_new_attempt_or_a_start_replace_the_kept_ones() -> None:
+    fewer = "0/6 nodes are available: 1 Insufficient memory"
+    assert observe.keep_cause(unschedulable(NODES_SAY), unschedulable(fewer)).waiting_message == (
+        fewer
+    )
+    # Another attempt is another Pod: its echo says nothing of what the last one lacked.
+    assert (
+        observe.keep_cause(
+            unschedulable(NODES_SAY), unschedulable(GANG_ECHO, attempt=1)
+        ).waiting_message
+        == GANG_ECHO
+    )
+    # An echo never stands in for an echo, and a placed Pod waits for nothing.
+    assert observe.keep_cause(
+        unschedulable(GANG_ECHO), unschedulable(GANG_ECHO)
+    ).waiting_message == (GANG_ECHO)
+    running = policy.ObservedReplica(phase="Running")
+    assert observe.keep_cause(unschedulable(NODES_SAY), running) == running

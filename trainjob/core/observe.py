@@ -5,6 +5,7 @@ data."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -15,6 +16,18 @@ REASON_UNSCHEDULABLE: Final = policy.REASON_UNSCHEDULABLE
 # Pod condition (Kubernetes >= 1.26) set by whoever disrupts a Pod: the scheduler's
 # preemption, the Eviction API, the taint manager, the kubelet's node-pressure eviction, pod GC.
 DISRUPTION_TARGET: Final = "DisruptionTarget"
+
+
+# scheduler-plugins' Coscheduling, once it has rejected a gang, answers every later try of the
+# gang's Pods with words about the gang itself (its backoff, siblings rejected with it, its
+# wait at Permit running out) instead of why no node fits; within a second those replace the
+# scheduler's first words ("Insufficient nvidia.com/gpu") in each Pod's PodScheduled condition
+# (scheduler-plugins v0.34 coscheduling.go and core.go; tests/integration/test_gpu_cluster.py).
+GANG_ECHOES: Final = (
+    "failed recently",
+    "optimistic rejection in PostFilter",
+    "rejected due to timeout after waiting",
+)
 
 
 # training-operator's replica-type label values (a TFJob's children it made before a
@@ -100,3 +113,26 @@ def _waiting(pod: Mapping[str, Any]) -> tuple[str, str] | None:
         ):
             return REASON_UNSCHEDULABLE, lastwords.cut_cause(str(condition.get("message") or ""))
     return None
+
+
+def is_gang_echo(message: str) -> bool:
+    """Whether a scheduler message only echoes a gang's rejection (see GANG_ECHOES)."""
+    return any(echo in message for echo in GANG_ECHOES)
+
+
+def keep_cause(
+    before: policy.ObservedReplica, now: policy.ObservedReplica
+) -> policy.ObservedReplica:
+    """The same Pod as seen now, keeping the scheduler's words about the nodes when its new
+    words only echo the gang's rejection: the job's status then still says what the Pods
+    wait for (a GPU, memory) instead of that their gang failed recently."""
+    if (
+        now.waiting_reason == REASON_UNSCHEDULABLE
+        and before.waiting_reason == REASON_UNSCHEDULABLE
+        and before.attempt == now.attempt
+        and before.waiting_message
+        and not is_gang_echo(before.waiting_message)
+        and is_gang_echo(now.waiting_message or "")
+    ):
+        return dataclasses.replace(now, waiting_message=before.waiting_message)
+    return now
