@@ -13,7 +13,7 @@ import copy
 import dataclasses
 import datetime
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from trainjob.core import policy, times
 from trainjob.core import status as st
@@ -399,14 +399,23 @@ def pods_ready_status(
 # -- what the job's status says while Kueue holds it ---------------------------------------------
 
 
+# A hold's message before the Workload exists.
+CREATING_WORKLOAD: Final = "Waiting for Kueue: creating the Workload"
+
+
+def tells_kueues_reason(message: str) -> bool:
+    """Whether a hold's message carries Kueue's own words (why it has not admitted the job),
+    not only that the Workload is being made or that Kueue has yet to look at it."""
+    return not message.startswith(CREATING_WORKLOAD) and not message.endswith(kw.NOT_LOOKED_AT)
+
+
 def hold_reason(workload: Mapping[str, Any] | None, queue: str | None) -> tuple[str, str]:
     """The reason and message of the job's Suspended condition while Kueue holds it, in
     words a user acts on: which queue, which Workload, and Kueue's own reason."""
     if workload is None:
         return (
             kw.JOB_REASON_QUEUED,
-            "Waiting for Kueue: creating the Workload in LocalQueue "
-            f"{queue or kw.DEFAULT_LOCAL_QUEUE}",
+            f"{CREATING_WORKLOAD} in LocalQueue {queue or kw.DEFAULT_LOCAL_QUEUE}",
         )
     name = str((workload.get("metadata") or {}).get("name") or "")
     local = str((workload.get("spec") or {}).get("queueName") or queue or "")
@@ -446,7 +455,8 @@ def held_decision(
 ) -> policy.Decision:
     """The policy engine's decision for a Kueue-managed job, told in Kueue's terms: while
     Kueue holds the job, its Suspended condition names the queue, the Workload and Kueue's
-    reason (`hold`), and the Event of each new hold says so instead of a bare "Suspended";
+    reason (`hold`), and the Event of each new hold (and of Kueue's first words about it)
+    says so instead of a bare "Suspended";
     when Kueue admits it, "Admitted" (with the ClusterQueue) replaces "Resumed"."""
     status = decision.status
     events = list(decision.events)
@@ -455,7 +465,14 @@ def held_decision(
         conditions = st.set_condition(status.conditions, st.SUSPENDED, True, reason, message, now)
         status = dataclasses.replace(status, conditions=conditions)
         before = old.condition(st.SUSPENDED)
-        if before is None or not before.status or before.reason != reason:
+        # An Event per new hold, and one more when Kueue first says why: the job's first
+        # Queued Event comes before Kueue has looked at its Workload.
+        if (
+            before is None
+            or not before.status
+            or before.reason != reason
+            or (tells_kueues_reason(message) and not tells_kueues_reason(before.message))
+        ):
             kueue_event = policy.Event(
                 "Warning" if reason != kw.JOB_REASON_QUEUED else "Normal",
                 {kw.JOB_REASON_QUEUED: "Queued", kw.JOB_REASON_EVICTED: "Evicted"}.get(

@@ -308,6 +308,10 @@ def equivalent(workload: Mapping[str, Any], wanted_hash: str, uid: str) -> bool:
     return podsets_hash((workload.get("spec") or {}).get("podSets") or []) == wanted_hash
 
 
+# pending_message while Kueue has said nothing of the Workload yet.
+NOT_LOOKED_AT: Final = "waiting for Kueue to look at it"
+
+
 def pending_message(workload: Mapping[str, Any]) -> str:
     """Why Kueue has not admitted the Workload yet, in Kueue's words (the QuotaReserved=False
     message, e.g. "couldn't assign flavors to pod set worker: insufficient unused quota for
@@ -318,4 +322,4 @@ def pending_message(workload: Mapping[str, Any]) -> str:
             return str(cond["message"])
     if has_quota_reservation(workload) and not is_admitted(workload):
         return "quota reserved; waiting for admission checks"
-    return "waiting for Kueue to look at it"
+    return NOT_LOOKED_AT

@@ -389,10 +389,15 @@ def test_gpu_kueue_admits_the_example_once_its_gpu_quota_fits(
     assert f"insufficient quota for {GPU} in flavor {flavor}" in held["message"], held
     assert "current podset request (2)" in held["message"], held
     assert "maximum capacity (1)" in held["message"], held
+    # The job's Events say it too: its first Queued Event came before Kueue had looked at the
+    # Workload; Kueue's first words get one of their own.
     waits.wait_until(
-        lambda: any(e.reason == "Queued" for e in cluster.events("mnist-gpu")),
+        lambda: any(
+            e.reason == "Queued" and f"insufficient quota for {GPU}" in (e.message or "")
+            for e in cluster.events("mnist-gpu")
+        ),
         timeout=T,
-        what="the job's Queued Event",
+        what="the job's Queued Event naming nvidia.com/gpu",
     )
     workload = waits.wait_until(
         lambda: (
@@ -404,9 +409,7 @@ def test_gpu_kueue_admits_the_example_once_its_gpu_quota_fits(
         what="Kueue's count of the Workload's requests",
     )
     assert not is_true(workload, "Admitted")
-    # Kueue's Event on the Workload says the same. (The job's one Queued Event came when it
-    # was queued, before Kueue had looked at it: "waiting for Kueue to look at it"; the
-    # operator posts a new one when the hold's reason changes, not its message.)
+    # Kueue's Event on the Workload says the same.
     waits.wait_until(
         lambda: [
             e

@@ -363,3 +363,30 @@ def test_a_held_job_says_queued_instead_of_suspended() -> None:
     again = policy.reconcile(job, held.status, {}, set(), T0)
     held_again = kp.held_decision(again, held.status, ("Queued", "Waiting for Kueue"), None, T0)
     assert held_again.events == ()
+
+
+def test_kueues_first_words_about_a_held_job_are_an_event_of_their_own() -> None:
+    """The job's Queued Event comes when it is queued, before Kueue has looked at its
+    Workload; Kueue's reason, when it first comes, gets an Event too (once)."""
+    job = parsed(manifest())
+    looking = (
+        "Queued",
+        f"Waiting for Kueue to admit Workload w in LocalQueue q: {kw.NOT_LOOKED_AT}",
+    )
+    said = (
+        "Queued",
+        "Waiting for Kueue to admit Workload w in LocalQueue q: couldn't assign flavors to pod "
+        "set worker: insufficient quota for nvidia.com/gpu in flavor gpu",
+    )
+    first = kp.held_decision(
+        policy.reconcile(job, st.JobStatus(), {}, set(), T0), st.JobStatus(), looking, None, T0
+    )
+    assert [e.reason for e in first.events] == ["Created", "Queued"]
+    told = kp.held_decision(
+        policy.reconcile(job, first.status, {}, set(), T0), first.status, said, None, T0
+    )
+    assert [(e.reason, e.message) for e in told.events] == [("Queued", said[1])]
+    again = kp.held_decision(
+        policy.reconcile(job, told.status, {}, set(), T0), told.status, said, None, T0
+    )
+    assert again.events == ()
