@@ -239,13 +239,19 @@ def _volcano_hold(
 
 
 def waiting_message(
-    decision: policy.Decision, job: spec.TrainJob, group: children.ChildPodGroup | None
+    decision: policy.Decision,
+    job: spec.TrainJob,
+    group: children.ChildPodGroup | None,
+    settings: config.Settings,
 ) -> policy.Decision:
     """While the gang waits for nodes, the job's Running condition (reason Unschedulable,
     the scheduler's words per replica) also says that it is the gang that waits: all of
-    minMember Pods at once, or none."""
+    minMember Pods at once, or none. Not when a template names a scheduler of its own: its
+    Pods are placed one by one, and the scheduler's words per replica say it all."""
     running = decision.status.condition(st.RUNNING)
     if running is None or running.status or running.reason != policy.REASON_UNSCHEDULABLE:
+        return decision
+    if bypassing(job, settings):
         return decision
     lead = f"Gang {pod_group_name(job)} waits"
     prefix = f"{lead} until all {min_member(job)} Pods fit at once"
@@ -285,21 +291,28 @@ def requeue_patch(now: str) -> dict[str, Any]:
     return {"metadata": {"annotations": {REQUEUE_ANNOTATION: now}}}
 
 
-def bypass_events(job: spec.TrainJob, settings: config.Settings) -> list[policy.Event]:
-    """A replica template that names a scheduler of its own keeps it (the user asked), but
-    its Pods are then not placed with the gang: say so when the gang is made."""
+def bypassing(job: spec.TrainJob, settings: config.Settings) -> list[tuple[str, str]]:
+    """(replica type, scheduler) of each replica template that names a scheduler other than
+    the gang's: the user asked, so it is kept, but those Pods are not placed with the gang."""
     wanted_name = settings.effective_scheduler_name
-    events = []
+    found = []
     for rtype in MIN_RESOURCES_ORDER:
         replica = job.replica_specs.get(rtype)
         own = (replica.template.get("spec") or {}).get("schedulerName") if replica else None
         if isinstance(own, str) and own and own != wanted_name:
-            events.append(
-                policy.Event(
-                    "Warning",
-                    "GangBypassed",
-                    f"spec.replicaSpecs.{rtype}.template sets schedulerName {own}: its Pods are "
-                    f"not placed with the gang by {wanted_name} (remove it to place them as one)",
-                )
-            )
-    return events
+            found.append((rtype, own))
+    return found
+
+
+def bypass_events(job: spec.TrainJob, settings: config.Settings) -> list[policy.Event]:
+    """Say so, when the gang is made, for each template that bypasses it."""
+    wanted_name = settings.effective_scheduler_name
+    return [
+        policy.Event(
+            "Warning",
+            "GangBypassed",
+            f"spec.replicaSpecs.{rtype}.template sets schedulerName {own}: its Pods are "
+            f"not placed with the gang by {wanted_name} (remove it to place them as one)",
+        )
+        for rtype, own in bypassing(job, settings)
+    ]

@@ -205,7 +205,7 @@ class _GangRun(PhaseRun):
         work.held = self.plan.hold
 
     async def amend(self, ctx: OperatorContext, work: Reconciling) -> None:
-        decision = gang.waiting_message(work.decided(), work.job, self.group)
+        decision = gang.waiting_message(work.decided(), work.job, self.group, ctx.settings)
         # The PodGroup comes before the Pods that need it (or, under Volcano, before their
         # hold).
         self.make_group = self.plan.create and bool(decision.create_pods or self.plan.hold)

@@ -253,23 +253,30 @@ def test_a_waiting_gang_says_it_is_the_gang_that_waits() -> None:
         conditions=(st.Condition(st.RUNNING, False, policy.REASON_UNSCHEDULABLE, words, T0),)
     )
     decision = policy.Decision(status=status)
-    told = gang.waiting_message(decision, job, group("Scheduling"))
+    told = gang.waiting_message(decision, job, group("Scheduling"), PLUGINS)
     running = told.status.condition(st.RUNNING)
     assert running is not None
     assert running.message == (
         "Gang mnist waits until all 3 Pods fit at once (PodGroup phase Scheduling): " + words
     )
     # Told again (the condition kept from before): the same words, not a second prefix.
-    again = gang.waiting_message(told, job, group("Scheduling"))
+    again = gang.waiting_message(told, job, group("Scheduling"), PLUGINS)
     assert again.status == told.status
-    moved = gang.waiting_message(told, job, group("Pending"))
+    moved = gang.waiting_message(told, job, group("Pending"), PLUGINS)
     moved_running = moved.status.condition(st.RUNNING)
     assert moved_running is not None and moved_running.message.count("Gang mnist") == 1
     running_ok = dataclasses.replace(
         decision,
         status=st.JobStatus(conditions=(st.Condition(st.RUNNING, True, "Running", "up", T0),)),
     )
-    assert gang.waiting_message(running_ok, job, group("Running")) == running_ok
+    assert gang.waiting_message(running_ok, job, group("Running"), PLUGINS) == running_ok
+    # A template that names another scheduler: its Pods are not placed with the gang, and the
+    # job does not say that they wait for it.
+    bypass = make_job(
+        {"chief": 1, "worker": 2},
+        templates={"chief": {"spec": {"schedulerName": "default-scheduler"}}},
+    )
+    assert gang.waiting_message(decision, bypass, group("Scheduling"), PLUGINS) == decision
 
 
 def test_a_podgroup_is_indexed_with_its_phase_and_volcanos_words() -> None:
