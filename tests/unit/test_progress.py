@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import base64
 import datetime
-import http.server
 import json
-import threading
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
+from tests.support import progress_endpoint
 from trainjob.core import constants, policy, progress_events, render, spec, termination, times
 from trainjob.core import progress as p
 from trainjob.runtime import progress as events
@@ -216,58 +215,33 @@ def test_emitter_events_carry_the_report_for_local_mode() -> None:
     assert progress_events.report_state({"event": "end", "status": "user_code_error"}) == "Failed"
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    received: ClassVar[list[dict[str, Any]]] = []
-    answers: ClassVar[list[int]] = []
-
-    def do_POST(self) -> None:
-        length = int(self.headers["Content-Length"])
-        body = json.loads(self.rfile.read(length))
-        type(self).received.append({"auth": self.headers.get("Authorization"), **body})
-        code = type(self).answers.pop(0) if type(self).answers else 202
-        self.send_response(code)
-        if code == 429:
-            self.send_header("Retry-After", "1")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def server() -> Iterator[str]:
-    _Handler.received = []
-    _Handler.answers = []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1/x"
-    finally:
-        httpd.shutdown()
+def server() -> Iterator[progress_endpoint.Endpoint]:
+    with progress_endpoint.serving() as endpoint:
+        yield endpoint
 
 
 def test_reporter_sends_at_once_then_the_final_report_and_never_raises(
-    server: str, tmp_path: Any
+    server: progress_endpoint.Endpoint, tmp_path: Any
 ) -> None:
     token = tmp_path / "token"
     token.write_text("abc\n")
     message = tmp_path / "termination-log"
     env = {
-        constants.ENV_PROGRESS_URL: server,
+        constants.ENV_PROGRESS_URL: server.url,
         constants.ENV_PROGRESS_TOKEN_FILE: str(token),
         constants.ENV_PROGRESS_INTERVAL: "60",
         constants.ENV_TERMINATION_MESSAGE_PATH: str(message),
         constants.ENV_REPLICA_TYPE: "chief",
     }
-    _Handler.answers = [202, 429]  # the final report is first told to wait, then accepted
+    server.answers = [202, 429]  # the final report is first told to wait, then accepted
     progress = reporter.ProgressReporter.from_env(total_steps=10, env=env)
     progress.step(3, loss=1.0)
     progress.finish("Succeeded", loss=0.5)
     progress.finish("Failed")  # once only
-    assert [r.get("state") for r in _Handler.received][-2:] == ["Succeeded", "Succeeded"]
-    assert _Handler.received[0]["auth"] == "Bearer abc"
-    assert _Handler.received[-1]["replica"] == "chief-0"
+    assert [r.get("state") for r in server.received][-2:] == ["Succeeded", "Succeeded"]
+    assert server.received[0]["auth"] == "Bearer abc"
+    assert server.received[-1]["replica"] == "chief-0"
     final = termination.read(message.read_text()).report
     assert final is not None and final.state == "Succeeded" and final.loss == 0.5
 

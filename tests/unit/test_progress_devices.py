@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import http.server
 import io
 import json
-import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import pytest
 import yaml
 
+from tests.support import progress_endpoint
 from trainjob.cluster import describe
 from trainjob.console import replica_progress, view
 from trainjob.core import constants, progress_events, spec, termination, tfjob_status
@@ -266,53 +265,29 @@ def test_another_replica_announces_its_devices_once_and_reports_nothing_else() -
     assert quiet == []
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    received: ClassVar[list[dict[str, Any]]] = []
-    answers: ClassVar[list[int]] = []
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).received.append({"auth": self.headers.get("Authorization"), **body})
-        code = type(self).answers.pop(0) if type(self).answers else 202
-        self.send_response(code)
-        if code == 503:
-            self.send_header("Retry-After", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def server() -> Iterator[str]:
-    _Handler.received = []
-    _Handler.answers = []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1/x"
-    finally:
-        httpd.shutdown()
+def server() -> Iterator[progress_endpoint.Endpoint]:
+    with progress_endpoint.serving() as endpoint:
+        yield endpoint
 
 
 def test_announce_sends_one_report_in_the_background_retrying_a_busy_operator(
-    server: str, tmp_path: Path
+    server: progress_endpoint.Endpoint, tmp_path: Path
 ) -> None:
     token = tmp_path / "token"
     token.write_text("abc\n")
-    env = {constants.ENV_PROGRESS_URL: server, constants.ENV_PROGRESS_TOKEN_FILE: str(token)}
-    _Handler.answers = [503]  # a standby replica of the operator, or one still starting
+    env = {constants.ENV_PROGRESS_URL: server.url, constants.ENV_PROGRESS_TOKEN_FILE: str(token)}
+    server.answers = [503]  # a standby replica of the operator, or one still starting
     report = p.Report(replica="worker-1", devices=CPU_CUDA, time=3.0)
     thread = reporter.announce(env, report)
     assert thread is not None
     thread.join(10)
     assert not thread.is_alive()
-    assert [r["devices"] for r in _Handler.received] == [
+    assert [r["devices"] for r in server.received] == [
         {"gpus": 0, "cudaBuild": True, "cudaVersion": "12.5"}
     ] * 2
-    assert _Handler.received[-1]["auth"] == "Bearer abc"
-    assert _Handler.received[-1]["replica"] == "worker-1"
+    assert server.received[-1]["auth"] == "Bearer abc"
+    assert server.received[-1]["replica"] == "worker-1"
     assert reporter.announce({}, report) is None  # outside a TrainJob Pod: nothing to send
 
 
