@@ -5,11 +5,14 @@ of tests/controlplane/kueue.py runs beside the test control plane)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Final, cast
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from tests.controlplane.kueue import Kueue
 from tests.integration.operator_harness import Cluster, trainjob
 from tests.support import waits
 
@@ -192,3 +195,22 @@ def wait_admitted(queues: Queues, job: str, timeout: float) -> Obj:
         return workload if is_true(workload, "Admitted") else None
 
     return waits.wait_until(admitted, timeout=timeout, what=f"the Workload of {job} to be Admitted")
+
+
+@contextmanager
+def queues_in(
+    namespace: str,
+    api_client: k8s.ApiClient,
+    kueue: Kueue,
+    workloads: Callable[[Queues], list[Obj]] | None = None,
+) -> Iterator[Queues]:
+    """A test's Kueue objects, removed after it; what the Workloads and Kueue said is printed
+    (shown when the test fails). ``workloads``: how to list them (default: TrainJobs')."""
+    objects = Queues(api_client, namespace)
+    try:
+        yield objects
+    finally:
+        for wl in (workloads or Queues.workloads)(objects):
+            print(f"workload {wl['metadata']['name']}: {wl.get('status')}")
+        print(f"kueue log, last lines:\n{kueue.log_tail(20)}")
+        objects.cleanup()

@@ -24,7 +24,7 @@ import copy
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final, cast
+from typing import Final
 
 import pytest
 import yaml
@@ -35,7 +35,15 @@ from tests.controlplane.cluster import Component
 from tests.controlplane.gang import PODGROUP_GROUP, PODGROUP_VERSION, SCHEDULER_NAME, GangScheduler
 from tests.controlplane.kueue import Kueue
 from tests.controlplane.tools import REPO_ROOT
-from tests.integration.kueue_harness import KUEUE, KV, QUEUE_LABEL, Queues, condition, is_true
+from tests.integration.kueue_harness import (
+    KUEUE,
+    KV,
+    QUEUE_LABEL,
+    Queues,
+    condition,
+    is_true,
+    queues_in,
+)
 from tests.integration.kueue_harness import wait_admitted as kueue_wait_admitted
 from tests.integration.operator_harness import (
     Cluster,
@@ -47,6 +55,7 @@ from tests.integration.operator_harness import (
     pod_status,
     running_operator,
 )
+from tests.integration.test_gang_scheduling import pod_group
 from tests.support import operator_process, waits
 from trainjob.core import observe
 
@@ -226,14 +235,8 @@ def example() -> Obj:
 
 @pytest.fixture
 def queues(cluster: Cluster, api_client: k8s.ApiClient, kueue: Kueue) -> Iterator[Queues]:
-    objects = Queues(api_client, cluster.namespace)
-    try:
+    with queues_in(cluster.namespace, api_client, kueue) as objects:
         yield objects
-    finally:
-        for wl in objects.workloads():
-            print(f"workload {wl['metadata']['name']}: {wl.get('status')}")
-        print(f"kueue log, last lines:\n{kueue.log_tail(20)}")
-        objects.cleanup()
 
 
 def on_pool(example: Obj, nodes: Nodes, name: str, **labels: str) -> Obj:
@@ -300,21 +303,6 @@ def assert_workers_on_gpu_nodes(pods: dict[str, k8s.V1Pod], nodes: Nodes, job: s
     where = {name: pod_spec(pod).node_name for name, pod in pods.items()}
     workers = {name: node for name, node in where.items() if name.startswith(f"{job}-worker-")}
     assert len(workers) == 2 and set(workers.values()) <= set(nodes.gpu), where
-
-
-def pod_group(cluster: Cluster, name: str) -> Obj | None:
-    try:
-        found = cast(
-            Obj,
-            cluster.custom.get_namespaced_custom_object(
-                PODGROUP_GROUP, PODGROUP_VERSION, cluster.namespace, "podgroups", name
-            ),
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return found
 
 
 def running_condition(cluster: Cluster, name: str) -> Obj:

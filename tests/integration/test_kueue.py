@@ -19,6 +19,7 @@ from tests.integration.kueue_harness import (
     condition,
     is_true,
     queued_job,
+    queues_in,
     suspended,
     wait_admitted,
 )
@@ -54,14 +55,8 @@ def cluster(
 
 @pytest.fixture
 def queues(cluster: Cluster, api_client: k8s.ApiClient, kueue: Kueue) -> Iterator[Queues]:
-    objects = Queues(api_client, cluster.namespace)
-    try:
+    with queues_in(cluster.namespace, api_client, kueue) as objects:
         yield objects
-    finally:
-        for wl in objects.workloads():
-            print(f"workload {wl['metadata']['name']}: {wl.get('status')}")
-        print(f"kueue log, last lines:\n{kueue.log_tail(20)}")
-        objects.cleanup()
 
 
 CHIEF_AND_WORKERS = {"chief-0", "worker-0", "worker-1"}

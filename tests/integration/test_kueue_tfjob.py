@@ -19,7 +19,14 @@ from kubernetes import client as k8s
 from tests.controlplane import kubeflow_sdk
 from tests.controlplane.kueue import Kueue
 from tests.controlplane.tools import REPO_ROOT
-from tests.integration.kueue_harness import KUEUE, KV, PRIORITY_LABEL, QUEUE_LABEL, Queues
+from tests.integration.kueue_harness import (
+    KUEUE,
+    KV,
+    PRIORITY_LABEL,
+    QUEUE_LABEL,
+    Queues,
+    queues_in,
+)
 from tests.integration.test_tfjob import TFJobs, a_tfjob, kubeflow_pods
 from tests.support import operator_process, waits
 
@@ -56,14 +63,8 @@ def cluster(
 
 @pytest.fixture
 def queues(cluster: TFJobs, api_client: k8s.ApiClient, kueue: Kueue) -> Iterator[Queues]:
-    objects = Queues(api_client, cluster.namespace)
-    try:
+    with queues_in(cluster.namespace, api_client, kueue, workloads) as objects:
         yield objects
-    finally:
-        for wl in workloads(objects):
-            print(f"workload {wl['metadata']['name']}: {wl.get('status')}")
-        print(f"kueue log, last lines:\n{kueue.log_tail(20)}")
-        objects.cleanup()
 
 
 def workloads(queues: Queues) -> list[Obj]:
