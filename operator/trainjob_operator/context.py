@@ -71,6 +71,9 @@ class Progress:
     endpoint: Callable[[], render.ProgressEndpoint | None] = lambda: None
     # When a job's step last advanced (hang detection).
     at: Callable[[JobKey], datetime.datetime | None] = lambda key: None
+    # The job is gone: what its replicas reported (their devices too) must not greet a new job
+    # of the same name.
+    forget: Callable[[JobKey], None] = lambda key: None
 
 
 @dataclasses.dataclass
@@ -153,6 +156,7 @@ class OperatorContext:
     def forget(self, key: JobKey) -> None:
         self.reconciled.discard(key)
         self.gangs.forget(key)
+        self.progress.forget(key)
 
 
 async def release_workloads(

@@ -294,4 +294,4 @@ def build(
             settings.progress_url or "", server.ca_pem, settings.progress_interval_seconds
         )
 
-    return server, context.Progress(endpoint=endpoint, at=status.progress_at)
+    return server, context.Progress(endpoint=endpoint, at=status.progress_at, forget=status.forget)

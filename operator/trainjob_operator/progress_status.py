@@ -221,6 +221,13 @@ class ProgressStatus:
         latest = self._latest.get(job)
         return latest.advanced_at if latest is not None else None
 
+    def forget(self, job: JobKey) -> None:
+        """The job was deleted: its reports and its replicas' devices go with it (a job made
+        again under its name reports afresh)."""
+        self._latest.pop(job, None)
+        self._waiting.pop(job, None)
+        self._finals.pop(job, None)
+
     def pending(self) -> int:
         return len(self._waiting) + len(self._finals)
 

@@ -315,6 +315,17 @@ def test_another_replicas_devices_never_replace_the_jobs_progress() -> None:
     assert latest is not None and set(latest.devices) == {"chief-0", "worker-0"}
 
 
+def test_a_deleted_jobs_devices_do_not_greet_a_new_job_of_its_name() -> None:
+    status = progress_status.ProgressStatus(cast(kube.Kube, None), 20.0)
+    status.offer(JOB, p.Report(replica="chief-0", step=50, time=10.0, devices=TWO_GPUS))
+    status.offer(JOB, p.Report(replica="worker-3", time=11.0, devices=CPU_CUDA))
+    status.forget(JOB)  # the job was deleted
+    assert status.latest(JOB) is None and status.pending() == 0
+    status.offer(JOB, p.Report(replica="chief-0", step=1, time=20.0, devices=CPU_CUDA))
+    latest = status.latest(JOB)
+    assert latest is not None and dict(latest.devices) == {"chief-0": CPU_CUDA}
+
+
 def test_the_status_patch_sets_devices_and_never_removes_them() -> None:
     report = p.Report(replica="chief-0", step=1)
     patch = progress_status.status_patch(report, NOW, frozenset(), {"chief-0": ONE_GPU})
