@@ -63,6 +63,10 @@ def test_multiworker_example_runs_to_success(tmp_path: Path, data_dir: Path) -> 
     assert "progress:   100% (3/3)  step 120/120  loss " in out
     assert (tmp_path / "run" / "checkpoints" / "export" / "saved_model.pb").exists()
     assert "[worker-0] progress: epoch 3/3 step 120/120" in out
+    # status.json holds every replica's devices, as the operator's status does.
+    progress = read_json(tmp_path / "run" / "status.json")["progress"]
+    assert set(progress["replicaDevices"]) == {"worker-0", "worker-1"}, progress
+    assert progress["deviceSummary"] == "CPU", progress
 
 
 def test_killed_worker_restarts_and_resumes_from_the_checkpoint(

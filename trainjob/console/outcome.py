@@ -142,13 +142,14 @@ def status_file_data(
     report_received: datetime.datetime,
     stop_signal: str | None,
     problem: str | None,
+    devices: Mapping[str, core_progress.Devices] | None = None,
 ) -> dict[str, Any]:
-    """status.json: the job's status as the operator writes it (with the chief's progress), but
-    Interrupted while a stop the user asked for is under way, and Failed with the problem when
-    the run could not start."""
+    """status.json: the job's status as the operator writes it (with the chief's progress and
+    every replica's devices, by replica name), but Interrupted while a stop the user asked for
+    is under way, and Failed with the problem when the run could not start."""
     data = {"jobName": job.name, **st.to_dict(job, status)}
     if report is not None:
-        data["progress"] = core_progress.status_progress(report, report_received)
+        data["progress"] = core_progress.status_progress(report, report_received, devices)
     if stop_signal is not None and not status.finished:
         data["state"] = INTERRUPTED
     if problem is not None and not status.finished:

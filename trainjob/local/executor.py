@@ -256,6 +256,12 @@ class Executor:
                 report_received=self.report_received,
                 stop_signal=self.stop_signal,
                 problem=self.problem,
+                devices={
+                    f"{key[0]}-{key[1]}": seen.devices
+                    for key, seen in sorted(self.progress.items())
+                    if seen.devices is not None
+                }
+                or None,
             )
         )
 
