@@ -183,6 +183,32 @@ def test_a_snapshot_from_status_draws_the_same_table_as_a_local_run() -> None:
     assert lines[3].split()[:4] == ["worker-1", "Pending", "exit", "137"]
 
 
+def test_the_live_table_of_a_cluster_job_shows_every_replicas_devices() -> None:
+    """status.progress.replicaDevices (each replica says its devices once) on each row, as a
+    local run shows them; the chief's report keeps its numbers beside its own devices."""
+    gpu = core_progress.Devices(gpus=1, names=("GPU:0",), cuda_build=True, cuda_version="12.5.1")
+    cpu = core_progress.Devices(gpus=0, cuda_build=True, cuda_version="12.5.1")
+    devices = {"chief-0": cpu, "worker-0": gpu, "worker-1": gpu}
+    obj = stored(
+        {
+            ("chief", 0): st.ReplicaRecord(0, "Running"),
+            ("worker", 0): st.ReplicaRecord(0, "Running"),
+            ("worker", 1): st.ReplicaRecord(0, "Running"),
+        },
+        [("Running", True, "Running", "all running")],
+        progress=core_progress.status_progress(REPORT, NOW, devices),
+    )
+    snapshot = show.snapshot(obj, NOW)
+    assert {key: p.devices for key, p in snapshot.progress.items()} == {
+        ("chief", 0): cpu,
+        ("worker", 0): gpu,
+        ("worker", 1): gpu,
+    }
+    assert snapshot.progress[("chief", 0)].step == 80
+    rows = [view.plain(line) for line in view.table_segments(snapshot, width=160)][1:4]
+    assert "CPU" in rows[0] and "1 GPU" in rows[1] and "1 GPU" in rows[2], rows
+
+
 def test_the_summary_of_a_failed_cluster_job_names_cause_and_log_command() -> None:
     message = "Traceback...\nValueError: bad shape"
     terminated = {"terminated": {"exitCode": 1, "message": message}}

@@ -119,23 +119,31 @@ def replica_key(text: str | None) -> ReplicaKey | None:
 
 
 def replica_progress(
-    job: spec.TrainJob, report: core_progress.Report | None
+    job: spec.TrainJob, status: Mapping[str, Any] | None
 ) -> dict[ReplicaKey, ReplicaProgress]:
-    """The report as the view's per-replica progress (the replica it names, else the lead)."""
-    if report is None:
-        return {}
-    key = replica_key(report.replica) or lead_replica(job)
-    return {
-        key: ReplicaProgress(
-            # Both count from 1; a script of one's own may report epoch 0.
-            epoch=None if report.epoch is None else max(1, report.epoch),
-            step=report.step,
-            loss=report.loss,
-            examples_per_sec=report.examples_per_second,
-            checkpoint=report.last_checkpoint,
-            end_status=None if report.state == core_progress.STATE_RUNNING else report.state,
-        )
+    """status.progress as the view's per-replica progress: the report's numbers on the replica
+    it names (else the lead), and each replica's devices (`replicaDevices`)."""
+    progress = (status or {}).get("progress")
+    result = {
+        key: ReplicaProgress(devices=devices)
+        for name, devices in core_progress.devices_of_status(progress).items()
+        if (key := replica_key(name)) is not None
     }
+    report = report_of(status)
+    if report is None:
+        return result
+    key = replica_key(report.replica) or lead_replica(job)
+    result[key] = ReplicaProgress(
+        # Both count from 1; a script of one's own may report epoch 0.
+        epoch=None if report.epoch is None else max(1, report.epoch),
+        step=report.step,
+        loss=report.loss,
+        examples_per_sec=report.examples_per_second,
+        checkpoint=report.last_checkpoint,
+        end_status=None if report.state == core_progress.STATE_RUNNING else report.state,
+        devices=result[key].devices if key in result else report.devices,
+    )
+    return result
 
 
 def elapsed_seconds(obj: Obj, now: datetime.datetime) -> float:
@@ -169,7 +177,7 @@ def snapshot(obj: Obj, now: datetime.datetime) -> view.Snapshot:
         job=job,
         status=status,
         rows=rows_of(job, status, "" if hold is None else hold.state),
-        progress=replica_progress(job, report),
+        progress=replica_progress(job, obj.get("status")),
         elapsed_seconds=elapsed_seconds(obj, now),
         report=report,
     )
@@ -230,7 +238,7 @@ def summary(obj: Obj, pods: Sequence[Obj], now: datetime.datetime) -> Summary:
         log_dir=logs_command(obj),
         checkpoint_dir=checkpoint,
         export=None,
-        progress=replica_progress(job, report),
+        progress=replica_progress(job, obj.get("status")),
         causes=causes,
         report=report,
     )
