@@ -83,7 +83,7 @@ if [[ -f "$ca" ]]; then
 fi
 
 # The runtime image with TensorFlow's CUDA build: the CPU image's Dockerfile with another wheel.
-gpu_tensorflow="tensorflow[and-cuda]==2.21.0"
+gpu_tensorflow="tensorflow[and-cuda]"
 
 summary=()
 for name in operator trainjob trainjob-legacy trainjob-gpu; do
