@@ -6,20 +6,26 @@ Prints the KUBECONFIG path (and an ``export`` line), then waits. Options:
   --workdir DIR   keep state and logs in DIR instead of a temp dir (kept after exit)
   --node          a real node (containerd, kubelet, kube-proxy, CoreDNS; root; see
                   tests/controlplane/node.py) with the images of images/build.sh; implies --crds
+
+``python -m tests.controlplane import-images``: import the images of images/build.sh into the
+real node's containerd root ahead of its start (`bash tests/run` runs it beside the tiers
+before e2e).
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
 from tests.controlplane.cluster import ControlPlane, ControlPlaneError
 from tests.controlplane.gang import start_gang_scheduler
-from tests.controlplane.node import NODE_NAME, running_node
+from tests.controlplane.node import NODE_NAME, preimport_images, running_node
 from tests.controlplane.tools import REPO_ROOT, ToolsMissingError
 
 
@@ -37,7 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also run scheduler-plugins' Coscheduling as a second scheduler "
         "(schedulerName scheduler-plugins-scheduler), with its PodGroup CRDs",
     )
+    sub.add_parser(
+        "import-images",
+        help="import the images into the real node's containerd root ahead of its start "
+        "(root; nothing while the node runs)",
+    )
     args = parser.parse_args(argv)
+    if args.command == "import-images":
+        return _import_images()
     if args.node:
         return _up_node(args.workdir)
 
@@ -74,6 +87,25 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         plane.stop()
         print("stopped", flush=True)
+
+
+def _import_images() -> int:
+    started = time.monotonic()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt  # the import's ctr and its containerd stop on the way out
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        preimport_images()
+    except (ToolsMissingError, ControlPlaneError, subprocess.SubprocessError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("images: import stopped", file=sys.stderr)
+        return 130
+    print(f"images imported into the node's containerd in {time.monotonic() - started:.0f}s")
+    return 0
 
 
 def _up_node(workdir: Path | None) -> int:

@@ -242,6 +242,163 @@ def _chains(tool: str, table: str) -> list[str]:
     return [line.split()[1] for line in out.splitlines() if line.startswith("-N ")]
 
 
+# --------------------------------------------------------------------------- images
+
+
+@dataclass
+class NodeImages:
+    """The node's images in containerd (namespace k8s.io), imported from buildah's store:
+    the pause image and the product images, each only when containerd does not hold that very
+    image already (the node's containerd root persists, so a warm start imports nothing)."""
+
+    tools: NodeTools
+    socket: Path  # the containerd to import into
+    work_dir: Path  # an image's archive lies here for the moment of its import
+    images: Sequence[str] = PRODUCT_IMAGES
+
+    def ctr(self, *args: str | Path, check: bool = True, timeout: float = 600.0) -> str | None:
+        argv = [self.tools.ctr, f"--address={self.socket}", "-n", CRI_NAMESPACE, *args]
+        result = subprocess.run(
+            [str(a) for a in argv], capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if result.returncode != 0:
+            if check:
+                raise ControlPlaneError(
+                    f"ctr {' '.join(map(str, args))} failed:\n{result.stdout}{result.stderr}"
+                )
+            return None
+        return result.stdout
+
+    def buildah(self, *args: str | Path, timeout: float = 900.0) -> str:
+        flags = _run(["bash", REPO_ROOT / "images" / "build.sh", "--storage-flags"]).split()
+        return _run([self.tools.buildah, *flags, *args], timeout=timeout)
+
+    def import_all(self) -> None:
+        self.build_pause_image()
+        have = self.imported()
+        for ref in [PAUSE_IMAGE, *self.product_refs()]:
+            image_id = self.buildah("images", "--no-trunc", "--format", "{{.ID}}", ref)
+            image_id = image_id.split()[0].removeprefix("sha256:")
+            if have.get(ref) == image_id:
+                continue
+            archive = self.work_dir / "image.tar"
+            self.buildah("push", "--quiet", ref, f"docker-archive:{archive}:{ref}")
+            self.ctr("images", "import", "--no-unpack=false", archive, timeout=900)
+            archive.unlink()
+            # Pinned: kubelet never garbage-collects it (it cannot be pulled again).
+            self.ctr(
+                "images",
+                "label",
+                ref,
+                "io.cri-containerd.pinned=pinned",
+                f"{IMPORTED_FROM_LABEL}={image_id}",
+            )
+
+    def imported(self) -> dict[str, str]:
+        """Image reference -> the buildah image ID it was imported from (an image label: the
+        docker-archive conversion changes the config digest, so digests cannot be compared)."""
+        found: dict[str, str] = {}
+        out = self.ctr("images", "list", check=False) or ""
+        for line in out.splitlines()[1:]:
+            fields = line.split()
+            match = re.search(rf"{IMPORTED_FROM_LABEL}=([0-9a-f]+)", line)
+            if fields and match:
+                found[fields[0]] = match.group(1)
+        return found
+
+    def product_refs(self) -> list[str]:
+        version = _pyproject_version()
+        refs = [image.format(version=version) for image in self.images] + list(TEST_IMAGES)
+        listed = self.buildah("images", "--format", "{{.Name}}:{{.Tag}}")
+        missing = [r for r in refs if r not in listed.split()]
+        if missing:
+            raise ToolsMissingError(
+                f"images not built: {missing}; build them with `bash images/build.sh`"
+            )
+        return refs
+
+    def build_pause_image(self) -> None:
+        listed = self.buildah("images", "--format", "{{.Name}}:{{.Tag}}").split()
+        if PAUSE_IMAGE in listed:
+            return
+        container = self.buildah("from", "scratch").strip()
+        try:
+            self.buildah("copy", container, self.tools.pause, "/pause")
+            self.buildah("config", "--entrypoint", '["/pause"]', "--user", "65535:65535", container)
+            self.buildah("commit", "--quiet", container, PAUSE_IMAGE)
+        finally:
+            self.buildah("rm", container)
+
+
+PREIMPORT_DIR: Final = Path("/run/trainjob-node-preimport")
+
+
+def preimport_images(images: Sequence[str] = PRODUCT_IMAGES, timeout: float = 60.0) -> None:
+    """Import the images into the node's persistent containerd root before the node starts,
+    with a containerd of its own (no CRI, its own socket), stopped after: `bash tests/run`
+    does this while the tiers before e2e run, so the node's start imports nothing (a cold
+    import of every image takes about 5 minutes). Nothing is done while the node runs: its
+    containerd owns the root then, and imports itself."""
+    tools = NodeTools.locate().require()
+    node_socket = STATE_DIR / "containerd.sock"
+    if node_socket.exists() and NodeImages(tools, node_socket, PREIMPORT_DIR).ctr(
+        "version", check=False, timeout=10
+    ):
+        return
+    root = tools_dir() / "node-state" / "containerd"
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(PREIMPORT_DIR, ignore_errors=True)
+    PREIMPORT_DIR.mkdir(parents=True)
+    socket = PREIMPORT_DIR / "containerd.sock"
+    config = PREIMPORT_DIR / "containerd.toml"
+    config.write_text(
+        f"""version = 2
+root = "{root}"
+state = "{PREIMPORT_DIR / "state"}"
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt",
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{PREIMPORT_DIR / "containerd-ttrpc.sock"}"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+""",
+        encoding="utf-8",
+    )
+    # The archives go next to the root, on disk (/run is memory).
+    store = NodeImages(tools, socket, root.parent, images)
+    with (PREIMPORT_DIR / "containerd.log").open("wb") as log:
+        containerd = subprocess.Popen(
+            [str(tools.containerd), f"--config={config}", "--log-level=warn"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        waits.wait_until(
+            lambda: containerd.poll() is not None or store.ctr("version", check=False),
+            timeout=timeout,
+            what="the pre-import containerd",
+            error=ControlPlaneError,
+        )
+        if containerd.poll() is not None:
+            log_text = (PREIMPORT_DIR / "containerd.log").read_text(errors="replace")
+            raise ControlPlaneError(f"the pre-import containerd exited:\n{log_text[-2000:]}")
+        store.import_all()
+    finally:
+        containerd.terminate()
+        try:
+            containerd.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            containerd.kill()
+            containerd.wait()
+        unmount_all([PREIMPORT_DIR, root])
+        shutil.rmtree(PREIMPORT_DIR, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------- the node
 
 
@@ -558,69 +715,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
     # -- images --------------------------------------------------------------------------
 
-    def _buildah(self, *args: str | Path, timeout: float = 900.0) -> str:
-        flags = _run(["bash", REPO_ROOT / "images" / "build.sh", "--storage-flags"]).split()
-        return _run([self.tools.buildah, *flags, *args], timeout=timeout)
-
     def _import_images(self) -> None:
-        """The pause image and the product images, from buildah's store into containerd,
-        each only when containerd does not hold that very image already."""
-        self._build_pause_image()
-        have = self._imported()
-        for ref in [PAUSE_IMAGE, *self._product_refs()]:
-            image_id = self._buildah("images", "--no-trunc", "--format", "{{.ID}}", ref)
-            image_id = image_id.split()[0].removeprefix("sha256:")
-            if have.get(ref) == image_id:
-                continue
-            archive = self.root / "image.tar"
-            self._buildah("push", "--quiet", ref, f"docker-archive:{archive}:{ref}")
-            self._ctr("images", "import", "--no-unpack=false", archive, timeout=900)
-            archive.unlink()
-            # Pinned: kubelet never garbage-collects it (it cannot be pulled again).
-            self._ctr(
-                "images",
-                "label",
-                ref,
-                "io.cri-containerd.pinned=pinned",
-                f"{IMPORTED_FROM_LABEL}={image_id}",
-            )
-
-    def _imported(self) -> dict[str, str]:
-        """Image reference -> the buildah image ID it was imported from (an image label: the
-        docker-archive conversion changes the config digest, so digests cannot be compared)."""
-        found: dict[str, str] = {}
-        out = self._ctr("images", "list", check=False) or ""
-        for line in out.splitlines()[1:]:
-            fields = line.split()
-            match = re.search(rf"{IMPORTED_FROM_LABEL}=([0-9a-f]+)", line)
-            if fields and match:
-                found[fields[0]] = match.group(1)
-        return found
-
-    def _product_refs(self) -> list[str]:
-        version = _pyproject_version()
-        refs = [image.format(version=version) for image in self.images] + list(TEST_IMAGES)
-        listed = self._buildah("images", "--format", "{{.Name}}:{{.Tag}}")
-        missing = [r for r in refs if r not in listed.split()]
-        if missing:
-            raise ToolsMissingError(
-                f"images not built: {missing}; build them with `bash images/build.sh`"
-            )
-        return refs
-
-    def _build_pause_image(self) -> None:
-        listed = self._buildah("images", "--format", "{{.Name}}:{{.Tag}}").split()
-        if PAUSE_IMAGE in listed:
-            return
-        container = self._buildah("from", "scratch").strip()
-        try:
-            self._buildah("copy", container, self.tools.pause, "/pause")
-            self._buildah(
-                "config", "--entrypoint", '["/pause"]', "--user", "65535:65535", container
-            )
-            self._buildah("commit", "--quiet", container, PAUSE_IMAGE)
-        finally:
-            self._buildah("rm", container)
+        NodeImages(self.tools, self.containerd_socket, self.root, self.images).import_all()
 
     # -- CoreDNS, kube-proxy, kubelet ----------------------------------------------------
 
