@@ -118,11 +118,18 @@ def test_kueue_tfjob_admitted_runs_and_finishes_served_by_us(
     assert pod.spec is not None and pod.spec.node_selector == POOL
     assert pod.metadata is not None and "kueue.x-k8s.io/podset" in (pod.metadata.labels or {})
     # Suspended (as Kueue's webhook created it), then resumed: the one Suspended condition
-    # moved last, False (unless Kueue admitted it before we first looked).
-    assert cluster.conditions("mnist") in (
+    # moved last, False (unless Kueue admitted it before we first looked). The TFJob's status
+    # is written after its Pods: wait for it rather than read it the moment the Pod appears.
+    resumed = (
         [("Created", "True", "TFJobCreated"), ("Suspended", "False", "TFJobResumed")],
         [("Created", "True", "TFJobCreated")],
-    ), cluster.conditions("mnist")
+    )
+    waits.wait_until(
+        lambda: cluster.conditions("mnist") in resumed,
+        timeout=T,
+        what="the TFJob's status to say it was resumed",
+        on_timeout=lambda: f"; conditions: {cluster.conditions('mnist')}",
+    )
     assert workload_condition(queues, "mnist", "PodsReady") != "True"
 
     cluster.set_running("mnist-worker-0")
