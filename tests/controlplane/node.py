@@ -666,17 +666,10 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         self._remove_cri_containers()
 
     def _ctr(self, *args: str | Path, check: bool = True, timeout: float = 600.0) -> str | None:
-        argv = [self.tools.ctr, f"--address={self.containerd_socket}", "-n", CRI_NAMESPACE, *args]
-        result = subprocess.run(
-            [str(a) for a in argv], capture_output=True, text=True, timeout=timeout, check=False
-        )
-        if result.returncode != 0:
-            if check:
-                raise ControlPlaneError(
-                    f"ctr {' '.join(map(str, args))} failed:\n{result.stdout}{result.stderr}"
-                )
-            return None
-        return result.stdout
+        return self._images().ctr(*args, check=check, timeout=timeout)
+
+    def _images(self) -> NodeImages:
+        return NodeImages(self.tools, self.containerd_socket, self.root, self.images)
 
     def _remove_cri_containers(self) -> list[str]:
         """Kill and delete every container in the CRI namespace; returns the network
@@ -716,7 +709,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
     # -- images --------------------------------------------------------------------------
 
     def _import_images(self) -> None:
-        NodeImages(self.tools, self.containerd_socket, self.root, self.images).import_all()
+        self._images().import_all()
 
     # -- CoreDNS, kube-proxy, kubelet ----------------------------------------------------
 
