@@ -330,6 +330,37 @@ class NodeImages:
             self.buildah("rm", container)
 
 
+# Plugins the node's containerd never needs (snapshotters this kernel or machine lacks).
+UNUSED_CONTAINERD_PLUGINS: Final = (
+    "io.containerd.internal.v1.opt",
+    "io.containerd.snapshotter.v1.aufs",
+    "io.containerd.snapshotter.v1.btrfs",
+    "io.containerd.snapshotter.v1.zfs",
+    "io.containerd.snapshotter.v1.devmapper",
+)
+
+
+def containerd_config_head(
+    root: Path, state: Path, socket: Path, ttrpc: Path, disabled: Sequence[str] = ()
+) -> str:
+    """The start of a containerd config on the node's root: where it keeps state, where it
+    listens, and no debug or metrics listener."""
+    plugins = ", ".join(f'"{name}"' for name in (*disabled, *UNUSED_CONTAINERD_PLUGINS))
+    return f"""version = 2
+root = "{root}"
+state = "{state}"
+disabled_plugins = [{plugins}]
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{ttrpc}"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+"""
+
+
 PREIMPORT_DIR: Final = Path("/run/trainjob-node-preimport")
 
 
@@ -352,21 +383,13 @@ def preimport_images(images: Sequence[str] = PRODUCT_IMAGES, timeout: float = 60
     socket = PREIMPORT_DIR / "containerd.sock"
     config = PREIMPORT_DIR / "containerd.toml"
     config.write_text(
-        f"""version = 2
-root = "{root}"
-state = "{PREIMPORT_DIR / "state"}"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.internal.v1.opt",
-  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-[grpc]
-  address = "{socket}"
-[ttrpc]
-  address = "{PREIMPORT_DIR / "containerd-ttrpc.sock"}"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-""",
+        containerd_config_head(
+            root,
+            PREIMPORT_DIR / "state",
+            socket,
+            PREIMPORT_DIR / "containerd-ttrpc.sock",
+            disabled=("io.containerd.grpc.v1.cri",),
+        ),
         encoding="utf-8",
     )
     # The archives go next to the root, on disk (/run is memory).
@@ -618,21 +641,13 @@ class Node:
         config = self.root / "containerd.toml"
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         config.write_text(
-            f"""version = 2
-root = "{self.containerd_root}"
-state = "{STATE_DIR / "containerd"}"
-disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper"]
-[grpc]
-  address = "{self.containerd_socket}"
-[ttrpc]
-  address = "{STATE_DIR / "containerd-ttrpc.sock"}"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[{cri}]
+            containerd_config_head(
+                self.containerd_root,
+                STATE_DIR / "containerd",
+                self.containerd_socket,
+                STATE_DIR / "containerd-ttrpc.sock",
+            )
+            + f"""[{cri}]
   sandbox_image = "{PAUSE_IMAGE}"
   enable_selinux = false
   # This machine withholds CAP_SYS_RESOURCE: no process may lower its OOM score below ours,
