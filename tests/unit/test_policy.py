@@ -1097,6 +1097,37 @@ def test_a_pod_gone_with_its_lost_node_unseen_by_any_condition_is_a_disruption()
     assert world.status.record(("worker", 1)).waiting_reason is None
 
 
+def test_a_restarted_replica_whose_old_pod_hangs_on_a_lost_node_names_the_node() -> None:
+    """A worker's node goes away; its peer's collective breaks within seconds, before the node
+    lifecycle controller calls the node lost (40 s): the group restarts, counted. The lost
+    worker's old Pod then stays Terminating, as no kubelet confirms its end, and its replica
+    cannot be created again until Kubernetes removes that Pod: the job says which node and
+    what removes it (seen on a 3-node kind cluster, tests/e2e/test_multinode.py)."""
+    world = started(make_job({"worker": 2}, restart_policy="ExitCode"))
+    world.set_phase(("worker", 1), "Failed", exit_code=190, reason="Error", finished_at=at(10))
+    world.reconcile(at(10))  # the group restarts: both old Pods deleted
+    assert world.state() == "Restarting" and world.status.restart_count == 1
+    del world.pods[("worker", 1)]  # its kubelet confirms; worker 0's never will
+    world.reconcile(at(11))
+    world.run_all(at(12))
+    world.lost = {("worker", 0): UNREACHABLE}
+    decision = world.reconcile(at(60))
+    running = world.condition(st.RUNNING)
+    assert not running.status and running.reason == "NodeUnreachable", running
+    assert running.message.startswith("worker 0: node n3 unreachable since"), running.message
+    assert "node.kubernetes.io/out-of-service" in running.message, running.message
+    assert [(e.type, e.reason) for e in decision.events] == [("Warning", "NodeUnreachable")]
+    assert world.reconcile(at(70)).events == ()  # said once
+    # The Node is deleted (as a cloud does): the pod GC removes the Pod, worker 0 comes back.
+    del world.pods[("worker", 0)]
+    world.lost = {}
+    decision = world.reconcile(at(90))
+    assert [(t, i) for t, i, _ in decision.create_pods] == [("worker", 0)]
+    world.settle(at(91))
+    assert world.state() == "Running"
+    assert world.status.record(("worker", 0)).waiting_reason is None
+
+
 def test_a_pod_deleted_after_its_node_came_back_counts_as_before() -> None:
     world = started(make_job({"worker": 1}))
     world.lost = {("worker", 0): UNREACHABLE}

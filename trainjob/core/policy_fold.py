@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Final
 
 from trainjob.core import policy_disruption, policy_failure, policy_waiting
 from trainjob.core import status as st
@@ -61,6 +62,8 @@ def fold_observed(
         if pod.attempt < record.attempt:
             if not pod.deleting:
                 draft.delete_pods.append(key)
+            elif not finished and key in draft.lost:
+                _wait_for_lost_node(draft, key, new_causes)
             continue
         if not finished and (pod.disruption_reason is not None or not pod.deleting):
             # Remembered as soon as it is seen (whoever disrupts a Pod sets the condition,
@@ -112,3 +115,28 @@ def fold_observed(
             )
     policy_waiting.announce(draft, new_causes)
     return failures
+
+
+# What removes a Pod whose node is gone: nothing on the node answers any more.
+LOST_POD_REMOVAL: Final = (
+    "; its old Pod is removed once the Node is deleted (a cloud deletes a lost machine's) "
+    "or tainted node.kubernetes.io/out-of-service, and only then can it start again"
+)
+
+
+def _wait_for_lost_node(
+    draft: DecisionDraft, key: ReplicaKey, new_causes: dict[str, list[str]]
+) -> None:
+    """A replica restarted while its old Pod hangs Terminating on a lost node (no kubelet
+    confirms its end): its new Pod cannot be created under the same name until Kubernetes
+    removes the old one, so the replica waits on the node, and says what ends the wait."""
+    record = draft.replicas[key]
+    waiting, message = draft.lost[key]
+    message += LOST_POD_REMOVAL
+    if policy_waiting.new_cause(waiting, record.waiting_reason):
+        new_causes.setdefault(waiting, []).append(
+            policy_waiting.waiting_line(key, waiting, message)
+        )
+    draft.replicas[key] = dataclasses.replace(
+        record, waiting_reason=waiting, waiting_message=message
+    )

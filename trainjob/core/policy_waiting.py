@@ -61,7 +61,11 @@ def waiting_lines(draft: DecisionDraft) -> list[tuple[str, str]]:
     for key in draft.job.replica_keys():
         record = draft.replicas[key]
         refused = record.state == st.STATE_NONE and record.waiting_reason == REASON_FAILED_CREATE
-        lost = record.waiting_reason in NODE_REASONS and record.state == st.STATE_RUNNING
+        # on a lost node: its Pod running there, or its old Pod hanging there (restarted)
+        lost = record.waiting_reason in NODE_REASONS and record.state in (
+            st.STATE_RUNNING,
+            st.STATE_NONE,
+        )
         if record.waiting_reason is not None and (
             record.state == st.STATE_PENDING or refused or lost
         ):
