@@ -8,6 +8,11 @@ Two kinds of cluster, chosen by ``TRAINJOB_E2E_CLUSTER``:
     with the images of ``images/build.sh`` imported into its containerd; stopped and cleaned
     up afterwards. Needs root, ``bash tests/controlplane/install.sh --node`` and
     ``bash images/build.sh`` (``bash tests/run -m e2e`` runs both).
+``kind``
+    A 3-node kind cluster built on this machine without a registry (tests/controlplane/kind.py):
+    1 control-plane + 2 workers, the runtime and operator images loaded with ``kind load``;
+    deleted afterwards. Needs root and ``bash tests/controlplane/install.sh --kind``. The tests
+    marked ``kind`` run there and are deselected on the node (tests/e2e/conftest.py).
 ``current``
     The cluster of the current kubeconfig context, e.g. kind, with the images already loaded
     (``kind load docker-image``); kubectl and helm from PATH.
@@ -178,10 +183,19 @@ def wait_until(
     return waits.wait_until(probe, timeout=timeout, what=what, interval=interval)
 
 
+CLUSTER_KINDS: Final = ("node", "kind", "current")
+# What a kind cluster loads: the chart's operator and the runtime image (the legacy, GPU and
+# Kubeflow test images stay on the node tier, whose tests use them: disk, ~4 GB a worker each).
+KIND_IMAGES: Final = (
+    "docker.io/trainjob/trainjob-operator:{version}",
+    "docker.io/trainjob/trainjob:{version}",
+)
+
+
 def cluster_kind() -> str:
     kind = os.environ.get(CLUSTER_ENV, "node")
-    if kind not in ("node", "current"):
-        raise ClusterError(f"{CLUSTER_ENV}={kind!r}: expected 'node' or 'current'")
+    if kind not in CLUSTER_KINDS:
+        raise ClusterError(f"{CLUSTER_ENV}={kind!r}: expected one of {', '.join(CLUSTER_KINDS)}")
     return kind
 
 
@@ -193,6 +207,12 @@ def open_cluster(workdir: Path | None = None) -> Iterator[Cluster]:
         if kubectl is None or helm is None:
             raise ClusterError("kubectl and helm must be on PATH for TRAINJOB_E2E_CLUSTER=current")
         yield Cluster("current", kubectl, helm, dict(os.environ))
+        return
+    if cluster_kind() == "kind":
+        from tests.controlplane.kind import running_kind
+
+        with running_kind(KIND_IMAGES) as kind:
+            yield Cluster("kind", str(kind.tools.kubectl), str(kind.tools.helm), kind.env)
         return
     from tests.controlplane.node import running_node
 

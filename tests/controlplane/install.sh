@@ -20,6 +20,12 @@
 #                         tests/controlplane/network-policies), in a folder of its own
 #   katib-trial-status    Katib's reading of a trial's TFJob status (wrapper module
 #                         tests/controlplane/katib)
+# and, with --kind, the parts of a kind cluster (tests/controlplane/kind.py):
+#   kind                  go install sigs.k8s.io/kind (its module also holds the node's base files)
+#   kubeadm               from the same k8s.io/kubernetes module and version as the control plane
+#   coredns               the same CoreDNS wrapper, for the cluster's CoreDNS image
+#   the node image        tests/controlplane/kind/node-image.sh (cached by content hash)
+#   Debian packages: docker.io (its dockerd runs only inside the test's own network namespace)
 #   Debian packages: containerd, runc, containernetworking-plugins, buildah, debootstrap,
 #   iptables, gcc + libc6-dev (for pause), chromium (the e2e tier opens `trainjob tensorboard`
 #   in headless Chromium), tmux and screen (tests/local/test_multiplexer.py draws the live
@@ -32,9 +38,10 @@
 # places. Needs only Go (>= 1.25; /usr/local/go/bin is searched) and network access
 # to the Go module proxy. No stdin, no Docker, no root.
 #
-# Usage: bash tests/controlplane/install.sh [--print-dir] [--node] [--node-packages]
+# Usage: bash tests/controlplane/install.sh [--print-dir] [--node] [--node-packages] [--kind]
 #   --print-dir      print the tools directory and exit
 #   --node           also install the node's parts (see above)
+#   --kind           also install a kind cluster's parts (see above; implies --node)
 #   --node-packages  only the node's Debian packages (buildah, debootstrap, ...), so the images
 #                    can build (network, disk) while the Go tools compile (CPU)
 set -euo pipefail
@@ -51,6 +58,7 @@ K8S_VERSION="$(modversion "$HERE/k8s/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(modversion "$HERE/etcd/go.mod" go.etcd.io/etcd/server/v3)"
 KWOK_VERSION="v0.8.0"
 HELM_VERSION="v3.22.0"
+KIND_VERSION="v0.33.0"
 
 COREDNS_VERSION="$(modversion "$HERE/coredns/go.mod" github.com/coredns/coredns)"
 KUEUE_VERSION="$(modversion "$HERE/kueue/go.mod" sigs.k8s.io/kueue)"
@@ -58,6 +66,7 @@ PLUGINS_VERSION="$(modversion "$HERE/scheduler-plugins/go.mod" sigs.k8s.io/sched
 NETPOL_VERSION="$(modversion "$HERE/network-policies/go.mod" sigs.k8s.io/kube-network-policies)"
 KATIB_VERSION="$(modversion "$HERE/katib/go.mod" github.com/kubeflow/katib)"
 NODE=""
+KIND=""
 PACKAGES_ONLY=""
 for arg in "$@"; do
     case "$arg" in
@@ -67,6 +76,7 @@ for arg in "$@"; do
         ;;
     --node) NODE=1 ;;
     --node-packages) PACKAGES_ONLY=1 ;;
+    --kind) NODE=1 KIND=1 ;;
     *)
         echo "install.sh: unknown argument $arg" >&2
         exit 2
@@ -213,9 +223,17 @@ NODE_PACKAGES=(
     /usr/bin/screen:screen
 )
 
+# A kind cluster's: the container engine kind drives (started only by tests/controlplane/kind.py,
+# in a network namespace of its own; the package's own service is never started).
+KIND_PACKAGES=(
+    /usr/sbin/dockerd:docker.io
+)
+
 install_node_packages() {
     local missing=() entry
-    for entry in "${NODE_PACKAGES[@]}"; do
+    local wanted=("${NODE_PACKAGES[@]}")
+    [[ -z "$KIND" ]] || wanted+=("${KIND_PACKAGES[@]}")
+    for entry in "${wanted[@]}"; do
         [[ -e "${entry%%:*}" ]] || missing+=("${entry#*:}")
     done
     if ((${#missing[@]} == 0)); then
@@ -259,6 +277,33 @@ build_network_policies() {
         -o "$out/kube-network-policies" .)
 }
 
+# kind, kubeadm and CoreDNS for a kind cluster's nodes; the node image is built from them and
+# the node's binaries by tests/controlplane/kind/node-image.sh.
+build_kind() {
+    local out="$1" _version="$2"
+    local t0=$SECONDS
+    GOBIN="$out" "$GO" install -trimpath -ldflags "-s -w" "sigs.k8s.io/kind@$KIND_VERSION"
+    SUMMARY+=("  kind: $((SECONDS - t0))s")
+    t0=$SECONDS
+    (cd "$HERE/k8s" && "$GO" build -trimpath -ldflags "$(kube_ldflags "$K8S_VERSION")" \
+        -o "$out/kubeadm" k8s.io/kubernetes/cmd/kubeadm)
+    SUMMARY+=("  kubeadm: $((SECONDS - t0))s")
+    t0=$SECONDS
+    (cd "$HERE/coredns" && "$GO" build -trimpath -ldflags "-s -w" -o "$out/coredns" .)
+    SUMMARY+=("  coredns: $((SECONDS - t0))s")
+    # kind's base files (entrypoint, systemd units, containerd config) from the same module
+    local src
+    src="$("$GO" mod download -json "sigs.k8s.io/kind@$KIND_VERSION" | sed -nE 's/^\s*"Dir": "(.*)",$/\1/p')"
+    cp -r "$src/images/base/files" "$out/base-files"
+    # the Helm charts of Kueue and scheduler-plugins, which the kind cluster installs
+    mkdir -p "$out/charts"
+    src="$(cd "$HERE/kueue" && "$GO" list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+    cp -r "$src/charts/kueue" "$out/charts/kueue"
+    src="$(cd "$HERE/scheduler-plugins" && "$GO" list -m -f '{{.Dir}}' sigs.k8s.io/scheduler-plugins)"
+    cp -r "$src/manifests/install/charts/as-a-second-scheduler" "$out/charts/scheduler-plugins"
+    chmod -R u+w "$out/base-files" "$out/charts"
+}
+
 # Katib's own reading of a trial's job status (wrapper module tests/controlplane/katib), run
 # by the TFJob tests on the TFJobs the operator finished.
 build_katib() {
@@ -284,6 +329,15 @@ if [[ -n "$NODE" ]]; then
     install_node_packages
     build_into node "$K8S_VERSION-coredns-$COREDNS_VERSION" build_node kubelet kube-proxy coredns pause
     build_into network-policies "$NETPOL_VERSION" build_network_policies kube-network-policies
+fi
+if [[ -n "$KIND" ]]; then
+    build_into kind "$KIND_VERSION-$K8S_VERSION-coredns-$COREDNS_VERSION" build_kind kind kubeadm coredns
+    t0=$SECONDS
+    node_image="$(bash "$HERE/kind/node-image.sh" "$TOOLS_DIR/kind-$KIND_VERSION-$K8S_VERSION-coredns-$COREDNS_VERSION" \
+        "$TOOLS_DIR/node-$K8S_VERSION-coredns-$COREDNS_VERSION" "$TOOLS_DIR/kubernetes-$K8S_VERSION" \
+        "$TOOLS_DIR/etcd-$ETCD_VERSION" "$TOOLS_DIR/kueue-$KUEUE_VERSION" \
+        "$TOOLS_DIR/scheduler-plugins-$PLUGINS_VERSION" | tail -n 1)"
+    SUMMARY+=("kind node image: $node_image ($((SECONDS - t0))s)")
 fi
 
 echo "==> trainjob test tools ($("$GO" version)), total $((SECONDS - total_start))s"

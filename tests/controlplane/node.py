@@ -307,7 +307,7 @@ class NodeImages:
         return found
 
     def product_refs(self) -> list[str]:
-        version = _pyproject_version()
+        version = pyproject_version()
         refs = [image.format(version=version) for image in self.images] + list(TEST_IMAGES)
         listed = self.buildah("images", "--format", "{{.Name}}:{{.Tag}}")
         missing = [r for r in refs if r not in listed.split()]
@@ -1040,7 +1040,7 @@ def _dirs(top: Path) -> Iterator[Path]:
             yield Path(dirpath) / name
 
 
-def _pyproject_version() -> str:
+def pyproject_version() -> str:
     text = (REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")
     match = re.search(r'^version = "([^"]+)"', text, re.MULTILINE)
     if match is None:

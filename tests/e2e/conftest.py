@@ -93,6 +93,29 @@ def namespace(cluster: Cluster, operator: str, request: pytest.FixtureRequest) -
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked ``kind`` run on the 3-node kind cluster (several nodes; Kueue and the
+    gang scheduler in the cluster) and are deselected on the one-node cluster (not skipped);
+    on kind only they run unless the command line chose (kind's disk holds only the runtime
+    and operator images, see e2e_cluster.KIND_IMAGES)."""
+    from tests.controlplane.e2e_cluster import cluster_kind
+
+    cluster = cluster_kind()
+    if cluster == "current" or config.getoption("-m"):
+        return
+    on_kind = cluster == "kind"
+    deselected = [
+        i
+        for i in items
+        if i.get_closest_marker("e2e") is not None
+        and (i.get_closest_marker("kind") is not None) != on_kind
+    ]
+    selected = [i for i in items if i not in deselected]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
     """Keep each phase's report on the item, so fixtures can tell whether the test failed."""

@@ -2,10 +2,11 @@
 through Kueue (the real controller, beside the node's control plane); the high one succeeds;
 the low one is admitted again and resumes at the step it saved at SIGTERM, then succeeds.
 
-On the node cluster Kueue runs as a host process (tests/controlplane/kueue.py) and the chart
-is upgraded with kueue.enabled=true for this module (and back afterwards). On another cluster
-(TRAINJOB_E2E_CLUSTER=current) Kueue must already be installed there, configured with
-externalFrameworks: ["TrainJob.v1alpha1.trainjob.dev"].
+It runs on the kind cluster (`bash tests/run`: Kueue installed there with its own Helm chart,
+tests/controlplane/kind.py) and, when chosen, on the node cluster (Kueue as a host process,
+tests/controlplane/kueue.py). The chart is upgraded with kueue.enabled=true for this module
+(and back afterwards). On another cluster (TRAINJOB_E2E_CLUSTER=current) Kueue must already be
+installed there, configured with externalFrameworks: ["TrainJob.v1alpha1.trainjob.dev"].
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from tests.controlplane.e2e_cluster import (
 )
 from tests.e2e.test_trainjob import JOB_TIMEOUT, example
 
-pytestmark = pytest.mark.e2e
+# On kind, Kueue is installed in the cluster with its own chart (tests/controlplane/kind.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.kind]
 
 QUEUE: Final = "team-queue"
 # Each job's two workers request half a CPU each: the ClusterQueue fits one job at a time.

@@ -1,0 +1,627 @@
+"""A real kind cluster on this machine, without a registry: 1 control-plane + 2 workers.
+
+kind (sigs.k8s.io/kind, built by ``install.sh --kind``) drives Docker; everything it needs
+that a registry would give is made here (../shared/research/kind-offline.md has the why of
+each piece):
+
+- **dockerd** (Debian's docker.io) runs in a network namespace of its own (``trainjob-kind``),
+  so its bridges, NAT and FORWARD policy never touch the host's firewall, which the node tier
+  snapshots and restores. Its default OCI runtime is a wrapper around runc that drops
+  CAP_SYS_RESOURCE, which this machine's root does not hold (``kind/runc-nosysres``).
+- the **node image** is assembled by ``kind/node-image.sh`` from Debian packages, kind's own
+  base files and the test bed's Kubernetes binaries, its control-plane images preloaded.
+- **the pod network**: kindnetd cannot be built here (its module is not served), so each node
+  gets the ptp CNI plugin for its podCIDR and a route to every other node's podCIDR: pods on
+  different nodes talk directly over the nodes' network, which is all kindnetd does without
+  NetworkPolicy.
+- **storage**: the default StorageClass ``standard`` has PersistentVolumes on a directory
+  shared by every node (a host folder mounted into each node container): a checkpoint written
+  on one node is read on another after the first is lost, as on the network file system
+  (NFS, Filestore, EFS) a multi-node training job keeps its checkpoints on. A node-local
+  volume would pin the job to the node it lost.
+- the API server is published on ``KIND_HOST_IP``'s peer address, the namespace's end of a
+  veth pair, so kubectl, helm, the Python client and the CLI reach it from the host.
+
+The product images are loaded with ``kind load image-archive`` into the workers (the
+control-plane node is tainted, as in any multi-node kind cluster). ``running_kind`` deletes
+the cluster and stops dockerd, and removes the namespace, veth, data root and mounts, also
+when a test fails or the run is interrupted; ``leftovers`` lists what must not remain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import yaml
+
+from tests.controlplane.cluster import ControlPlaneError
+from tests.controlplane.node import NodeImages, NodeTools, pyproject_version
+from tests.controlplane.tools import HERE, ToolsMissingError, go_mod_version, tools_dir
+from tests.support import waits
+
+CLUSTER_NAME: Final = "trainjob"
+NETNS: Final = "trainjob-kind"
+# The veth pair between the host and the namespace: the API server is published on the peer.
+HOST_LINK: Final = "tj-kind0"
+PEER_LINK: Final = "tj-kind1"
+KIND_HOST_IP: Final = "10.242.0.1"
+KIND_PEER_IP: Final = "10.242.0.2"
+API_SERVER_PORT: Final = 6443
+POD_SUBNET: Final = "10.245.0.0/16"
+STATE_DIR: Final = Path("/run/trainjob-kind")
+# dockerd's data root: the node containers and their images (several GB), on the big disk.
+DATA_ROOT_ENV: Final = "TRAINJOB_KIND_DATA_ROOT"
+STORAGE_CLASS: Final = "standard"
+LIB_MODULES: Final = Path("/lib/modules")
+CREATED_LIB_MODULES: Final = "created-lib-modules"  # a marker in STATE_DIR
+SHARED_VOLUMES: Final = 24
+SHARED_MOUNT: Final = "/shared"
+WORKERS: Final = (f"{CLUSTER_NAME}-worker", f"{CLUSTER_NAME}-worker2")
+CONTROL_PLANE: Final = f"{CLUSTER_NAME}-control-plane"
+INSTALL_COMMAND: Final = "bash tests/controlplane/install.sh --kind"
+KIND_VERSION: Final = "v0.33.0"
+KUEUE_FRAMEWORK: Final = "TrainJob.v1alpha1.trainjob.dev"
+RUNTIME_WRAPPER: Final = HERE / "kind" / "runc-nosysres"
+
+
+def data_root() -> Path:
+    return Path(os.environ.get(DATA_ROOT_ENV, "/var/lib/trainjob-kind"))
+
+
+@dataclass(frozen=True)
+class KindTools:
+    """kind, kubeadm (in the node image), the node image, Docker, and the test bed's
+    kubectl and helm."""
+
+    kind: Path
+    node_image: Path
+    kubectl: Path
+    helm: Path
+    charts: Path  # kueue/ and scheduler-plugins/, the charts from their Go modules
+    plugins_crds: Path
+    kueue_version: str
+    plugins_version: str
+    dockerd: Path = Path("/usr/sbin/dockerd")
+    docker: Path = Path("/usr/bin/docker")
+
+    @classmethod
+    def locate(cls) -> KindTools:
+        base = tools_dir()
+        k8s = go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
+        coredns = go_mod_version(HERE / "coredns" / "go.mod", "github.com/coredns/coredns")
+        archives = sorted((base / "kind-node").glob(f"kind-node-{k8s}-*.tar"))
+        kind_dir = base / f"kind-{KIND_VERSION}-{k8s}-coredns-{coredns}"
+        plugins = go_mod_version(
+            HERE / "scheduler-plugins" / "go.mod", "sigs.k8s.io/scheduler-plugins"
+        )
+        return cls(
+            kind=kind_dir / "kind",
+            charts=kind_dir / "charts",
+            plugins_crds=base / f"scheduler-plugins-{plugins}" / "crds",
+            kueue_version=go_mod_version(HERE / "kueue" / "go.mod", "sigs.k8s.io/kueue"),
+            plugins_version=plugins,
+            node_image=archives[-1] if archives else base / "kind-node" / "(not built)",
+            kubectl=base / f"kubernetes-{k8s}" / "kubectl",
+            helm=next(iter(sorted(base.glob("helm-*/helm"))), base / "helm" / "(not built)"),
+        )
+
+    def require(self) -> KindTools:
+        wanted = (self.kind, self.kubectl, self.helm, self.dockerd, self.docker)
+        missing = [p for p in wanted if not os.access(p, os.X_OK)]
+        missing += [p for p in (self.charts / "kueue", self.plugins_crds) if not p.is_dir()]
+        if not self.node_image.is_file():
+            missing.append(self.node_image)
+        if missing:
+            listed = "\n  ".join(map(str, missing))
+            raise ToolsMissingError(f"kind's parts are missing:\n  {listed}\n  {INSTALL_COMMAND}")
+        if os.geteuid() != 0:
+            raise ToolsMissingError("a kind cluster here needs root (dockerd, netns)")
+        return self
+
+
+def _run(
+    argv: Sequence[str | Path],
+    *,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    timeout: float = 300.0,
+    stdin: str | None = None,
+) -> str:
+    result = subprocess.run(
+        [str(a) for a in argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=None if env is None else dict(env),
+        input=stdin,
+    )
+    if check and result.returncode != 0:
+        raise ControlPlaneError(
+            f"{' '.join(map(str, argv))} failed ({result.returncode}):\n"
+            f"{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        )
+    return result.stdout
+
+
+def in_netns(*argv: str | Path) -> list[str]:
+    """argv run in the cluster's network namespace. nsenter, not `ip netns exec`: that one
+    remounts /sys, which hides the cgroup mounts dockerd needs."""
+    return ["nsenter", f"--net=/run/netns/{NETNS}", *map(str, argv)]
+
+
+def cluster_config(shared: Path) -> str:
+    """kind's cluster config: 3 nodes, no default CNI (see the module docstring), the API
+    server on the namespace's veth address, each node with the shared volumes folder, and
+    kubeadm told the versions of the etcd and CoreDNS images inside the node image."""
+    etcd = go_mod_version(HERE / "etcd" / "go.mod", "go.etcd.io/etcd/server/v3").removeprefix("v")
+    coredns = go_mod_version(HERE / "coredns" / "go.mod", "github.com/coredns/coredns")
+    mounts = [{"hostPath": str(shared), "containerPath": SHARED_MOUNT}]
+    config = {
+        "kind": "Cluster",
+        "apiVersion": "kind.x-k8s.io/v1alpha4",
+        "networking": {
+            "disableDefaultCNI": True,
+            "apiServerAddress": KIND_PEER_IP,
+            "apiServerPort": API_SERVER_PORT,
+            "podSubnet": POD_SUBNET,
+        },
+        "kubeadmConfigPatches": [
+            yaml.safe_dump(
+                {
+                    "kind": "ClusterConfiguration",
+                    "etcd": {"local": {"imageTag": f"{etcd}-0"}},
+                    "dns": {"imageTag": coredns},
+                }
+            )
+        ],
+        "nodes": [
+            {"role": role, "extraMounts": mounts} for role in ("control-plane", "worker", "worker")
+        ],
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def ptp_conflist(pod_cidr: str) -> str:
+    """The node's CNI config: a veth per pod into the node's network namespace, addresses from
+    the node's podCIDR, no masquerade (nothing beyond the nodes is reachable anyway)."""
+    return json.dumps(
+        {
+            "cniVersion": "0.4.0",
+            "name": "ptp-static",
+            "plugins": [
+                {
+                    "type": "ptp",
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "ranges": [[{"subnet": pod_cidr}]],
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ],
+        }
+    )
+
+
+@dataclass
+class KindCluster:
+    tools: KindTools
+    state: Path = STATE_DIR
+
+    @property
+    def docker_env(self) -> dict[str, str]:
+        return {**os.environ, "DOCKER_HOST": f"unix://{self.state / 'docker.sock'}"}
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "kubeconfig"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**self.docker_env, "KUBECONFIG": str(self.kubeconfig)}
+
+    @property
+    def shared(self) -> Path:
+        return data_root() / "shared"
+
+    def docker(self, *args: str | Path, timeout: float = 300.0, check: bool = True) -> str:
+        return _run([self.tools.docker, *args], env=self.docker_env, timeout=timeout, check=check)
+
+    def kind(self, *args: str | Path, timeout: float = 600.0) -> str:
+        return _run(
+            in_netns(self.tools.kind, *args, "--name", CLUSTER_NAME),
+            env=self.env,
+            timeout=timeout,
+        )
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 120.0) -> str:
+        return _run([self.tools.kubectl, *args], env=self.env, stdin=stdin, timeout=timeout)
+
+    # -- start ---------------------------------------------------------------------------
+
+    def start(self) -> KindCluster:
+        clean_up()  # what a killed run left behind
+        started = time.monotonic()
+        self._network_up()
+        self._start_dockerd()
+        self.docker("load", "-i", self.tools.node_image, timeout=600)
+        self.shared.mkdir(parents=True, exist_ok=True)
+        config = self.state / "kind.yaml"
+        config.write_text(cluster_config(self.shared), encoding="utf-8")
+        image = self._node_image_ref()
+        self.kind(
+            "create",
+            "cluster",
+            "--image",
+            image,
+            "--config",
+            config,
+            "--kubeconfig",
+            self.kubeconfig,
+            "--retain",  # a failed creation leaves its nodes for the logs; clean_up removes them
+        )
+        self._pod_network()
+        self._wait_nodes_ready()
+        self._create_storage()
+        print(f"kind cluster up in {time.monotonic() - started:.0f}s")
+        return self
+
+    def _network_up(self) -> None:
+        self.state.mkdir(parents=True, exist_ok=True)
+        if not LIB_MODULES.exists():
+            (self.state / CREATED_LIB_MODULES).touch()
+        _run(["ip", "netns", "add", NETNS])
+        _run(["ip", "link", "add", HOST_LINK, "type", "veth", "peer", "name", PEER_LINK])
+        _run(["ip", "link", "set", PEER_LINK, "netns", NETNS])
+        _run(["ip", "addr", "add", f"{KIND_HOST_IP}/30", "dev", HOST_LINK])
+        _run(["ip", "link", "set", HOST_LINK, "up"])
+        for argv in (
+            ["ip", "addr", "add", f"{KIND_PEER_IP}/30", "dev", PEER_LINK],
+            ["ip", "link", "set", PEER_LINK, "up"],
+            ["ip", "link", "set", "lo", "up"],
+        ):
+            _run(["ip", "-n", NETNS, *argv[1:]])
+
+    def _start_dockerd(self) -> None:
+        root = data_root()
+        root.mkdir(parents=True, exist_ok=True)
+        log = (self.state / "dockerd.log").open("w")
+        argv = in_netns(
+            self.tools.dockerd,
+            f"--data-root={root / 'docker'}",
+            f"--exec-root={self.state / 'exec'}",
+            f"--pidfile={self.state / 'dockerd.pid'}",
+            f"--host=unix://{self.state / 'docker.sock'}",
+            "--storage-driver=overlay2",
+            f"--add-runtime=nosysres={RUNTIME_WRAPPER}",
+            "--default-runtime=nosysres",
+        )
+        subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def up() -> bool:
+            probe = [str(self.tools.docker), "version", "--format", "{{.Server.Version}}"]
+            answer = subprocess.run(
+                probe, env=self.docker_env, capture_output=True, timeout=10, check=False
+            )
+            return answer.returncode == 0
+
+        waits.wait_until(up, timeout=60, what="dockerd in the kind namespace", interval=0.5)
+
+    def _node_image_ref(self) -> str:
+        listed = self.docker("images", "--format", "{{.Repository}}:{{.Tag}}")
+        refs = [r for r in listed.split() if "kind-node" in r]
+        if not refs:
+            raise ControlPlaneError(f"no kind node image after loading {self.tools.node_image}")
+        return refs[0]
+
+    def nodes(self) -> dict[str, dict[str, str]]:
+        """node name -> its podCIDR and InternalIP."""
+        found: dict[str, dict[str, str]] = {}
+        for item in json.loads(self.kubectl("get", "nodes", "-o", "json"))["items"]:
+            ips = [a["address"] for a in item["status"]["addresses"] if a["type"] == "InternalIP"]
+            found[item["metadata"]["name"]] = {
+                "cidr": item["spec"].get("podCIDR", ""),
+                "ip": ips[0] if ips else "",
+            }
+        return found
+
+    def _pod_network(self) -> None:
+        nodes = self.nodes()
+        for name, node in nodes.items():
+            self.docker(
+                "exec",
+                name,
+                "sh",
+                "-c",
+                f"mkdir -p /etc/cni/net.d && echo '{ptp_conflist(node['cidr'])}' "
+                "> /etc/cni/net.d/10-ptp.conflist",
+            )
+            for other, peer in nodes.items():
+                if other != name:
+                    self.docker(
+                        "exec", name, "ip", "route", "replace", peer["cidr"], "via", peer["ip"]
+                    )
+
+    def _wait_nodes_ready(self) -> None:
+        def ready() -> bool:
+            ready_of_each = '{.status.conditions[?(@.type=="Ready")].status}{" "}'
+            out = self.kubectl(
+                "get", "nodes", "-o", f"jsonpath={{range .items[*]}}{ready_of_each}{{end}}"
+            )
+            states = out.split()
+            return len(states) == 3 and all(s == "True" for s in states)
+
+        waits.wait_until(ready, timeout=180, what="the kind nodes to be Ready", interval=1)
+
+    def _create_storage(self) -> None:
+        """PersistentVolumes on the shared folder (see the module docstring). A hostPath or
+        NFS volume ignores the Pod's fsGroup, and the kubelet creates a claim's subPath as
+        root with the mode of the volume's root: so each volume is world-writable, as a
+        shared scratch export is."""
+        objects = []
+        for i in range(SHARED_VOLUMES):
+            path = self.shared / f"pv-{i:02d}"
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o777)
+            objects.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {"name": f"shared-pv-{i:02d}"},
+                    "spec": {
+                        "capacity": {"storage": "10Gi"},
+                        "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
+                        "persistentVolumeReclaimPolicy": "Retain",
+                        "storageClassName": STORAGE_CLASS,
+                        "hostPath": {"path": f"{SHARED_MOUNT}/pv-{i:02d}", "type": "Directory"},
+                    },
+                }
+            )
+        self.kubectl("apply", "-f", "-", stdin="\n---\n".join(yaml.safe_dump(o) for o in objects))
+
+    # -- Kueue and the gang scheduler, as their users install them -----------------------
+
+    def helm(self, *args: str | Path, timeout: float = 600.0) -> str:
+        return _run([self.tools.helm, *args], env=self.env, timeout=timeout)
+
+    def install_kueue(self) -> None:
+        """Kueue's own Helm chart (from its Go module) with its image from the node image,
+        told that TrainJobs exist (README "Run with Kueue"); returns once it is ready."""
+        config = {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "health": {"healthProbeBindAddress": ":8081"},
+            "metrics": {"bindAddress": ":8443"},
+            "webhook": {"port": 9443},
+            "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
+            # No "pod" framework: no cluster-wide Pod webhook on every test's Pods.
+            "integrations": {"frameworks": ["batch/job"], "externalFrameworks": [KUEUE_FRAMEWORK]},
+            "waitForPodsReady": {"timeout": "10m"},
+        }
+        values = {
+            "controllerManager": {
+                "manager": {
+                    "image": {
+                        "repository": "registry.k8s.io/kueue/kueue",
+                        "tag": self.tools.kueue_version,
+                        "pullPolicy": "IfNotPresent",
+                    },
+                    # room for the tests' jobs on 2-CPU nodes
+                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                },
+            },
+            "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(config)},
+        }
+        path = self.state / "kueue-values.yaml"
+        path.write_text(yaml.safe_dump(values), encoding="utf-8")
+        self.helm(
+            "install",
+            "kueue",
+            self.tools.charts / "kueue",
+            "--namespace=kueue-system",
+            "--create-namespace",
+            f"--values={path}",
+            "--wait",
+            "--timeout=5m",
+        )
+
+    def install_gang_scheduler(self) -> None:
+        """scheduler-plugins' "as a second scheduler" chart (from its Go module): Coscheduling,
+        the scheduler the chart names scheduler-plugins-scheduler, and the PodGroup
+        controller. Its CRDs first (the chart links them from a folder the module zip leaves
+        out; install.sh copied them)."""
+        for crd in sorted(self.tools.plugins_crds.glob("*.yaml")):
+            self.kubectl("apply", "--server-side", "-f", str(crd))
+        version = self.tools.plugins_version
+        values = {
+            "scheduler": {"image": f"registry.k8s.io/scheduler-plugins/kube-scheduler:{version}"},
+            "controller": {"image": f"registry.k8s.io/scheduler-plugins/controller:{version}"},
+            # Coscheduling only: the other default plugins need CRDs of their own (NRT).
+            "plugins": {"enabled": ["Coscheduling"], "disabled": ["PrioritySort"]},
+            "pluginConfig": [{"name": "Coscheduling", "args": {"permitWaitingTimeSeconds": 30}}],
+        }
+        path = self.state / "scheduler-plugins-values.yaml"
+        path.write_text(yaml.safe_dump(values), encoding="utf-8")
+        self.helm(
+            "install",
+            "scheduler-plugins",
+            self.tools.charts / "scheduler-plugins",
+            "--namespace=scheduler-plugins",
+            "--create-namespace",
+            "--skip-crds",
+            f"--values={path}",
+            "--wait",
+            "--timeout=5m",
+        )
+
+    # -- images --------------------------------------------------------------------------
+
+    def load_images(self, refs: Sequence[str]) -> None:
+        """Each image from buildah's store into the workers' containerd (`kind load`)."""
+        images = NodeImages(NodeTools.locate(), self.state / "unused.sock", self.state)
+        for ref in refs:
+            started = time.monotonic()
+            archive = self.state / "image.tar"
+            images.buildah("push", "--quiet", ref, f"docker-archive:{archive}:{ref}")
+            try:
+                self.kind("load", "image-archive", archive, "--nodes", ",".join(WORKERS))
+            finally:
+                archive.unlink(missing_ok=True)
+            print(f"kind load {ref}: {time.monotonic() - started:.0f}s")
+
+    # -- stop ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        clean_up()
+        found = leftovers()
+        if found:
+            raise ControlPlaneError("the kind cluster left behind: " + "; ".join(found))
+
+
+def _dockerd_pid() -> int | None:
+    try:
+        return int((STATE_DIR / "dockerd.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _netns_exists() -> bool:
+    return Path(f"/run/netns/{NETNS}").exists()
+
+
+def _link_exists(name: str) -> bool:
+    shown = subprocess.run(["ip", "link", "show", name], capture_output=True, check=False)
+    return shown.returncode == 0
+
+
+def _mounts_under(prefixes: Sequence[Path]) -> list[str]:
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        target = line.split()[1]
+        if any(target == str(p) or target.startswith(f"{p}/") for p in prefixes):
+            found.append(target)
+    return found
+
+
+def clean_up() -> None:
+    """Delete the cluster and stop dockerd (its containers with it), then remove the namespace,
+    the veth, the state and the data root. Safe to run at any point, twice, or after a kill."""
+    docker_env = {**os.environ, "DOCKER_HOST": f"unix://{STATE_DIR / 'docker.sock'}"}
+    pid = _dockerd_pid()
+    if pid is not None and _alive(pid):
+        # the node containers first (kind delete would also do it): their systemd stops cleanly
+        names = _run(
+            ["docker", "ps", "-aq", "--filter", f"label=io.x-k8s.kind.cluster={CLUSTER_NAME}"],
+            env=docker_env,
+            check=False,
+            timeout=30,
+        ).split()
+        if names:
+            _run(["docker", "rm", "-f", "-v", *names], env=docker_env, check=False, timeout=180)
+        os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(waits.WaitTimeoutError):
+            waits.wait_until(lambda: not _alive(pid), timeout=60, what="dockerd to stop")
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    # dockerd's containerd and shims, if dockerd died without stopping them
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(STATE_DIR).encode() in cmdline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(proc.name), signal.SIGKILL)
+    for target in sorted(_mounts_under([STATE_DIR, data_root()]), key=len, reverse=True):
+        subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+    if _link_exists(HOST_LINK):
+        subprocess.run(["ip", "link", "del", HOST_LINK], capture_output=True, check=False)
+    if _netns_exists():
+        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True, check=False)
+    # dockerd's cgroups (the kubelets' inside them, once every container has stopped)
+    for top in _docker_cgroups():
+        for directory in sorted((d for d in top.rglob("*") if d.is_dir()), reverse=True):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+    # Docker creates /lib/modules to mount it into the nodes, on a host that has none.
+    if (STATE_DIR / CREATED_LIB_MODULES).exists():
+        with contextlib.suppress(OSError):
+            LIB_MODULES.rmdir()
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    shutil.rmtree(data_root(), ignore_errors=True)
+
+
+def _docker_cgroups() -> list[Path]:
+    return [h / "docker" for h in Path("/sys/fs/cgroup").iterdir() if (h / "docker").is_dir()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0
+
+
+def leftovers() -> list[str]:
+    """What a stopped kind cluster must not leave: dockerd or its processes, the namespace,
+    the veth, mounts, the state folder and the data root."""
+    found = []
+    if _netns_exists():
+        found.append(f"network namespace {NETNS}")
+    if _link_exists(HOST_LINK):
+        found.append(f"interface {HOST_LINK}")
+    found += [f"mount {m}" for m in _mounts_under([STATE_DIR, data_root()])]
+    for path in (STATE_DIR, data_root()):
+        if path.exists():
+            found.append(f"folder {path}")
+    found += [f"cgroup {c}" for c in _docker_cgroups()]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                cmdline = (proc / "cmdline").read_bytes()
+                if str(STATE_DIR).encode() in cmdline:
+                    found.append(f"process {proc.name}: {cmdline[:100]!r}")
+    return found
+
+
+def product_images(images: Sequence[str]) -> list[str]:
+    version = pyproject_version()
+    return [image.format(version=version) for image in images]
+
+
+@contextlib.contextmanager
+def running_kind(images: Sequence[str] = ()) -> Iterator[KindCluster]:
+    """A 3-node kind cluster with `images` loaded into its workers; deleted on exit, with
+    everything it made (also when starting fails half-way)."""
+    cluster = KindCluster(KindTools.locate().require())
+    try:
+        try:
+            cluster.start()
+        except (ControlPlaneError, waits.WaitTimeoutError):
+            log = STATE_DIR / "dockerd.log"
+            if log.exists():
+                print("--- dockerd.log (last 40 lines)")
+                print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+            raise
+        cluster.load_images(product_images(images))
+        cluster.install_gang_scheduler()
+        cluster.install_kueue()
+        yield cluster
+    finally:
+        cluster.stop()
