@@ -7,6 +7,10 @@ Prints the KUBECONFIG path (and an ``export`` line), then waits. Options:
   --node          a real node (containerd, kubelet, kube-proxy, CoreDNS; root; see
                   tests/controlplane/node.py) with the images of images/build.sh; implies --crds
 
+``python -m tests.controlplane up --kind``: the 3-node kind cluster of tests/controlplane/kind.py
+(root; the runtime and operator images loaded, Kueue and scheduler-plugins installed) until
+Ctrl-C, which deletes it with everything it made.
+
 ``python -m tests.controlplane import-images``: import the images of images/build.sh into the
 real node's containerd root ahead of its start (`bash tests/run` runs it beside the tiers
 before e2e).
@@ -38,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--workdir", type=Path, default=None, help="state/log dir (kept)")
     up.add_argument("--node", action="store_true", help="a real node (kubelet, containerd)")
     up.add_argument(
+        "--kind",
+        action="store_true",
+        help="a 3-node kind cluster (root; tests/controlplane/kind.py)",
+    )
+    up.add_argument(
         "--gang",
         action="store_true",
         help="also run scheduler-plugins' Coscheduling as a second scheduler "
@@ -53,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         return _import_images()
     if args.node:
         return _up_node(args.workdir)
+    if args.kind:
+        return _up_kind()
 
     crds = sorted((REPO_ROOT / "crds").glob("*.yaml")) if args.crds else []
     plane = ControlPlane(workdir=args.workdir, crds=crds)
@@ -130,6 +141,34 @@ def _up_node(workdir: Path | None) -> int:
                 if dead:
                     print(f"error: component(s) exited: {', '.join(dead)}", file=sys.stderr)
                     return 1
+            return 0
+    except (ToolsMissingError, ControlPlaneError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        print("stopped", flush=True)
+
+
+def _up_kind() -> int:
+    from tests.controlplane.e2e_cluster import KIND_IMAGES
+    from tests.controlplane.kind import running_kind
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        with running_kind(KIND_IMAGES) as kind:
+            print(kind.kubectl("get", "nodes", "-o", "wide"))
+            print(
+                f"export KUBECONFIG={kind.kubeconfig} DOCKER_HOST={kind.docker_env['DOCKER_HOST']}"
+            )
+            print(f"kind: {kind.tools.kind}  kubectl: {kind.tools.kubectl}")
+            print("Ctrl-C to stop (deletes the cluster, dockerd and its network)", flush=True)
+            stop.wait()
             return 0
     except (ToolsMissingError, ControlPlaneError) as exc:
         print(f"error: {exc}", file=sys.stderr)
