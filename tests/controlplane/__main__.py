@@ -67,13 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     crds = sorted((REPO_ROOT / "crds").glob("*.yaml")) if args.crds else []
     plane = ControlPlane(workdir=args.workdir, crds=crds)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = _stop_on_signals()
     try:
         plane.start()
         if args.kwok:
@@ -100,6 +94,18 @@ def main(argv: list[str] | None = None) -> int:
         print("stopped", flush=True)
 
 
+def _stop_on_signals() -> threading.Event:
+    """Set on Ctrl-C or SIGTERM: the caller stops what it runs and cleans up."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return stop
+
+
 def _import_images() -> int:
     started = time.monotonic()
 
@@ -120,13 +126,7 @@ def _import_images() -> int:
 
 
 def _up_node(workdir: Path | None) -> int:
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = _stop_on_signals()
     crds = sorted((REPO_ROOT / "crds").glob("*.yaml"))
     try:
         with running_node(workdir=workdir, crds=crds) as node:
@@ -153,13 +153,7 @@ def _up_kind() -> int:
     from tests.controlplane.e2e_cluster import KIND_IMAGES
     from tests.controlplane.kind import running_kind
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = _stop_on_signals()
     try:
         with running_kind(KIND_IMAGES) as kind:
             print(kind.kubectl("get", "nodes", "-o", "wide"))

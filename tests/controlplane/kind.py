@@ -40,12 +40,20 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import yaml
 
 from tests.controlplane.cluster import ControlPlaneError
-from tests.controlplane.node import NodeImages, NodeTools, pyproject_version
+from tests.controlplane.node import (
+    NodeImages,
+    NodeTools,
+    link_exists,
+    mounts_under,
+    persistent_volume,
+    pyproject_version,
+    unmount_all,
+)
 from tests.controlplane.tools import HERE, ToolsMissingError, go_mod_version, tools_dir
 from tests.support import waits
 
@@ -61,7 +69,6 @@ POD_SUBNET: Final = "10.245.0.0/16"
 STATE_DIR: Final = Path("/run/trainjob-kind")
 # dockerd's data root: the node containers and their images (several GB), on the big disk.
 DATA_ROOT_ENV: Final = "TRAINJOB_KIND_DATA_ROOT"
-STORAGE_CLASS: Final = "standard"
 LIB_MODULES: Final = Path("/lib/modules")
 CREATED_LIB_MODULES: Final = "created-lib-modules"  # a marker in STATE_DIR
 SHARED_VOLUMES: Final = 24
@@ -375,26 +382,26 @@ class KindCluster:
             path = self.shared / f"pv-{i:02d}"
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(0o777)
+            source: dict[str, object] = {
+                "hostPath": {"path": f"{SHARED_MOUNT}/pv-{i:02d}", "type": "Directory"}
+            }
             objects.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {"name": f"shared-pv-{i:02d}"},
-                    "spec": {
-                        "capacity": {"storage": "10Gi"},
-                        "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
-                        "persistentVolumeReclaimPolicy": "Retain",
-                        "storageClassName": STORAGE_CLASS,
-                        "hostPath": {"path": f"{SHARED_MOUNT}/pv-{i:02d}", "type": "Directory"},
-                    },
-                }
+                persistent_volume(f"shared-pv-{i:02d}", source, ["ReadWriteOnce", "ReadWriteMany"])
             )
         self.kubectl("apply", "-f", "-", stdin="\n---\n".join(yaml.safe_dump(o) for o in objects))
 
     # -- Kueue and the gang scheduler, as their users install them -----------------------
 
-    def helm(self, *args: str | Path, timeout: float = 600.0) -> str:
-        return _run([self.tools.helm, *args], env=self.env, timeout=timeout)
+    def helm_install(
+        self, release: str, chart: str, namespace: str, values: dict[str, Any], *more: str
+    ) -> None:
+        """`helm install` of a chart from install.sh's copies, with `values`; waits until
+        its workloads are ready."""
+        path = self.state / f"{release}-values.yaml"
+        path.write_text(yaml.safe_dump(values), encoding="utf-8")
+        argv: list[str | Path] = [self.tools.helm, "install", release, self.tools.charts / chart]
+        argv += [f"--namespace={namespace}", "--create-namespace", f"--values={path}", *more]
+        _run([*argv, "--wait", "--timeout=5m"], env=self.env, timeout=600)
 
     def install_kueue(self) -> None:
         """Kueue's own Helm chart (from its Go module) with its image from the node image,
@@ -424,18 +431,7 @@ class KindCluster:
             },
             "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(config)},
         }
-        path = self.state / "kueue-values.yaml"
-        path.write_text(yaml.safe_dump(values), encoding="utf-8")
-        self.helm(
-            "install",
-            "kueue",
-            self.tools.charts / "kueue",
-            "--namespace=kueue-system",
-            "--create-namespace",
-            f"--values={path}",
-            "--wait",
-            "--timeout=5m",
-        )
+        self.helm_install("kueue", "kueue", "kueue-system", values)
 
     def install_gang_scheduler(self) -> None:
         """scheduler-plugins' "as a second scheduler" chart (from its Go module): Coscheduling,
@@ -452,18 +448,8 @@ class KindCluster:
             "plugins": {"enabled": ["Coscheduling"], "disabled": ["PrioritySort"]},
             "pluginConfig": [{"name": "Coscheduling", "args": {"permitWaitingTimeSeconds": 30}}],
         }
-        path = self.state / "scheduler-plugins-values.yaml"
-        path.write_text(yaml.safe_dump(values), encoding="utf-8")
-        self.helm(
-            "install",
-            "scheduler-plugins",
-            self.tools.charts / "scheduler-plugins",
-            "--namespace=scheduler-plugins",
-            "--create-namespace",
-            "--skip-crds",
-            f"--values={path}",
-            "--wait",
-            "--timeout=5m",
+        self.helm_install(
+            "scheduler-plugins", "scheduler-plugins", "scheduler-plugins", values, "--skip-crds"
         )
 
     # -- images --------------------------------------------------------------------------
@@ -501,20 +487,6 @@ def _netns_exists() -> bool:
     return Path(f"/run/netns/{NETNS}").exists()
 
 
-def _link_exists(name: str) -> bool:
-    shown = subprocess.run(["ip", "link", "show", name], capture_output=True, check=False)
-    return shown.returncode == 0
-
-
-def _mounts_under(prefixes: Sequence[Path]) -> list[str]:
-    found = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        target = line.split()[1]
-        if any(target == str(p) or target.startswith(f"{p}/") for p in prefixes):
-            found.append(target)
-    return found
-
-
 def clean_up() -> None:
     """Delete the cluster and stop dockerd (its containers with it), then remove the namespace,
     the veth, the state and the data root. Safe to run at any point, twice, or after a kill."""
@@ -545,9 +517,8 @@ def clean_up() -> None:
             if str(STATE_DIR).encode() in cmdline:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(proc.name), signal.SIGKILL)
-    for target in sorted(_mounts_under([STATE_DIR, data_root()]), key=len, reverse=True):
-        subprocess.run(["umount", "-l", target], capture_output=True, check=False)
-    if _link_exists(HOST_LINK):
+    unmount_all([STATE_DIR, data_root()])
+    if link_exists(HOST_LINK):
         subprocess.run(["ip", "link", "del", HOST_LINK], capture_output=True, check=False)
     if _netns_exists():
         subprocess.run(["ip", "netns", "del", NETNS], capture_output=True, check=False)
@@ -584,9 +555,9 @@ def leftovers() -> list[str]:
     found = []
     if _netns_exists():
         found.append(f"network namespace {NETNS}")
-    if _link_exists(HOST_LINK):
+    if link_exists(HOST_LINK):
         found.append(f"interface {HOST_LINK}")
-    found += [f"mount {m}" for m in _mounts_under([STATE_DIR, data_root()])]
+    found += [f"mount {m}" for m in mounts_under([STATE_DIR, data_root()])]
     for path in (STATE_DIR, data_root()):
         if path.exists():
             found.append(f"folder {path}")

@@ -171,11 +171,11 @@ def _run(argv: Sequence[str | Path], *, check: bool = True, timeout: float = 120
     return result.stdout
 
 
-def _link_exists(name: str) -> bool:
+def link_exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()
 
 
-def _mounts_under(prefixes: Sequence[Path]) -> list[str]:
+def mounts_under(prefixes: Sequence[Path]) -> list[str]:
     """Mount points below any of ``prefixes``, deepest first (the order to unmount in)."""
     points: list[str] = []
     roots = [str(p).rstrip("/") + "/" for p in prefixes]
@@ -190,14 +190,14 @@ def _mounts_under(prefixes: Sequence[Path]) -> list[str]:
 def unmount_all(prefixes: Sequence[Path]) -> list[str]:
     """Unmount everything mounted below ``prefixes``; returns what stays mounted."""
     for _ in range(3):
-        points = _mounts_under(prefixes)
+        points = mounts_under(prefixes)
         if not points:
             return []
         for point in points:
             _run(["umount", point], check=False)
-    for point in _mounts_under(prefixes):  # busy after three passes: detach lazily
+    for point in mounts_under(prefixes):  # busy after three passes: detach lazily
         _run(["umount", "-l", point], check=False)
-    return _mounts_under(prefixes)
+    return mounts_under(prefixes)
 
 
 @dataclass
@@ -467,7 +467,7 @@ class Node:
     @staticmethod
     def host_network_up() -> None:
         """The node's address on an interface of its own: the API server binds there."""
-        if not _link_exists(NODE_LINK):
+        if not link_exists(NODE_LINK):
             # A bridge without ports: this kernel has no dummy driver, and an address on any
             # interface that is up is a local address of the host.
             _run(["ip", "link", "add", NODE_LINK, "type", "bridge"])
@@ -477,7 +477,7 @@ class Node:
     @staticmethod
     def host_network_down() -> None:
         for link in (BRIDGE, NODE_LINK):
-            if _link_exists(link):
+            if link_exists(link):
                 _run(["ip", "link", "delete", link], check=False)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -548,7 +548,7 @@ class Node:
         if self._ip_forward is not None:
             Path("/proc/sys/net/ipv4/ip_forward").write_text(self._ip_forward)
             self._ip_forward = None
-        if _link_exists(BRIDGE):
+        if link_exists(BRIDGE):
             _run(["ip", "link", "delete", BRIDGE], check=False)
         shutil.rmtree(STATE_DIR, ignore_errors=True)
         if errors:
@@ -575,7 +575,7 @@ class Node:
                 _run(["iptables", "-w", "-t", table, "-X", chain], check=False)
         unmount_all([STATE_DIR])
         self._remove_cgroups()
-        if _link_exists(BRIDGE):
+        if link_exists(BRIDGE):
             _run(["ip", "link", "delete", BRIDGE], check=False)
         shutil.rmtree(STATE_DIR, ignore_errors=True)
 
@@ -943,34 +943,27 @@ class Node:
             path = self.volumes_dir / f"pv-{i:02d}"
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(0o755)
-            objects.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {"name": f"{NODE_NAME}-pv-{i:02d}"},
-                    "spec": {
-                        "capacity": {"storage": "10Gi"},
-                        "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Retain",
-                        "storageClassName": STORAGE_CLASS,
-                        "local": {"path": str(path)},
-                        "nodeAffinity": {
-                            "required": {
-                                "nodeSelectorTerms": [
-                                    {
-                                        "matchExpressions": [
-                                            {
-                                                "key": "kubernetes.io/hostname",
-                                                "operator": "In",
-                                                "values": [NODE_NAME],
-                                            }
-                                        ]
-                                    }
-                                ]
-                            }
-                        },
-                    },
+            only_here = {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": [NODE_NAME],
+                                }
+                            ]
+                        }
+                    ]
                 }
+            }
+            objects.append(
+                persistent_volume(
+                    f"{NODE_NAME}-pv-{i:02d}",
+                    {"local": {"path": str(path)}, "nodeAffinity": only_here},
+                    ["ReadWriteOnce"],
+                )
             )
         manifest = "\n---\n".join(yaml.safe_dump(o) for o in objects)
         self.plane.kubectl("apply", "-f", "-", stdin=manifest)
@@ -1040,6 +1033,25 @@ def _dirs(top: Path) -> Iterator[Path]:
             yield Path(dirpath) / name
 
 
+def persistent_volume(
+    name: str, source: dict[str, object], access_modes: Sequence[str]
+) -> dict[str, object]:
+    """A 10Gi PersistentVolume of the default StorageClass, kept after its claim (Retain);
+    `source` is its volume source (and node affinity)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "10Gi"},
+            "accessModes": list(access_modes),
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": STORAGE_CLASS,
+            **source,
+        },
+    }
+
+
 def pyproject_version() -> str:
     text = (REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")
     match = re.search(r'^version = "([^"]+)"', text, re.MULTILINE)
@@ -1081,8 +1093,8 @@ def running_node(
 def leftovers() -> list[str]:
     """What a stopped node must not leave behind: its interfaces, state mounts, kubelet
     cgroups, FORWARD and POSTROUTING rules, and processes of its containerd (shims included)."""
-    found = [f"interface {link}" for link in (NODE_LINK, BRIDGE) if _link_exists(link)]
-    found += [f"mount {m}" for m in _mounts_under([STATE_DIR])]
+    found = [f"interface {link}" for link in (NODE_LINK, BRIDGE) if link_exists(link)]
+    found += [f"mount {m}" for m in mounts_under([STATE_DIR])]
     found += [
         f"cgroup {h / 'kubepods'}"
         for h in Path("/sys/fs/cgroup").iterdir()
