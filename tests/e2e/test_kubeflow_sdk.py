@@ -61,6 +61,16 @@ TRAIN_FUNC_IMAGE: Final = f"docker.io/trainjob/trainjob:{IMAGE_TAG}"
 MARKER: Final = "SDK-TRAIN-FUNC"
 
 
+def require_gang_scheduler(cluster: Cluster) -> None:
+    """Fail the test, saying why, on a cluster without scheduler-plugins."""
+    if PODGROUP_CRD not in cluster.kubectl("get", "crd", PODGROUP_CRD, "-o", "name", check=False):
+        pytest.fail(
+            "scheduler-plugins (scheduler-plugins-scheduler and its PodGroup CRD) is not "
+            "installed in this cluster",
+            pytrace=False,
+        )
+
+
 def helm_upgrade(cluster: Cluster, *values: str) -> None:
     cluster.helm(
         "upgrade",
@@ -146,12 +156,8 @@ def gang_scheduler(cluster: Cluster, tfjob_operator: str) -> Iterator[str]:
         from tests.controlplane.gang import start_gang_scheduler
 
         gang = start_gang_scheduler(cluster.plane)
-    elif PODGROUP_CRD not in cluster.kubectl("get", "crd", PODGROUP_CRD, "-o", "name", check=False):
-        pytest.fail(
-            "scheduler-plugins (scheduler-plugins-scheduler and its PodGroup CRD) is not "
-            "installed in this cluster",
-            pytrace=False,
-        )
+    else:
+        require_gang_scheduler(cluster)
     helm_upgrade(cluster, "gangScheduler.type=scheduler-plugins")
     try:
         yield "scheduler-plugins"

@@ -17,7 +17,7 @@ from typing import Any, Final
 import pytest
 
 from tests.controlplane.e2e_cluster import OPERATOR_NAMESPACE, Cluster, wait_until
-from tests.e2e.test_kubeflow_sdk import helm_upgrade
+from tests.e2e.test_kubeflow_sdk import helm_upgrade, require_gang_scheduler
 from tests.e2e.test_trainjob import JOB_TIMEOUT, example
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kind]
@@ -137,6 +137,7 @@ def with_cpu(manifest: dict[str, Any], workers: int, cpu: str) -> dict[str, Any]
 def gang(cluster: Cluster, operator: str) -> Iterator[None]:
     """The operator gangs its jobs through scheduler-plugins' Coscheduling, installed in the
     cluster with its own chart (tests/controlplane/kind.py)."""
+    require_gang_scheduler(cluster)
     helm_upgrade(cluster, "gangScheduler.type=scheduler-plugins")
     try:
         yield
