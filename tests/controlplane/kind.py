@@ -45,16 +45,26 @@ from typing import Any, Final
 import yaml
 
 from tests.controlplane.cluster import ControlPlaneError
+from tests.controlplane.gang import plugins_dir, plugins_version
+from tests.controlplane.kueue import kueue_version
 from tests.controlplane.node import (
-    NodeImages,
-    NodeTools,
+    coredns_version,
+    image_refs,
+    image_store_buildah,
+    kubernetes_version,
     link_exists,
     mounts_under,
     persistent_volume,
-    pyproject_version,
     unmount_all,
 )
-from tests.controlplane.tools import HERE, ToolsMissingError, go_mod_version, tools_dir
+from tests.controlplane.tools import (
+    HERE,
+    Tools,
+    ToolsMissingError,
+    go_mod_version,
+    install_sh_version,
+    tools_dir,
+)
 from tests.support import waits
 
 CLUSTER_NAME: Final = "trainjob"
@@ -76,7 +86,6 @@ SHARED_MOUNT: Final = "/shared"
 WORKERS: Final = (f"{CLUSTER_NAME}-worker", f"{CLUSTER_NAME}-worker2")
 CONTROL_PLANE: Final = f"{CLUSTER_NAME}-control-plane"
 INSTALL_COMMAND: Final = "bash tests/controlplane/install.sh --kind"
-KIND_VERSION: Final = "v0.33.0"
 KUEUE_FRAMEWORK: Final = "TrainJob.v1alpha1.trainjob.dev"
 RUNTIME_WRAPPER: Final = HERE / "kind" / "runc-nosysres"
 
@@ -104,22 +113,21 @@ class KindTools:
     @classmethod
     def locate(cls) -> KindTools:
         base = tools_dir()
-        k8s = go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
-        coredns = go_mod_version(HERE / "coredns" / "go.mod", "github.com/coredns/coredns")
+        k8s = kubernetes_version()
         archives = sorted((base / "kind-node").glob(f"kind-node-{k8s}-*.tar"))
-        kind_dir = base / f"kind-{KIND_VERSION}-{k8s}-coredns-{coredns}"
-        plugins = go_mod_version(
-            HERE / "scheduler-plugins" / "go.mod", "sigs.k8s.io/scheduler-plugins"
+        kind_dir = (
+            base / f"kind-{install_sh_version('KIND_VERSION')}-{k8s}-coredns-{coredns_version()}"
         )
+        tools = Tools.locate()
         return cls(
             kind=kind_dir / "kind",
             charts=kind_dir / "charts",
-            plugins_crds=base / f"scheduler-plugins-{plugins}" / "crds",
-            kueue_version=go_mod_version(HERE / "kueue" / "go.mod", "sigs.k8s.io/kueue"),
-            plugins_version=plugins,
+            plugins_crds=plugins_dir() / "crds",
+            kueue_version=kueue_version(),
+            plugins_version=plugins_version(),
             node_image=archives[-1] if archives else base / "kind-node" / "(not built)",
-            kubectl=base / f"kubernetes-{k8s}" / "kubectl",
-            helm=next(iter(sorted(base.glob("helm-*/helm"))), base / "helm" / "(not built)"),
+            kubectl=tools.kubectl,
+            helm=tools.helm,
         )
 
     def require(self) -> KindTools:
@@ -456,11 +464,10 @@ class KindCluster:
 
     def load_images(self, refs: Sequence[str]) -> None:
         """Each image from buildah's store into the workers' containerd (`kind load`)."""
-        images = NodeImages(NodeTools.locate(), self.state / "unused.sock", self.state)
         for ref in refs:
             started = time.monotonic()
             archive = self.state / "image.tar"
-            images.buildah("push", "--quiet", ref, f"docker-archive:{archive}:{ref}")
+            image_store_buildah("push", "--quiet", ref, f"docker-archive:{archive}:{ref}")
             try:
                 self.kind("load", "image-archive", archive, "--nodes", ",".join(WORKERS))
             finally:
@@ -508,15 +515,9 @@ def clean_up() -> None:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
     # dockerd's containerd and shims, if dockerd died without stopping them
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if str(STATE_DIR).encode() in cmdline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(proc.name), signal.SIGKILL)
+    for child, _ in _state_processes():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
     unmount_all([STATE_DIR, data_root()])
     if link_exists(HOST_LINK):
         subprocess.run(["ip", "link", "del", HOST_LINK], capture_output=True, check=False)
@@ -535,6 +536,19 @@ def clean_up() -> None:
             LIB_MODULES.rmdir()
     shutil.rmtree(STATE_DIR, ignore_errors=True)
     shutil.rmtree(data_root(), ignore_errors=True)
+
+
+def _state_processes() -> list[tuple[int, bytes]]:
+    """(pid, command line) of the processes that name STATE_DIR: dockerd, its containerd,
+    the shims."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                cmdline = (proc / "cmdline").read_bytes()
+                if str(STATE_DIR).encode() in cmdline:
+                    found.append((int(proc.name), cmdline))
+    return found
 
 
 def _docker_cgroups() -> list[Path]:
@@ -562,18 +576,8 @@ def leftovers() -> list[str]:
         if path.exists():
             found.append(f"folder {path}")
     found += [f"cgroup {c}" for c in _docker_cgroups()]
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError):
-                cmdline = (proc / "cmdline").read_bytes()
-                if str(STATE_DIR).encode() in cmdline:
-                    found.append(f"process {proc.name}: {cmdline[:100]!r}")
+    found += [f"process {pid}: {cmdline[:100]!r}" for pid, cmdline in _state_processes()]
     return found
-
-
-def product_images(images: Sequence[str]) -> list[str]:
-    version = pyproject_version()
-    return [image.format(version=version) for image in images]
 
 
 @contextlib.contextmanager
@@ -590,7 +594,7 @@ def running_kind(images: Sequence[str] = ()) -> Iterator[KindCluster]:
                 print("--- dockerd.log (last 40 lines)")
                 print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
             raise
-        cluster.load_images(product_images(images))
+        cluster.load_images(image_refs(images))
         cluster.install_gang_scheduler()
         cluster.install_kueue()
         yield cluster

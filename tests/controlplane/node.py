@@ -270,8 +270,7 @@ class NodeImages:
         return result.stdout
 
     def buildah(self, *args: str | Path, timeout: float = 900.0) -> str:
-        flags = _run(["bash", REPO_ROOT / "images" / "build.sh", "--storage-flags"]).split()
-        return _run([self.tools.buildah, *flags, *args], timeout=timeout)
+        return image_store_buildah(*args, timeout=timeout, buildah=self.tools.buildah)
 
     def import_all(self) -> None:
         self.build_pause_image()
@@ -307,8 +306,7 @@ class NodeImages:
         return found
 
     def product_refs(self) -> list[str]:
-        version = pyproject_version()
-        refs = [image.format(version=version) for image in self.images] + list(TEST_IMAGES)
+        refs = image_refs(self.images) + list(TEST_IMAGES)
         listed = self.buildah("images", "--format", "{{.Name}}:{{.Tag}}")
         missing = [r for r in refs if r not in listed.split()]
         if missing:
@@ -328,6 +326,20 @@ class NodeImages:
             self.buildah("commit", "--quiet", container, PAUSE_IMAGE)
         finally:
             self.buildah("rm", container)
+
+
+def image_store_buildah(
+    *args: str | Path, timeout: float = 900.0, buildah: Path = Path("/usr/bin/buildah")
+) -> str:
+    """buildah on the store images/build.sh builds into."""
+    flags = _run(["bash", REPO_ROOT / "images" / "build.sh", "--storage-flags"]).split()
+    return _run([buildah, *flags, *args], timeout=timeout)
+
+
+def image_refs(images: Sequence[str]) -> list[str]:
+    """Image references with this version ({version}: pyproject.toml's)."""
+    version = pyproject_version()
+    return [image.format(version=version) for image in images]
 
 
 # Plugins the node's containerd never needs (snapshotters this kernel or machine lacks).

@@ -27,8 +27,8 @@ def go_mod_version(gomod: Path, module: str) -> str:
     return match.group(1)
 
 
-def _install_sh_version(name: str) -> str:
-    """A ``NAME="vX"`` assignment in install.sh (the one place kwok/helm versions live)."""
+def install_sh_version(name: str) -> str:
+    """A ``NAME="vX"`` assignment in install.sh (the one place kwok/helm/kind versions live)."""
     text = (HERE / "install.sh").read_text(encoding="utf-8")
     match = re.search(rf'^{name}="(v[^"]+)"', text, re.MULTILINE)
     if match is None:
@@ -63,8 +63,8 @@ class Tools:
         base = root if root is not None else tools_dir()
         k8s = go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
         etcd = go_mod_version(HERE / "etcd" / "go.mod", "go.etcd.io/etcd/server/v3")
-        kwok = _install_sh_version("KWOK_VERSION")
-        helm = _install_sh_version("HELM_VERSION")
+        kwok = install_sh_version("KWOK_VERSION")
+        helm = install_sh_version("HELM_VERSION")
         kdir = base / f"kubernetes-{k8s}"
         return cls(
             kubernetes_version=k8s,
