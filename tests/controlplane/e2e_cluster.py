@@ -184,11 +184,15 @@ def wait_until(
 
 
 CLUSTER_KINDS: Final = ("node", "kind", "current")
-# What a kind cluster loads: the chart's operator and the runtime image (the legacy, GPU and
-# Kubeflow test images stay on the node tier, whose tests use them: disk, ~4 GB a worker each).
+# What a kind cluster loads into its workers: every image of the e2e tier but the CUDA one
+# (7 GB, twice that in each worker's containerd: the tests marked `node_only` use it, on the
+# node). Kubeflow's test image is the runtime image plus two small layers, which containerd
+# stores once.
 KIND_IMAGES: Final = (
     "docker.io/trainjob/trainjob-operator:{version}",
     "docker.io/trainjob/trainjob:{version}",
+    "docker.io/trainjob/trainjob-legacy:{version}",
+    "gcr.io/kubeflow-ci/tf-mnist-with-summaries:1.0",
 )
 
 

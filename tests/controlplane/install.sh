@@ -17,7 +17,8 @@
 #   coredns               CoreDNS with the node's plugins (wrapper module tests/controlplane/coredns)
 #   pause                 the pause container's binary, compiled from k8s.io/kubernetes's pause.c
 #   kube-network-policies NetworkPolicy enforcement (wrapper module
-#                         tests/controlplane/network-policies), in a folder of its own
+#                         tests/controlplane/network-policies), in a folder of its own, with
+#                         the module's own command (netpol) and install.yaml for kind's nodes
 #   katib-trial-status    Katib's reading of a trial's TFJob status (wrapper module
 #                         tests/controlplane/katib)
 # and, with --kind, the parts of a kind cluster (tests/controlplane/kind.py):
@@ -275,6 +276,12 @@ build_network_policies() {
     local out="$1" _version="$2"
     (cd "$HERE/network-policies" && "$GO" build -trimpath -ldflags "-s -w" \
         -o "$out/kube-network-policies" .)
+    # A kind cluster runs it as its users do: the module's own command (a tool of the wrapper
+    # module) in the DaemonSet of the module's install.yaml (tests/controlplane/kind.py).
+    (cd "$HERE/network-policies" && CGO_ENABLED=0 "$GO" build -trimpath -ldflags "-s -w" \
+        -o "$out/netpol" sigs.k8s.io/kube-network-policies/cmd &&
+        cp "$("$GO" list -m -f '{{.Dir}}' sigs.k8s.io/kube-network-policies)/install.yaml" "$out/")
+    chmod u+w "$out/install.yaml"
 }
 
 # kind, kubeadm and CoreDNS for a kind cluster's nodes; the node image is built from them and
@@ -328,7 +335,7 @@ build_into katib "$KATIB_VERSION" build_katib katib-trial-status
 if [[ -n "$NODE" ]]; then
     install_node_packages
     build_into node "$K8S_VERSION-coredns-$COREDNS_VERSION" build_node kubelet kube-proxy coredns pause
-    build_into network-policies "$NETPOL_VERSION" build_network_policies kube-network-policies
+    build_into network-policies "$NETPOL_VERSION" build_network_policies kube-network-policies netpol
 fi
 if [[ -n "$KIND" ]]; then
     build_into kind "$KIND_VERSION-$K8S_VERSION-coredns-$COREDNS_VERSION" build_kind kind kubeadm coredns
@@ -336,7 +343,8 @@ if [[ -n "$KIND" ]]; then
     node_image="$(bash "$HERE/kind/node-image.sh" "$TOOLS_DIR/kind-$KIND_VERSION-$K8S_VERSION-coredns-$COREDNS_VERSION" \
         "$TOOLS_DIR/node-$K8S_VERSION-coredns-$COREDNS_VERSION" "$TOOLS_DIR/kubernetes-$K8S_VERSION" \
         "$TOOLS_DIR/etcd-$ETCD_VERSION" "$TOOLS_DIR/kueue-$KUEUE_VERSION" \
-        "$TOOLS_DIR/scheduler-plugins-$PLUGINS_VERSION" | tail -n 1)"
+        "$TOOLS_DIR/scheduler-plugins-$PLUGINS_VERSION" "$TOOLS_DIR/network-policies-$NETPOL_VERSION" \
+        | tail -n 1)"
     SUMMARY+=("kind node image: $node_image ($((SECONDS - t0))s)")
 fi
 

@@ -14,6 +14,10 @@ each piece):
   gets the ptp CNI plugin for its podCIDR and a route to every other node's podCIDR: pods on
   different nodes talk directly over the nodes' network, which is all kindnetd does without
   NetworkPolicy.
+- **NetworkPolicy** is enforced by kube-network-policies (SIG Network's, what kindnetd embeds),
+  installed from its module's install.yaml as a DaemonSet, with one addition in each node: the
+  iptables rule that hands it each new pod connection, since its own nftables rules need the
+  kernel's nft_queue, which this machine lacks (the node tier does the same, node.py).
 - **storage**: the default StorageClass ``standard`` has PersistentVolumes on a directory
   shared by every node (a host folder mounted into each node container): a checkpoint written
   on one node is read on another after the first is lost, as on the network file system
@@ -30,6 +34,7 @@ when a test fails or the run is interrupted; ``leftovers`` lists what must not r
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -37,7 +42,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -54,7 +59,10 @@ from tests.controlplane.node import (
     kubernetes_version,
     link_exists,
     mounts_under,
+    network_policies_version,
+    network_policy_rules,
     persistent_volume,
+    queue_bound,
     unmount_all,
 )
 from tests.controlplane.tools import (
@@ -77,17 +85,24 @@ KIND_PEER_IP: Final = "10.242.0.2"
 API_SERVER_PORT: Final = 6443
 POD_SUBNET: Final = "10.245.0.0/16"
 STATE_DIR: Final = Path("/run/trainjob-kind")
+# An image's docker-archive for the moment of its `kind load`: in memory where /dev/shm is, as
+# it is read once per worker right after being written (/run is on disk on some machines).
+IMAGE_ARCHIVE: Final = (
+    Path("/dev/shm/trainjob-kind-image.tar")
+    if Path("/dev/shm").is_dir()
+    else STATE_DIR / "image.tar"
+)
 # dockerd's data root: the node containers and their images (several GB), on the big disk.
 DATA_ROOT_ENV: Final = "TRAINJOB_KIND_DATA_ROOT"
 LIB_MODULES: Final = Path("/lib/modules")
 CREATED_LIB_MODULES: Final = "created-lib-modules"  # a marker in STATE_DIR
-SHARED_VOLUMES: Final = 24
+SHARED_VOLUMES: Final = 40  # one per claim of the tier, which keeps them (Retain)
 SHARED_MOUNT: Final = "/shared"
 WORKERS: Final = (f"{CLUSTER_NAME}-worker", f"{CLUSTER_NAME}-worker2")
 CONTROL_PLANE: Final = f"{CLUSTER_NAME}-control-plane"
 INSTALL_COMMAND: Final = "bash tests/controlplane/install.sh --kind"
-KUEUE_FRAMEWORK: Final = "TrainJob.v1alpha1.trainjob.dev"
 RUNTIME_WRAPPER: Final = HERE / "kind" / "runc-nosysres"
+NETPOL_NAME: Final = "kube-network-policies"  # its install.yaml's DaemonSet, in kube-system
 
 
 def data_root() -> Path:
@@ -107,6 +122,8 @@ class KindTools:
     plugins_crds: Path
     kueue_version: str
     plugins_version: str
+    network_policies: Path  # kube-network-policies' install.yaml, from its Go module
+    network_policies_version: str
     dockerd: Path = Path("/usr/sbin/dockerd")
     docker: Path = Path("/usr/bin/docker")
 
@@ -125,6 +142,10 @@ class KindTools:
             plugins_crds=plugins_dir() / "crds",
             kueue_version=kueue_version(),
             plugins_version=plugins_version(),
+            network_policies=base
+            / f"network-policies-{network_policies_version()}"
+            / "install.yaml",
+            network_policies_version=network_policies_version(),
             node_image=archives[-1] if archives else base / "kind-node" / "(not built)",
             kubectl=tools.kubectl,
             helm=tools.helm,
@@ -134,8 +155,7 @@ class KindTools:
         wanted = (self.kind, self.kubectl, self.helm, self.dockerd, self.docker)
         missing = [p for p in wanted if not os.access(p, os.X_OK)]
         missing += [p for p in (self.charts / "kueue", self.plugins_crds) if not p.is_dir()]
-        if not self.node_image.is_file():
-            missing.append(self.node_image)
+        missing += [p for p in (self.node_image, self.network_policies) if not p.is_file()]
         if missing:
             listed = "\n  ".join(map(str, missing))
             raise ToolsMissingError(f"kind's parts are missing:\n  {listed}\n  {INSTALL_COMMAND}")
@@ -205,6 +225,50 @@ def cluster_config(shared: Path) -> str:
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)
+
+
+def shared_volumes(count: int) -> list[dict[str, object]]:
+    """PersistentVolumes of the default StorageClass on the folder every node mounts at
+    SHARED_MOUNT, ``pv-00`` ... (see the module docstring for why shared)."""
+    return [
+        persistent_volume(
+            f"shared-pv-{i:02d}",
+            {"hostPath": {"path": f"{SHARED_MOUNT}/pv-{i:02d}", "type": "Directory"}},
+            ["ReadWriteOnce", "ReadWriteMany"],
+        )
+        for i in range(count)
+    ]
+
+
+def set_network_policies_image(manifest: Sequence[dict[str, Any] | None], image: str) -> int:
+    """Point install.yaml's DaemonSet at `image` (upstream's names an older release than its
+    module's); return the NFQUEUE its arguments bind."""
+    for doc in manifest:
+        if doc and doc.get("kind") == "DaemonSet" and doc["metadata"]["name"] == NETPOL_NAME:
+            container = doc["spec"]["template"]["spec"]["containers"][0]
+            container["image"] = image
+            for arg in container.get("args", []):
+                if arg.startswith("--nfqueue-id="):
+                    return int(arg.split("=", 1)[1])
+            return 100  # the command's default
+    raise ControlPlaneError(f"no DaemonSet {NETPOL_NAME} in kube-network-policies' install.yaml")
+
+
+def image_digest(images_list: str, ref: str) -> str:
+    """The target digest of `ref` in ``ctr images list`` output (REF TYPE DIGEST ...)."""
+    for line in images_list.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 3 and fields[0] == ref:
+            return fields[2]
+    raise ControlPlaneError(f"{ref} is not in the node's containerd after `kind load`")
+
+
+def manifest_layers(content: Callable[[str], dict[str, Any]], digest: str) -> list[str]:
+    """The layer digests under a manifest or an index (`content` reads a blob as JSON)."""
+    blob = content(digest)
+    if "manifests" in blob:
+        return sorted({d for m in blob["manifests"] for d in manifest_layers(content, m["digest"])})
+    return sorted({layer["digest"] for layer in blob.get("layers", [])})
 
 
 def ptp_conflist(pod_cidr: str) -> str:
@@ -381,22 +445,46 @@ class KindCluster:
         waits.wait_until(ready, timeout=180, what="the kind nodes to be Ready", interval=1)
 
     def _create_storage(self) -> None:
-        """PersistentVolumes on the shared folder (see the module docstring). A hostPath or
-        NFS volume ignores the Pod's fsGroup, and the kubelet creates a claim's subPath as
-        root with the mode of the volume's root: so each volume is world-writable, as a
-        shared scratch export is."""
-        objects = []
+        """The shared folder's volumes (shared_volumes). A hostPath or NFS volume ignores
+        the Pod's fsGroup, and the kubelet creates a claim's subPath as root with the mode of
+        the volume's root: so each volume's folder is world-writable, as a shared scratch
+        export is."""
         for i in range(SHARED_VOLUMES):
             path = self.shared / f"pv-{i:02d}"
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(0o777)
-            source: dict[str, object] = {
-                "hostPath": {"path": f"{SHARED_MOUNT}/pv-{i:02d}", "type": "Directory"}
-            }
-            objects.append(
-                persistent_volume(f"shared-pv-{i:02d}", source, ["ReadWriteOnce", "ReadWriteMany"])
+        objects = shared_volumes(SHARED_VOLUMES)
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+
+    def install_network_policies(self) -> None:
+        """kube-network-policies' install.yaml with the image the node image holds, then in
+        each node, once the DaemonSet's pod there has bound its queue, the rules that send
+        it the first packet of each new pod connection (node.network_policy_rules)."""
+        manifest = list(yaml.safe_load_all(self.tools.network_policies.read_text()))
+        version = self.tools.network_policies_version
+        image = f"registry.k8s.io/networking/kube-network-policies:{version}"
+        queue = set_network_policies_image(manifest, image)
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(d for d in manifest if d))
+        self.kubectl(
+            "rollout",
+            "status",
+            f"daemonset/{NETPOL_NAME}",
+            "-n",
+            "kube-system",
+            "--timeout=120s",
+            timeout=150,
+        )
+        for node in self.nodes():
+
+            def bound(node: str = node) -> bool:
+                lines = self.docker("exec", node, "cat", "/proc/net/netfilter/nfnetlink_queue")
+                return queue_bound(lines.splitlines(), queue)
+
+            waits.wait_until(
+                bound, timeout=60, what=f"{NETPOL_NAME} to bind NFQUEUE {queue} on {node}"
             )
-        self.kubectl("apply", "-f", "-", stdin="\n---\n".join(yaml.safe_dump(o) for o in objects))
+            for rule in network_policy_rules(POD_SUBNET, queue):
+                self.docker("exec", node, "iptables", "-w", *rule)
 
     # -- Kueue and the gang scheduler, as their users install them -----------------------
 
@@ -412,32 +500,13 @@ class KindCluster:
         _run([*argv, "--wait", "--timeout=5m"], env=self.env, timeout=600)
 
     def install_kueue(self) -> None:
-        """Kueue's own Helm chart (from its Go module) with its image from the node image,
-        told that TrainJobs exist (README "Run with Kueue"); returns once it is ready."""
-        config = {
-            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
-            "kind": "Configuration",
-            "health": {"healthProbeBindAddress": ":8081"},
-            "metrics": {"bindAddress": ":8443"},
-            "webhook": {"port": 9443},
-            "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
-            # No "pod" framework: no cluster-wide Pod webhook on every test's Pods.
-            "integrations": {"frameworks": ["batch/job"], "externalFrameworks": [KUEUE_FRAMEWORK]},
-            "waitForPodsReady": {"timeout": "10m"},
-        }
-        values = {
-            "controllerManager": {
-                "manager": {
-                    "image": {
-                        "repository": "registry.k8s.io/kueue/kueue",
-                        "tag": self.tools.kueue_version,
-                        "pullPolicy": "IfNotPresent",
-                    },
-                    # room for the tests' jobs on 2-CPU nodes
-                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
-                },
-            },
-            "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(config)},
+        """Kueue's own Helm chart (from its Go module) with kind/kueue-values.yaml and the
+        image the node image holds; returns once it is ready."""
+        values = yaml.safe_load((HERE / "kind" / "kueue-values.yaml").read_text())
+        values["controllerManager"]["manager"]["image"] = {
+            "repository": "registry.k8s.io/kueue/kueue",
+            "tag": self.tools.kueue_version,
+            "pullPolicy": "IfNotPresent",
         }
         self.helm_install("kueue", "kueue", "kueue-system", values)
 
@@ -449,13 +518,11 @@ class KindCluster:
         for crd in sorted(self.tools.plugins_crds.glob("*.yaml")):
             self.kubectl("apply", "--server-side", "-f", str(crd))
         version = self.tools.plugins_version
-        values = {
-            "scheduler": {"image": f"registry.k8s.io/scheduler-plugins/kube-scheduler:{version}"},
-            "controller": {"image": f"registry.k8s.io/scheduler-plugins/controller:{version}"},
-            # Coscheduling only: the other default plugins need CRDs of their own (NRT).
-            "plugins": {"enabled": ["Coscheduling"], "disabled": ["PrioritySort"]},
-            "pluginConfig": [{"name": "Coscheduling", "args": {"permitWaitingTimeSeconds": 30}}],
+        values = yaml.safe_load((HERE / "kind" / "scheduler-plugins-values.yaml").read_text())
+        values["scheduler"] = {
+            "image": f"registry.k8s.io/scheduler-plugins/kube-scheduler:{version}"
         }
+        values["controller"] = {"image": f"registry.k8s.io/scheduler-plugins/controller:{version}"}
         self.helm_install(
             "scheduler-plugins", "scheduler-plugins", "scheduler-plugins", values, "--skip-crds"
         )
@@ -463,16 +530,34 @@ class KindCluster:
     # -- images --------------------------------------------------------------------------
 
     def load_images(self, refs: Sequence[str]) -> None:
-        """Each image from buildah's store into the workers' containerd (`kind load`)."""
+        """Each image from buildah's store into the workers' containerd (`kind load`), then
+        its layers dropped from their content stores (see discard_layers)."""
         for ref in refs:
             started = time.monotonic()
-            archive = self.state / "image.tar"
+            archive = IMAGE_ARCHIVE
             image_store_buildah("push", "--quiet", ref, f"docker-archive:{archive}:{ref}")
             try:
                 self.kind("load", "image-archive", archive, "--nodes", ",".join(WORKERS))
             finally:
                 archive.unlink(missing_ok=True)
+            for node in WORKERS:
+                self.discard_layers(node, ref)
             print(f"kind load {ref}: {time.monotonic() - started:.0f}s")
+
+    def discard_layers(self, node: str, ref: str) -> None:
+        """What containerd's ``discard_unpacked_layers`` does for pulled images, for an
+        imported one: once unpacked into snapshots, its layer blobs (uncompressed, from a
+        docker-archive) are never read again, and each worker would otherwise hold every
+        image twice (about 3.6 GB more a worker for the e2e tier's images). The manifest and
+        config stay: the image is listed and runs as before."""
+
+        def ctr(*args: str) -> str:
+            return self.docker("exec", node, "ctr", "--namespace=k8s.io", *args)
+
+        digest = image_digest(ctr("images", "list"), ref)
+        layers = manifest_layers(lambda d: json.loads(ctr("content", "get", d)), digest)
+        if layers:
+            ctr("content", "rm", *layers)
 
     # -- stop ----------------------------------------------------------------------------
 
@@ -535,6 +620,7 @@ def clean_up() -> None:
         with contextlib.suppress(OSError):
             LIB_MODULES.rmdir()
     shutil.rmtree(STATE_DIR, ignore_errors=True)
+    IMAGE_ARCHIVE.unlink(missing_ok=True)
     shutil.rmtree(data_root(), ignore_errors=True)
 
 
@@ -572,9 +658,9 @@ def leftovers() -> list[str]:
     if link_exists(HOST_LINK):
         found.append(f"interface {HOST_LINK}")
     found += [f"mount {m}" for m in mounts_under([STATE_DIR, data_root()])]
-    for path in (STATE_DIR, data_root()):
+    for path in (STATE_DIR, data_root(), IMAGE_ARCHIVE):
         if path.exists():
-            found.append(f"folder {path}")
+            found.append(f"file or folder {path}")
     found += [f"cgroup {c}" for c in _docker_cgroups()]
     found += [f"process {pid}: {cmdline[:100]!r}" for pid, cmdline in _state_processes()]
     return found
@@ -594,9 +680,13 @@ def running_kind(images: Sequence[str] = ()) -> Iterator[KindCluster]:
                 print("--- dockerd.log (last 40 lines)")
                 print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
             raise
-        cluster.load_images(image_refs(images))
-        cluster.install_gang_scheduler()
-        cluster.install_kueue()
+        cluster.install_network_policies()
+        # The images load (disk) while the charts install (mostly waiting for their Pods)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            loading = pool.submit(cluster.load_images, image_refs(images))
+            cluster.install_gang_scheduler()
+            cluster.install_kueue()
+            loading.result()
         yield cluster
     finally:
         cluster.stop()

@@ -803,7 +803,7 @@ class Node:
         table): the verdict for an unselected pod is accept, at the cost of one user-space
         round trip per connection. No ``--queue-bypass``: while the controller is down, new
         pod connections are refused, as the controller does by default (fail closed)."""
-        if any(line.split()[0] == str(NETPOL_QUEUE) for line in _nfqueues()):
+        if queue_bound(_nfqueues(), NETPOL_QUEUE):
             raise ControlPlaneError(
                 f"NFQUEUE {NETPOL_QUEUE} is taken by another process ({NFQUEUES}); "
                 "is another test node running?"
@@ -824,19 +824,11 @@ class Node:
         # The queue is bound once its informers have synced: from then on it judges.
         self.plane.wait_healthy(
             component,
-            lambda: any(line.split()[0] == str(NETPOL_QUEUE) for line in _nfqueues()),
+            lambda: queue_bound(_nfqueues(), NETPOL_QUEUE),
             what=f"kube-network-policies to bind NFQUEUE {NETPOL_QUEUE}",
         )
-        queue = ["-j", "NFQUEUE", "--queue-num", str(NETPOL_QUEUE)]
-        _run(["iptables", "-w", "-t", "mangle", "-N", NETPOL_CHAIN])
-        for rule in (
-            ["-m", "owner", "--uid-owner", "0", "-j", "RETURN"],
-            ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"],
-            ["-s", POD_CIDR, *queue],
-            ["-d", POD_CIDR, *queue],
-        ):
-            _run(["iptables", "-w", "-t", "mangle", "-A", NETPOL_CHAIN, *rule])
-        _run(["iptables", "-w", "-t", "mangle", "-I", "POSTROUTING", "1", "-j", NETPOL_CHAIN])
+        for rule in network_policy_rules(POD_CIDR, NETPOL_QUEUE):
+            _run(["iptables", "-w", *rule])
 
     def _start_kubelet(self) -> None:
         pki_dir = self.root / "pki"
@@ -1028,6 +1020,28 @@ class Node:
             for directory in sorted(_dirs(top), key=lambda p: len(p.parts), reverse=True):
                 with contextlib.suppress(OSError):
                     directory.rmdir()
+
+
+def network_policy_rules(pod_cidr: str, queue: int) -> list[list[str]]:
+    """The iptables rules (arguments after ``iptables -w``) that send kube-network-policies,
+    bound to NFQUEUE `queue`, the first packet of each new connection from or to a pod of
+    `pod_cidr` (why iptables and why these: NodeCluster._start_network_policies)."""
+    to_queue = ["-j", "NFQUEUE", "--queue-num", str(queue)]
+    chain = ["-t", "mangle", "-A", NETPOL_CHAIN]
+    return [
+        ["-t", "mangle", "-N", NETPOL_CHAIN],
+        [*chain, "-m", "owner", "--uid-owner", "0", "-j", "RETURN"],
+        [*chain, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"],
+        [*chain, "-s", pod_cidr, *to_queue],
+        [*chain, "-d", pod_cidr, *to_queue],
+        ["-t", "mangle", "-I", "POSTROUTING", "1", "-j", NETPOL_CHAIN],
+    ]
+
+
+def queue_bound(nfnetlink_queue_lines: Sequence[str], queue: int) -> bool:
+    """Whether a process is bound to NFQUEUE `queue`, from the lines of
+    /proc/net/netfilter/nfnetlink_queue (the queue number first)."""
+    return any(line.split()[:1] == [str(queue)] for line in nfnetlink_queue_lines)
 
 
 def _nfqueues() -> list[str]:

@@ -94,21 +94,20 @@ def namespace(cluster: Cluster, operator: str, request: pytest.FixtureRequest) -
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests marked ``kind`` run on the 3-node kind cluster (several nodes; Kueue and the
-    gang scheduler in the cluster) and are deselected on the one-node cluster (not skipped);
-    on kind only they run unless the command line chose (kind's disk holds only the runtime
-    and operator images, see e2e_cluster.KIND_IMAGES)."""
+    """The tests marked ``kind`` (several nodes) are deselected on the one-node cluster, those
+    marked ``node_only`` (the CUDA image, which kind's workers do not hold:
+    e2e_cluster.KIND_IMAGES) on kind: deselected, not skipped, unless ``-m`` names that
+    marker (the command line chose)."""
     from tests.controlplane.e2e_cluster import cluster_kind
 
     cluster = cluster_kind()
-    if cluster == "current" or config.getoption("-m"):
+    elsewhere = "node_only" if cluster == "kind" else "kind"
+    if cluster == "current" or elsewhere in (config.getoption("-m") or ""):
         return
-    on_kind = cluster == "kind"
     deselected = [
         i
         for i in items
-        if i.get_closest_marker("e2e") is not None
-        and (i.get_closest_marker("kind") is not None) != on_kind
+        if i.get_closest_marker("e2e") is not None and i.get_closest_marker(elsewhere) is not None
     ]
     selected = [i for i in items if i not in deselected]
     if deselected:

@@ -20,7 +20,9 @@ from tests.e2e.test_failures import condition, mnist, waiting_because
 from tests.e2e.test_images import run_pod
 from tests.e2e.test_trainjob import JOB_TIMEOUT, example
 
-pytestmark = pytest.mark.e2e
+# On the node only: its image is 7 GB, which each kind worker's containerd would hold twice
+# (the imported layers and their unpacked snapshots): more disk than CI has beside the rest.
+pytestmark = [pytest.mark.e2e, pytest.mark.node_only]
 
 GPU_IMAGE: Final = f"trainjob/trainjob:{IMAGE_TAG}-gpu"
 

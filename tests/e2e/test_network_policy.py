@@ -1,12 +1,13 @@
 """The cluster enforces NetworkPolicy: the premise of the operator's per-job policies.
 
-The node's bridge CNI enforces nothing on its own; kube-network-policies (tests/controlplane/
-node.py) does. Plain Pods, no operator: a server, and clients that try to reach it before and
-after a policy that admits only pods with a label. Without the label a connection times out
-within seconds (the first packet is dropped, no reset), with it the server answers, a pod of
-another namespace that copies the label is refused too (a bare podSelector means this
-namespace), and kubelet's probes of the selected server keep passing (node traffic stays
-allowed). Deleting the policy opens the port again.
+The test bed's CNIs (the node's bridge, kind's ptp) enforce nothing on their own; kube-network-
+policies does (tests/controlplane/node.py, kind.py; kindnetd on a stock kind). Plain Pods, no
+operator: a server, and clients that try to reach it before and after a policy that admits only
+pods with a label. Without the label a connection times out within seconds (the first packet is
+dropped, no reset), with it the server answers, a pod of another namespace that copies the
+label is refused too (a bare podSelector means this namespace), and kubelet's probes of the
+selected server keep passing (node traffic stays allowed). Deleting the policy opens the port
+again.
 """
 
 from __future__ import annotations

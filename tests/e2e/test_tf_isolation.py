@@ -4,7 +4,7 @@ and runs a graph on `/job:worker/task:0` that reads a file inside the worker.
 
 - With isolation opted out (spec.networkIsolation: None), the control: a Pod of another
   namespace reads the worker's /etc/hostname through the worker's own TensorFlow server.
-- With isolation (the default: the job's NetworkPolicy, enforced on the node by
+- With isolation (the default: the job's NetworkPolicy, enforced by
   kube-network-policies), a Pod of another namespace and a Pod of another job in the same
   namespace cannot even connect (a 5 s TCP connect times out), and the job, whose replicas
   talk to each other through the same port, trains to success.

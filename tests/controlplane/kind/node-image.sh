@@ -13,20 +13,23 @@
 #     docker-archives in /kind/images, imported into the node's containerd when it first boots
 #     (kind's own node image has them imported at build time);
 #   - the same for Kueue and scheduler-plugins (scheduler and controller), under the names their
-#     Helm charts use, so that tests/controlplane/kind.py installs them with those charts.
+#     Helm charts use, so that tests/controlplane/kind.py installs them with those charts, and
+#     for kube-network-policies (its module's command, as its install.yaml names it).
 # The result is a docker-archive, cached by content hash under the tools folder; its path is
 # printed last. Needs root, debootstrap, buildah, and the parts of install.sh --kind.
 #
-# Usage: bash tests/controlplane/kind/node-image.sh KIND_DIR NODE_DIR K8S_DIR ETCD_DIR KUEUE_DIR PLUGINS_DIR
+# Usage: bash tests/controlplane/kind/node-image.sh KIND_DIR NODE_DIR K8S_DIR ETCD_DIR KUEUE_DIR PLUGINS_DIR NETPOL_DIR
 #   (the tools folders of install.sh; install.sh --kind runs it)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-kind_dir="${1:?usage: node-image.sh KIND_DIR NODE_DIR K8S_DIR ETCD_DIR KUEUE_DIR PLUGINS_DIR}"
+kind_dir="${1:?usage: node-image.sh KIND_DIR NODE_DIR K8S_DIR ETCD_DIR KUEUE_DIR PLUGINS_DIR NETPOL_DIR}"
 node_dir="${2:?}" k8s_dir="${3:?}" etcd_dir="${4:?}" kueue_dir="${5:?}" plugins_dir="${6:?}"
+netpol_dir="${7:?}"
 # the versions are the folders' (install.sh names them <tool>-<version>)
 kueue_version="${kueue_dir##*/kueue-}"
 plugins_version="${plugins_dir##*/scheduler-plugins-}"
+netpol_version="${netpol_dir##*/network-policies-}"
 tools_dir="${TRAINJOB_TOOLS_DIR:-$HOME/.cache/trainjob-tools}"
 mirror="${TRAINJOB_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 
@@ -43,7 +46,7 @@ hash="$(
     {
         sha256sum "${BASH_SOURCE[0]}"
         find "$kind_dir" "$node_dir" "$k8s_dir" "$etcd_dir" "$kueue_dir/kueue" "$plugins_dir/scheduler" \
-            "$plugins_dir/controller" -type f -print0 | LC_ALL=C sort -z \
+            "$plugins_dir/controller" "$netpol_dir/netpol" -type f -print0 | LC_ALL=C sort -z \
             | xargs -0 sha256sum
         echo "$mirror"
     } | sha256sum | cut -c1-16
@@ -142,7 +145,8 @@ mkdir -p "$rootfs/etc/systemd/system/kubelet.service.d"
 printf '[Unit]\nAfter=containerd.service\n' >"$rootfs/etc/systemd/system/kubelet.service.d/05-after-containerd.conf"
 
 # image NAME REF ENTRYPOINT FILE...: an image of the given files (FILE = src:dest) and a /tmp,
-# as a docker-archive in /kind/images. IMAGE_USER (uid:gid) sets the image's user.
+# as a docker-archive in /kind/images. IMAGE_USER (uid:gid) sets the image's user, IMAGE_CMD its
+# command (for an empty ENTRYPOINT).
 image() {
     local name="$1" ref="$2" entrypoint="$3"
     shift 3
@@ -156,7 +160,8 @@ image() {
     done
     bah umount "$c" >/dev/null
     bah config --env PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-        --entrypoint "$entrypoint" ${IMAGE_USER:+--user "$IMAGE_USER"} "$c"
+        ${entrypoint:+--entrypoint "$entrypoint"} ${IMAGE_CMD:+--cmd "$IMAGE_CMD"} \
+        ${IMAGE_USER:+--user "$IMAGE_USER"} "$c"
     bah commit --quiet "$c" "$ref" >/dev/null
     bah rm "$c" >/dev/null
     bah push --quiet "$ref" "docker-archive:$rootfs/kind/images/$name.tar:$ref"
@@ -201,6 +206,10 @@ IMAGE_USER=65532:65532 image scheduler-plugins-scheduler \
 IMAGE_USER=65532:65532 image scheduler-plugins-controller \
     "registry.k8s.io/scheduler-plugins/controller:$plugins_version" '["/bin/controller"]' \
     "$plugins_dir/controller:/bin/controller"
+# kube-network-policies as upstream's image: the command in CMD (its install.yaml's args name
+# the binary first), run as root (it programs the node's netfilter)
+IMAGE_CMD=/bin/netpol image kube-network-policies \
+    "registry.k8s.io/networking/kube-network-policies:$netpol_version" "" "$netpol_dir/netpol:/bin/netpol"
 echo "    control-plane images: $((SECONDS - t0))s ($(du -sh "$rootfs/kind/images" | cut -f1))"
 
 # kind's Dockerfile: services, masks, init

@@ -1,0 +1,117 @@
+"""The kind test bed's decisions (tests/controlplane/kind.py, node.py): which layers a worker may
+drop after `kind load`, the DaemonSet that enforces NetworkPolicy and the rules that feed it, and
+the shared volumes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.controlplane.cluster import ControlPlaneError
+from tests.controlplane.kind import (
+    SHARED_MOUNT,
+    image_digest,
+    manifest_layers,
+    set_network_policies_image,
+    shared_volumes,
+)
+from tests.controlplane.node import NETPOL_CHAIN, network_policy_rules, queue_bound
+
+pytestmark = pytest.mark.unit
+
+# `ctr images list` as a worker prints it (columns cut short)
+MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+CTR_IMAGES = "\n".join(
+    [
+        "REF TYPE DIGEST SIZE PLATFORMS LABELS",
+        f"docker.io/trainjob/trainjob:0.1.0 {MANIFEST} sha256:aaa 1.9 GiB linux/amd64 managed",
+        f"docker.io/trainjob/trainjob:0.1.0-gpu {MANIFEST} sha256:bbb 6.6 GiB linux/amd64 -",
+    ]
+)
+
+
+def test_the_digest_of_exactly_the_reference_asked_for() -> None:
+    assert image_digest(CTR_IMAGES, "docker.io/trainjob/trainjob:0.1.0") == "sha256:aaa"
+    assert image_digest(CTR_IMAGES, "docker.io/trainjob/trainjob:0.1.0-gpu") == "sha256:bbb"
+
+
+def test_an_image_missing_after_kind_load_is_an_error_naming_it() -> None:
+    with pytest.raises(ControlPlaneError, match="trainjob-legacy"):
+        image_digest(CTR_IMAGES, "docker.io/trainjob/trainjob-legacy:0.1.0")
+
+
+def test_the_layers_of_a_manifest_and_of_every_manifest_under_an_index() -> None:
+    blobs: dict[str, dict[str, Any]] = {
+        "sha256:index": {"manifests": [{"digest": "sha256:m1"}, {"digest": "sha256:m2"}]},
+        "sha256:m1": {"config": {"digest": "sha256:c1"}, "layers": [{"digest": "sha256:l1"}]},
+        "sha256:m2": {
+            "config": {"digest": "sha256:c2"},
+            "layers": [{"digest": "sha256:l1"}, {"digest": "sha256:l2"}],
+        },
+    }
+    assert manifest_layers(blobs.__getitem__, "sha256:m1") == ["sha256:l1"]
+    # the config blobs are kept: the image is listed and runs from them and its snapshots
+    assert manifest_layers(blobs.__getitem__, "sha256:index") == ["sha256:l1", "sha256:l2"]
+
+
+INSTALL_YAML: list[dict[str, Any] | None] = [
+    {"kind": "ServiceAccount", "metadata": {"name": "kube-network-policies"}},
+    None,
+    {
+        "kind": "DaemonSet",
+        "metadata": {"name": "kube-network-policies"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "image": "registry.k8s.io/networking/kube-network-policies:v0.7.0",
+                            "args": ["/bin/netpol", "--v=2", "--nfqueue-id=98"],
+                        }
+                    ]
+                }
+            }
+        },
+    },
+]
+
+
+def test_the_daemonset_runs_the_image_given_and_its_queue_is_read_from_its_arguments() -> None:
+    image = "registry.k8s.io/networking/kube-network-policies:v0.8.0"
+    assert set_network_policies_image(INSTALL_YAML, image) == 98
+    daemonset = INSTALL_YAML[2]
+    assert daemonset is not None
+    assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == image
+
+
+def test_a_manifest_without_the_daemonset_is_an_error() -> None:
+    with pytest.raises(ControlPlaneError, match="DaemonSet"):
+        set_network_policies_image(INSTALL_YAML[:2], "x")
+
+
+def test_the_rules_let_root_and_established_flows_pass_before_queueing_pod_traffic() -> None:
+    rules = network_policy_rules("10.245.0.0/16", 98)
+    assert rules[0] == ["-t", "mangle", "-N", NETPOL_CHAIN]
+    # the chain is hooked last, once complete: no packet meets a half-built chain
+    assert rules[-1] == ["-t", "mangle", "-I", "POSTROUTING", "1", "-j", NETPOL_CHAIN]
+    body = [" ".join(rule[4:]) for rule in rules[1:-1]]
+    assert body == [
+        "-m owner --uid-owner 0 -j RETURN",
+        "-m conntrack --ctstate ESTABLISHED,RELATED -j RETURN",
+        "-s 10.245.0.0/16 -j NFQUEUE --queue-num 98",
+        "-d 10.245.0.0/16 -j NFQUEUE --queue-num 98",
+    ]
+
+
+def test_a_queue_is_bound_only_when_its_own_number_is_listed() -> None:
+    lines = ["   98  3184 0 2 65531 0 0 12 1", "  100  17 0 2 65531 0 0 0 1"]
+    assert queue_bound(lines, 98) and queue_bound(lines, 100)
+    assert not queue_bound(lines, 9) and not queue_bound([], 98) and not queue_bound([""], 98)
+
+
+def test_the_shared_volumes_are_distinct_folders_under_the_shared_mount() -> None:
+    volumes = shared_volumes(3)
+    paths = [v["spec"]["hostPath"]["path"] for v in volumes]  # type: ignore[index]
+    assert paths == [f"{SHARED_MOUNT}/pv-00", f"{SHARED_MOUNT}/pv-01", f"{SHARED_MOUNT}/pv-02"]
+    assert all("ReadWriteMany" in v["spec"]["accessModes"] for v in volumes)  # type: ignore[index]
