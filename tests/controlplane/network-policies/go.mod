@@ -1,6 +1,8 @@
 // Wrapper module that builds SIG Network's kube-network-policies (NetworkPolicy enforcement
 // through NFQUEUE, one process per node) for the test node, with main.go instead of the
 // module's cmd/main.go (see main.go for why). Dependencies are the module's own versions.
+// The module's own command is a tool here too (the `tool` line): a kind cluster runs it in
+// the DaemonSet of the module's install.yaml, in-cluster, as its users do (kind.py).
 module trainjob.dev/tests/controlplane/network-policies
 
 go 1.25.0
