@@ -100,6 +100,9 @@ SHARED_VOLUMES: Final = 40  # one per claim of the tier, which keeps them (Retai
 SHARED_MOUNT: Final = "/shared"
 WORKERS: Final = (f"{CLUSTER_NAME}-worker", f"{CLUSTER_NAME}-worker2")
 CONTROL_PLANE: Final = f"{CLUSTER_NAME}-control-plane"
+# The worker that alone holds the images too big for both workers' disks
+# (e2e_cluster.KIND_ONE_WORKER_IMAGES): the tests pin the Pods that run them there.
+IMAGE_WORKER: Final = WORKERS[-1]
 INSTALL_COMMAND: Final = "bash tests/controlplane/install.sh --kind"
 RUNTIME_WRAPPER: Final = HERE / "kind" / "runc-nosysres"
 NETPOL_NAME: Final = "kube-network-policies"  # its install.yaml's DaemonSet, in kube-system
@@ -529,20 +532,20 @@ class KindCluster:
 
     # -- images --------------------------------------------------------------------------
 
-    def load_images(self, refs: Sequence[str]) -> None:
-        """Each image from buildah's store into the workers' containerd (`kind load`), then
-        its layers dropped from their content stores (see discard_layers)."""
+    def load_images(self, refs: Sequence[str], nodes: Sequence[str] = WORKERS) -> None:
+        """Each image from buildah's store into the containerd of `nodes` (`kind load`),
+        then its layers dropped from their content stores (see discard_layers)."""
         for ref in refs:
             started = time.monotonic()
             archive = IMAGE_ARCHIVE
             image_store_buildah("push", "--quiet", ref, f"docker-archive:{archive}:{ref}")
             try:
-                self.kind("load", "image-archive", archive, "--nodes", ",".join(WORKERS))
+                self.kind("load", "image-archive", archive, "--nodes", ",".join(nodes))
             finally:
                 archive.unlink(missing_ok=True)
-            for node in WORKERS:
+            for node in nodes:
                 self.discard_layers(node, ref)
-            print(f"kind load {ref}: {time.monotonic() - started:.0f}s")
+            print(f"kind load {ref} ({', '.join(nodes)}): {time.monotonic() - started:.0f}s")
 
     def discard_layers(self, node: str, ref: str) -> None:
         """What containerd's ``discard_unpacked_layers`` does for pulled images, for an

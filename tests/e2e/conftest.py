@@ -94,21 +94,22 @@ def namespace(cluster: Cluster, operator: str, request: pytest.FixtureRequest) -
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests marked ``kind`` (several nodes) are deselected on the one-node cluster, those
-    marked ``node_only`` (the CUDA image, which kind's workers do not hold:
-    e2e_cluster.KIND_IMAGES) on kind: deselected, not skipped, unless ``-m`` names that
-    marker (the command line chose)."""
+    """The tests marked ``kind`` (several nodes) are deselected on the one-node cluster:
+    deselected, not skipped, unless ``-m`` names that marker (the command line chose). On
+    kind, those marked ``cuda_image`` run last: their image loads while the others run
+    (e2e_cluster.open_cluster)."""
     from tests.controlplane.e2e_cluster import cluster_kind
 
-    cluster = cluster_kind()
-    elsewhere = "node_only" if cluster == "kind" else "kind"
-    if cluster == "current" or elsewhere in (config.getoption("-m") or ""):
+    def marked(item: pytest.Item, marker: str) -> bool:
+        return item.get_closest_marker("e2e") is not None and bool(item.get_closest_marker(marker))
+
+    if cluster_kind() == "kind":
+        items[:] = [i for i in items if not marked(i, "cuda_image")] + [
+            i for i in items if marked(i, "cuda_image")
+        ]
+    if cluster_kind() != "node" or "kind" in (config.getoption("-m") or ""):
         return
-    deselected = [
-        i
-        for i in items
-        if i.get_closest_marker("e2e") is not None and i.get_closest_marker(elsewhere) is not None
-    ]
+    deselected = [i for i in items if marked(i, "kind")]
     selected = [i for i in items if i not in deselected]
     if deselected:
         config.hook.pytest_deselected(items=deselected)

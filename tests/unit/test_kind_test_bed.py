@@ -9,14 +9,16 @@ from typing import Any
 import pytest
 
 from tests.controlplane.cluster import ControlPlaneError
+from tests.controlplane.e2e_cluster import KIND_ONE_WORKER_IMAGES, Cluster, qualified_image
 from tests.controlplane.kind import (
+    IMAGE_WORKER,
     SHARED_MOUNT,
     image_digest,
     manifest_layers,
     set_network_policies_image,
     shared_volumes,
 )
-from tests.controlplane.node import NETPOL_CHAIN, network_policy_rules, queue_bound
+from tests.controlplane.node import NETPOL_CHAIN, image_refs, network_policy_rules, queue_bound
 
 pytestmark = pytest.mark.unit
 
@@ -115,3 +117,39 @@ def test_the_shared_volumes_are_distinct_folders_under_the_shared_mount() -> Non
     paths = [v["spec"]["hostPath"]["path"] for v in volumes]  # type: ignore[index]
     assert paths == [f"{SHARED_MOUNT}/pv-00", f"{SHARED_MOUNT}/pv-01", f"{SHARED_MOUNT}/pv-02"]
     assert all("ReadWriteMany" in v["spec"]["accessModes"] for v in volumes)  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("reference", "listed"),
+    [
+        ("trainjob/trainjob:0.1.0-gpu", "docker.io/trainjob/trainjob:0.1.0-gpu"),
+        ("docker.io/trainjob/trainjob:0.1.0-gpu", "docker.io/trainjob/trainjob:0.1.0-gpu"),
+        ("busybox:1.36", "docker.io/library/busybox:1.36"),
+        (
+            "gcr.io/kubeflow-ci/tf-mnist-with-summaries:1.0",
+            "gcr.io/kubeflow-ci/tf-mnist-with-summaries:1.0",
+        ),
+        ("localhost/trainjob-cache/trainjob:x", "localhost/trainjob-cache/trainjob:x"),
+        ("registry.local:5000/team/model:1", "registry.local:5000/team/model:1"),
+    ],
+)
+def test_an_image_reference_is_spelt_out_as_containerd_lists_it(
+    reference: str, listed: str
+) -> None:
+    assert qualified_image(reference) == listed
+
+
+def test_a_pod_of_an_image_only_one_worker_holds_is_pinned_there_and_others_go_anywhere() -> None:
+    cluster = Cluster(
+        "kind",
+        "kubectl",
+        "helm",
+        {},
+        image_nodes=dict.fromkeys(image_refs(KIND_ONE_WORKER_IMAGES), IMAGE_WORKER),
+    )
+    (cuda,) = image_refs(KIND_ONE_WORKER_IMAGES)
+    short = cuda.removeprefix("docker.io/")  # as the manifests name it
+    assert cluster.node_selector(short) == {"kubernetes.io/hostname": IMAGE_WORKER}
+    assert cluster.node_selector(cuda) == {"kubernetes.io/hostname": IMAGE_WORKER}
+    assert cluster.node_selector(short.removesuffix("-gpu")) == {}
+    assert Cluster("node", "kubectl", "helm", {}).node_selector(short) == {}
