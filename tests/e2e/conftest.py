@@ -96,17 +96,21 @@ def namespace(cluster: Cluster, operator: str, request: pytest.FixtureRequest) -
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests marked ``kind`` (several nodes) are deselected on the one-node cluster:
     deselected, not skipped, unless ``-m`` names that marker (the command line chose). On
-    kind, those marked ``cuda_image`` run last: their image loads while the others run
-    (e2e_cluster.open_cluster)."""
+    kind, those marked ``cuda_image`` run late: their image loads while the others run
+    (e2e_cluster.open_cluster), into one worker. Last of all, on any cluster, run those marked
+    ``loses_a_node``: the node they stop is gone for the rest of the session, and with it
+    what only it held."""
     from tests.controlplane.e2e_cluster import cluster_kind
 
     def marked(item: pytest.Item, marker: str) -> bool:
         return item.get_closest_marker("e2e") is not None and bool(item.get_closest_marker(marker))
 
-    if cluster_kind() == "kind":
-        items[:] = [i for i in items if not marked(i, "cuda_image")] + [
-            i for i in items if marked(i, "cuda_image")
-        ]
+    def rank(item: pytest.Item) -> int:
+        if marked(item, "loses_a_node"):
+            return 2
+        return 1 if cluster_kind() == "kind" and marked(item, "cuda_image") else 0
+
+    items.sort(key=rank)  # stable: the collection order within each rank
     if cluster_kind() != "node" or "kind" in (config.getoption("-m") or ""):
         return
     deselected = [i for i in items if marked(i, "kind")]

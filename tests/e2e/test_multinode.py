@@ -176,6 +176,7 @@ def test_a_gang_that_fits_only_across_both_nodes_is_placed_whole(
     assert {p["spec"].get("schedulerName") for p in pods} == {"scheduler-plugins-scheduler"}
 
 
+@pytest.mark.loses_a_node
 def test_lost_node_names_the_cause_and_the_job_resumes_on_the_other_node(
     cluster: Cluster, namespace: str
 ) -> None:
