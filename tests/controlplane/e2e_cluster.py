@@ -20,7 +20,6 @@ Two kinds of cluster, chosen by ``TRAINJOB_E2E_CLUSTER``:
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import json
 import os
@@ -67,17 +66,10 @@ class Cluster:
     # Image reference -> the one node that holds it, for images not on every node (kind's
     # one-worker images): a Pod that runs one must be placed there (node_selector).
     image_nodes: Mapping[str, str] = field(default_factory=dict)
-    # Image reference -> its load into that node, still under way while the first tests run.
-    image_loads: Mapping[str, concurrent.futures.Future[None]] = field(default_factory=dict)
 
-    def node_selector(self, image: str, timeout: float = 900.0) -> dict[str, str]:
-        """The nodeSelector a Pod that runs `image` needs (none where every node holds it),
-        once that node holds it: waits for its load, and raises the load's error."""
-        ref = qualified_image(image)
-        loading = self.image_loads.get(ref)
-        if loading is not None:
-            loading.result(timeout=timeout)
-        node = self.image_nodes.get(ref)
+    def node_selector(self, image: str) -> dict[str, str]:
+        """The nodeSelector a Pod that runs `image` needs: none where every node holds it."""
+        node = self.image_nodes.get(qualified_image(image))
         return {"kubernetes.io/hostname": node} if node else {}
 
     def run(
@@ -222,8 +214,8 @@ KIND_IMAGES: Final = (
 )
 # Too big for both workers' disks (7 GB, twice that while it unpacks): the CUDA image is
 # loaded into one worker (kind.IMAGE_WORKER), where its tests pin their Pods
-# (Cluster.node_selector). It loads (3.5 min) while the other tests run; its tests run last
-# (tests/e2e/conftest.py).
+# (Cluster.node_selector). It loads last, in about 3.5 min, before any test runs: loaded
+# while the first tests ran, it once slowed them past a deadline.
 KIND_ONE_WORKER_IMAGES: Final = ("docker.io/trainjob/trainjob:{version}-gpu",)
 
 
@@ -247,17 +239,10 @@ def open_cluster(workdir: Path | None = None) -> Iterator[Cluster]:
         from tests.controlplane.kind import IMAGE_WORKER, running_kind
         from tests.controlplane.node import image_refs
 
-        # The pool's exit waits for the load before the cluster's exit deletes it.
-        with running_kind(KIND_IMAGES) as kind, concurrent.futures.ThreadPoolExecutor(1) as pool:
-            refs = image_refs(KIND_ONE_WORKER_IMAGES)
-            loading = pool.submit(kind.load_images, refs, [IMAGE_WORKER])
+        with running_kind(KIND_IMAGES, KIND_ONE_WORKER_IMAGES) as kind:
+            pinned = dict.fromkeys(image_refs(KIND_ONE_WORKER_IMAGES), IMAGE_WORKER)
             yield Cluster(
-                "kind",
-                str(kind.tools.kubectl),
-                str(kind.tools.helm),
-                kind.env,
-                image_nodes=dict.fromkeys(refs, IMAGE_WORKER),
-                image_loads=dict.fromkeys(refs, loading),
+                "kind", str(kind.tools.kubectl), str(kind.tools.helm), kind.env, image_nodes=pinned
             )
         return
     from tests.controlplane.node import running_node

@@ -670,9 +670,12 @@ def leftovers() -> list[str]:
 
 
 @contextlib.contextmanager
-def running_kind(images: Sequence[str] = ()) -> Iterator[KindCluster]:
-    """A 3-node kind cluster with `images` loaded into its workers; deleted on exit, with
-    everything it made (also when starting fails half-way)."""
+def running_kind(
+    images: Sequence[str] = (), one_worker_images: Sequence[str] = ()
+) -> Iterator[KindCluster]:
+    """A 3-node kind cluster with `images` loaded into both workers and `one_worker_images`
+    into IMAGE_WORKER only; deleted on exit, with everything it made (also when starting
+    fails half-way)."""
     cluster = KindCluster(KindTools.locate().require())
     try:
         try:
@@ -684,9 +687,14 @@ def running_kind(images: Sequence[str] = ()) -> Iterator[KindCluster]:
                 print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
             raise
         cluster.install_network_policies()
+
         # The images load (disk) while the charts install (mostly waiting for their Pods)
+        def load() -> None:
+            cluster.load_images(image_refs(images))
+            cluster.load_images(image_refs(one_worker_images), [IMAGE_WORKER])
+
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            loading = pool.submit(cluster.load_images, image_refs(images))
+            loading = pool.submit(load)
             cluster.install_gang_scheduler()
             cluster.install_kueue()
             loading.result()

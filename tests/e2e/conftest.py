@@ -95,22 +95,15 @@ def namespace(cluster: Cluster, operator: str, request: pytest.FixtureRequest) -
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests marked ``kind`` (several nodes) are deselected on the one-node cluster:
-    deselected, not skipped, unless ``-m`` names that marker (the command line chose). On
-    kind, those marked ``cuda_image`` run late: their image loads while the others run
-    (e2e_cluster.open_cluster), into one worker. Last of all, on any cluster, run those marked
-    ``loses_a_node``: the node they stop is gone for the rest of the session, and with it
-    what only it held."""
+    deselected, not skipped, unless ``-m`` names that marker (the command line chose). Those
+    marked ``loses_a_node`` run last: the node they stop is gone for the rest of the session,
+    and with it what only it held (on kind, the CUDA image: e2e_cluster.open_cluster)."""
     from tests.controlplane.e2e_cluster import cluster_kind
 
     def marked(item: pytest.Item, marker: str) -> bool:
         return item.get_closest_marker("e2e") is not None and bool(item.get_closest_marker(marker))
 
-    def rank(item: pytest.Item) -> int:
-        if marked(item, "loses_a_node"):
-            return 2
-        return 1 if cluster_kind() == "kind" and marked(item, "cuda_image") else 0
-
-    items.sort(key=rank)  # stable: the collection order within each rank
+    items.sort(key=lambda item: marked(item, "loses_a_node"))  # stable: else as collected
     if cluster_kind() != "node" or "kind" in (config.getoption("-m") or ""):
         return
     deselected = [i for i in items if marked(i, "kind")]
