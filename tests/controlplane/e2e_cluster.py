@@ -214,8 +214,8 @@ KIND_IMAGES: Final = (
 )
 # Too big for both workers' disks (7 GB, twice that while it unpacks): the CUDA image is
 # loaded into one worker (kind.IMAGE_WORKER), where its tests pin their Pods
-# (Cluster.node_selector). It loads last, in about 3.5 min, before any test runs: loaded
-# while the first tests ran, it once slowed them past a deadline.
+# (Cluster.node_selector). It loads last, in about 3.5 min, before any test runs, so that no
+# test shares the machine's disk with 14 GB of writes.
 KIND_ONE_WORKER_IMAGES: Final = ("docker.io/trainjob/trainjob:{version}-gpu",)
 
 
