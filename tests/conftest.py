@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 
 import pytest
 
@@ -24,6 +25,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run tests/e2e against the cluster of the current kubeconfig context",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests press Ctrl-C on commands as a terminal does, to a foreground process, where SIGINT
+    is not ignored. A runner started by a script in the background (`pytest ... &`, nohup)
+    inherits SIGINT ignored, and so would every command it starts, which then rightly keeps
+    ignoring it (trainjob.signals). Taking SIGINT here gives the commands the terminal's
+    default: a handler, unlike "ignored", is not inherited across exec."""
+    del config
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def e2e_enabled(config: pytest.Config) -> bool:

@@ -1,5 +1,6 @@
 """What every `trainjob` command shares, in a leaf module: exit codes, the user-error exception,
-reading and parsing manifests, printing YAML/JSON, and the streams a command writes to.
+reading and parsing manifests, printing YAML/JSON, and the streams a command writes to
+(`trainjob.signals`: the signals that stop one).
 
 `trainjob.cli` (the parser and the core commands) and `trainjob.local.cli` (run, status, logs)
 both import this module and never each other's internals, so there is no import cycle and

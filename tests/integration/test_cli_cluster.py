@@ -303,19 +303,10 @@ def test_cli_kubeconfig_context_and_namespace_as_kubectl(
     assert code == 1 and "no kubeconfig" in err and "missing.yaml does not exist" in err
 
 
-# `python -m trainjob attach ...` with Ctrl-C as a terminal delivers it: a runner started in the
-# background by a shell without job control ignores SIGINT and its children inherit that
-# (measured: attach never saw the signal when CI ran under `nohup ... &`).
-ATTACH_WITH_CTRL_C = (
-    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "sys.argv[0] = 'trainjob'; runpy.run_module('trainjob', run_name='__main__', alter_sys=True)"
-)
-
-
 def _attach(kubeconfig: Path, *argv: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "KUBECONFIG": str(kubeconfig)}
     return subprocess.Popen(
-        [sys.executable, "-c", ATTACH_WITH_CTRL_C, "attach", *argv],
+        [sys.executable, "-m", "trainjob", "attach", *argv],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

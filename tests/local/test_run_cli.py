@@ -114,6 +114,44 @@ def test_lock_status_logs_and_a_true_status_after_ctrl_c(tmp_path: Path) -> None
     assert (data["state"], data["inProgress"]) == ("Interrupted", False)
 
 
+def _signal_mask(pid: int, field: str) -> set[signal.Signals]:
+    """The signals /proc says the process ignores (SigIgn) or catches (SigCgt)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    (mask,) = [line.split()[1] for line in status.splitlines() if line.startswith(f"{field}:")]
+    bits = int(mask, 16)
+    return {s for s in signal.Signals if s < 64 and bits & (1 << (s - 1))}
+
+
+def test_under_nohup_a_closed_terminal_does_not_stop_the_run(tmp_path: Path) -> None:
+    """`nohup trainjob run ... &`: SIGHUP stays ignored, as nohup asked (the window may close
+    mid-training); Ctrl-C and SIGTERM still stop it."""
+    write_job(tmp_path / "job.yaml", job_manifest("hup", {"worker": command_replica(SERVE, 2)}))
+    out = tmp_path / "out.log"
+    with open(out, "wb") as log:
+        run = subprocess.Popen(
+            ["nohup", sys.executable, "-m", "trainjob", "run", "-f", "job.yaml"],
+            cwd=str(tmp_path),
+            env=cli_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    run_dir = tmp_path / "trainjob-runs" / "hup"
+    try:
+        wait_until(lambda: _alive(run_dir, 2), TIMEOUT, "both replicas", out.read_text)
+        assert signal.SIGHUP in _signal_mask(run.pid, "SigIgn")
+        assert {signal.SIGINT, signal.SIGTERM} <= _signal_mask(run.pid, "SigCgt")
+        run.send_signal(signal.SIGHUP)  # the terminal closing
+        assert _alive(run_dir, 2) and run.poll() is None
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=TIMEOUT) == 143, out.read_text()  # not 129: SIGHUP did nothing
+    finally:
+        _stop(run)
+    assert "TrainJob hup Interrupted after" in out.read_text()
+    assert read_json(run_dir / "status.json")["state"] == "Interrupted"
+
+
 def test_a_killed_run_is_unknown_not_running(tmp_path: Path) -> None:
     write_job(tmp_path / "job.yaml", job_manifest("lost", {"worker": command_replica(SERVE, 1)}))
     out = tmp_path / "out.log"

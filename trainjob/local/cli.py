@@ -25,6 +25,7 @@ from trainjob.cliutil import (
 from trainjob.console import outcome, view
 from trainjob.core import spec
 from trainjob.local import board, data, executor, gpus, plan, rundir, runs, supervisor
+from trainjob.signals import how_to_stop, sigint_ignored, stop_signals
 
 RUN_DESCRIPTION: Final = """\
 Run a TrainJob on this machine: every replica is a process on 127.0.0.1 with the same
@@ -431,7 +432,7 @@ def cmd_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
     server = None
     try:
         # The handlers first: a signal during the start still stops TensorBoard.
-        with supervisor.stop_signals(_interrupt):
+        with stop_signals(_interrupt):
             server = supervisor.Server(command, log_path)
             deadline = time.monotonic() + TENSORBOARD_START_SECONDS
             url = None
@@ -452,7 +453,8 @@ def cmd_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
                     )
                 time.sleep(_POLL_SECONDS)
             streams.out.write(
-                f"TensorBoard for {run_dir} (logs: {logdir}): {url}\nCtrl-C stops it.\n"
+                f"TensorBoard for {run_dir} (logs: {logdir}): {url}\n"
+                f"{how_to_stop(sigint_ignored(), os.getpid())}.\n"
             )
             streams.out.flush()
             while (code := server.exit_code()) is None:

@@ -24,6 +24,7 @@ from trainjob.core import progress as core_progress
 from trainjob.core import status as st
 from trainjob.core.naming import ReplicaKey
 from trainjob.local import data, netns, plan, rundir, supervisor
+from trainjob.signals import stop_signals
 
 POLL_SECONDS: Final = 0.1
 
@@ -318,7 +319,7 @@ class Executor:
         self.recorder.make_dirs()
         started = self.now()
         keys = set(plan.all_keys(self.plan))
-        with supervisor.stop_signals(self._on_stop_signal):
+        with stop_signals(self._on_stop_signal):
             if not self._prepare(started):
                 self.terminal.erase()
                 return self._summary(started)

@@ -23,8 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from types import FrameType
+from collections.abc import Callable, Mapping
 from typing import IO, Final
 
 from trainjob.core import policy
@@ -34,7 +33,6 @@ from trainjob.local import netns, plan
 EXEC_FAILED_EXIT_CODE: Final = 127  # what a shell reports for a command it cannot run
 # A Python start and two system calls: seconds only on a machine that is very busy.
 NETWORK_START_SECONDS: Final = 30.0
-STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 Line = tuple[ReplicaKey, int, str]  # replica, attempt, the line without its end
 
@@ -217,27 +215,6 @@ def _stop_holder(holder: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         holder.kill()
         holder.wait()
-
-
-@contextlib.contextmanager
-def stop_signals(on_signal: Callable[[str], None]) -> Iterator[None]:
-    """Call `on_signal(name)` for SIGINT, SIGTERM and SIGHUP while inside (main thread only).
-    SIGHUP: the terminal went away. The replicas run in their own sessions, so without this
-    they would outlive a closed window."""
-
-    def record(signum: int, frame: FrameType | None) -> None:
-        del frame
-        on_signal(signal.Signals(signum).name)
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, record) for signum in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 @dataclasses.dataclass(frozen=True)

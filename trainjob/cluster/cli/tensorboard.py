@@ -1,5 +1,6 @@
 """`trainjob tensorboard` for a cluster job: a TensorBoard Pod on the job's checkpoint volume
-(`board.tensorboard_pod`), reached through a port-forward, until Ctrl-C (or SIGTERM, SIGHUP);
+(`board.tensorboard_pod`), reached through a port-forward, until Ctrl-C (or SIGTERM, SIGHUP:
+`trainjob.signals`, which leaves alone a signal the command was started with ignored);
 the Pod is deleted however the command ends."""
 
 from __future__ import annotations
@@ -8,13 +9,13 @@ import argparse
 import contextlib
 import os
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from trainjob.cliutil import EXIT_FAILED, EXIT_OK, CliError, Streams
 from trainjob.cluster import board, describe, objects
 from trainjob.cluster.cli.common import connected, load_api_pods
 from trainjob.cluster.errors import ClusterError
+from trainjob.signals import how_to_stop, sigint_ignored, stop_signals
 
 if TYPE_CHECKING:  # imported when a command runs: it imports the kubernetes package
     from trainjob.cluster import api
@@ -52,7 +53,7 @@ def cmd_cluster_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
         forwarder = None
         # The handlers first: a signal that comes while the Pod is being created still
         # deletes it (a 404 then is fine).
-        with _signals_interrupt():
+        with stop_signals(_interrupt):
             try:
                 pods.create(body)
                 _wait_started(pods, cluster, name)
@@ -62,7 +63,7 @@ def cmd_cluster_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
                 streams.out.write(
                     f"TensorBoard for {objects.ref_of(job).kind} {cluster.namespace}/"
                     f"{objects.name_of(job)} (Pod {name}): "
-                    f"{url}\nCtrl-C stops it and deletes the Pod.\n"
+                    f"{url}\n{how_to_stop(sigint_ignored(), os.getpid())} and deletes the Pod.\n"
                 )
                 streams.out.flush()
                 while True:
@@ -81,25 +82,10 @@ def cmd_cluster_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
                     pods.delete(name)
 
 
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP end the command as Ctrl-C does, so the Pod is deleted then too."""
-    import signal
-    import threading
-
-    def interrupt(signum: int, frame: object) -> None:
-        del signum, frame
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+def _interrupt(signal_name: str) -> None:
+    """Ctrl-C, SIGTERM and SIGHUP end the command alike, so the Pod is deleted in each case."""
+    del signal_name
+    raise KeyboardInterrupt
 
 
 def _wait_started(pods: Any, cluster: api.Cluster, name: str) -> None:
