@@ -320,21 +320,27 @@ def loss_card(html: str) -> str | None:
     return None
 
 
-def first_line(process: subprocess.Popen[str], timeout: float) -> str:
-    """The first line `process` prints (the URL), or what it said when it ended instead."""
+def announcement(process: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """The two lines `process` prints once it serves (the URL; how to stop it), or what it
+    said when it ended instead. Both read here: `communicate` later reads the pipe itself,
+    past what this reader's buffer already took."""
     got: list[str] = []
-    reader = threading.Thread(
-        target=lambda: got.append(process.stdout.readline() if process.stdout else ""),
-        daemon=True,
-    )
+
+    def read() -> None:
+        assert process.stdout is not None
+        while len(got) < 2 and (line := process.stdout.readline()):
+            got.append(line)
+        got.append("")  # the end, or both lines
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     reader.join(timeout)
-    if not got:
+    if reader.is_alive():
         process.kill()
-        raise AssertionError(f"trainjob tensorboard printed nothing in {timeout:.0f}s")
-    if not got[0] and process.stderr:
-        return process.stderr.read()
-    return got[0]
+        raise AssertionError(f"trainjob tensorboard printed {got} in {timeout:.0f}s")
+    if len(got) < 3:  # it ended
+        return "".join(got), process.stderr.read() if process.stderr else ""
+    return got[0], got[1]
 
 
 def test_tensorboard_serves_the_finished_jobs_loss_curve_to_a_real_browser(
@@ -354,9 +360,10 @@ def test_tensorboard_serves_the_finished_jobs_loss_curve_to_a_real_browser(
     )
     started = time.monotonic()
     try:
-        first = first_line(server, timeout=400)
+        first, second = announcement(server, timeout=400)
         served_s = time.monotonic() - started
-        assert first.startswith(f"TensorBoard for TrainJob {ns}/{JOB} (Pod "), first
+        assert first.startswith(f"TensorBoard for TrainJob {ns}/{JOB} (Pod "), (first, second)
+        assert second == "Ctrl-C stops it and deletes the Pod.\n", second
         url = first.split(": ", 1)[1].strip()
         pods = cluster.get_json("pods", "-n", ns, "-l", f"trainjob.dev/tensorboard-for={JOB}")
         (pod,) = pods["items"]
@@ -408,7 +415,6 @@ def test_tensorboard_serves_the_finished_jobs_loss_curve_to_a_real_browser(
                 f"{stacks[-8000:]}"
             ) from None
     assert server.returncode == 0, rest
-    assert "Ctrl-C stops it and deletes the Pod." in rest, rest
     assert "Stopped TensorBoard; deleted Pod" in rest, rest
     wait_until(
         lambda: (
