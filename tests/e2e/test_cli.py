@@ -399,7 +399,7 @@ def test_tensorboard_serves_the_finished_jobs_loss_curve_to_a_real_browser(
     finally:
         server.send_signal(signal.SIGINT)
         try:
-            rest, _ = server.communicate(timeout=60)
+            rest, errors = server.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             # Where the command waits is the finding, so its threads' stacks go into the
             # failure. (Found so: the runner had been started with SIGINT ignored, which the
@@ -415,6 +415,7 @@ def test_tensorboard_serves_the_finished_jobs_loss_curve_to_a_real_browser(
                 f"{stacks[-8000:]}"
             ) from None
     assert server.returncode == 0, rest
+    assert "Traceback" not in errors, errors  # the port-forward's threads end quietly too
     assert "Stopped TensorBoard; deleted Pod" in rest, rest
     wait_until(
         lambda: (
