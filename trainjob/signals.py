@@ -11,6 +11,7 @@ stop training when the window closes.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -35,9 +36,9 @@ def how_to_stop(sigint_ignored: bool, pid: int) -> str:
     return "Ctrl-C stops it"
 
 
-def sigint_ignored() -> bool:
-    """Whether this command was started with Ctrl-C ignored."""
-    return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+def stop_hint() -> str:
+    """`how_to_stop` for this process."""
+    return how_to_stop(signal.getsignal(signal.SIGINT) == signal.SIG_IGN, os.getpid())
 
 
 @contextlib.contextmanager

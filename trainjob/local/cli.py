@@ -25,7 +25,7 @@ from trainjob.cliutil import (
 from trainjob.console import outcome, view
 from trainjob.core import spec
 from trainjob.local import board, data, executor, gpus, plan, rundir, runs, supervisor
-from trainjob.signals import how_to_stop, sigint_ignored, stop_signals
+from trainjob.signals import stop_hint, stop_signals
 
 RUN_DESCRIPTION: Final = """\
 Run a TrainJob on this machine: every replica is a process on 127.0.0.1 with the same
@@ -453,8 +453,7 @@ def cmd_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
                     )
                 time.sleep(_POLL_SECONDS)
             streams.out.write(
-                f"TensorBoard for {run_dir} (logs: {logdir}): {url}\n"
-                f"{how_to_stop(sigint_ignored(), os.getpid())}.\n"
+                f"TensorBoard for {run_dir} (logs: {logdir}): {url}\n{stop_hint()}.\n"
             )
             streams.out.flush()
             while (code := server.exit_code()) is None:

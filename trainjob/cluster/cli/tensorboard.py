@@ -15,7 +15,7 @@ from trainjob.cliutil import EXIT_FAILED, EXIT_OK, CliError, Streams
 from trainjob.cluster import board, describe, objects
 from trainjob.cluster.cli.common import connected, load_api_pods
 from trainjob.cluster.errors import ClusterError
-from trainjob.signals import how_to_stop, sigint_ignored, stop_signals
+from trainjob.signals import stop_hint, stop_signals
 
 if TYPE_CHECKING:  # imported when a command runs: it imports the kubernetes package
     from trainjob.cluster import api
@@ -63,7 +63,7 @@ def cmd_cluster_tensorboard(args: argparse.Namespace, streams: Streams) -> int:
                 streams.out.write(
                     f"TensorBoard for {objects.ref_of(job).kind} {cluster.namespace}/"
                     f"{objects.name_of(job)} (Pod {name}): "
-                    f"{url}\n{how_to_stop(sigint_ignored(), os.getpid())} and deletes the Pod.\n"
+                    f"{url}\n{stop_hint()} and deletes the Pod.\n"
                 )
                 streams.out.flush()
                 while True:
