@@ -1,12 +1,14 @@
 """Draws the live table of `trainjob run` and `trainjob attach` on this process's terminal, over
 and over, as those commands do, for tests that run it inside a real terminal multiplexer.
 
-    python -m tests.local.table_driver WORKERS COUNTER [--logs]
+    python -m tests.local.table_driver WORKERS COUNTER [--logs] [--pause FILE]
 
 It redraws through `trainjob.console.terminal.Terminal` (the code both commands share) with the
 terminal's size read at each draw, as they do, until it is killed; after each draw it writes how
 many it has made to the file COUNTER, so a test can wait for the next draws (after a resize, for
 instance) instead of sleeping. With --logs, a log line goes above the table every 5th draw.
+With --pause, it draws nothing while FILE exists, and says so by creating FILE.paused (between
+two whole draws, so a reader that drains the terminal then has every byte drawn so far).
 """
 
 from __future__ import annotations
@@ -31,11 +33,25 @@ def _showing(snapshot: view.Snapshot) -> Callable[[], view.Snapshot]:
     return lambda: snapshot
 
 
+def paused_marker(pause: Path) -> Path:
+    return pause.with_suffix(".paused")
+
+
+def _wait_while_paused(pause: Path) -> None:
+    if not pause.exists():
+        return
+    paused_marker(pause).touch()
+    while pause.exists():
+        time.sleep(PACE_S)
+    paused_marker(pause).unlink()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("workers", type=int)
     parser.add_argument("counter", type=Path)
     parser.add_argument("--logs", action="store_true")
+    parser.add_argument("--pause", type=Path)
     args = parser.parse_args()
     job = spec.parse(
         {
@@ -57,6 +73,8 @@ def main() -> None:
     out = terminal.Terminal(sys.stdout, tty=True, color=False)
     frame = 0
     while True:
+        if args.pause is not None:
+            _wait_while_paused(args.pause)
         frame += 1
         progress = {key: ReplicaProgress(epoch=2, step=frame, loss=0.5) for key in keys}
         if args.logs and frame % 5 == 0:

@@ -41,6 +41,7 @@ DRAWS = 40  # redraws watched at each size: one leak per redraw would add 40 cop
 # Queued or running, 32 workers do not fit in 30 rows: the table is cut to 29 and starts on
 # the top row of a fresh window.
 WORKERS = 32
+QUIET_S = 0.3  # no byte to read for this long, from a paused driver: all it drew has been read
 RESIZES = [(60, 30), (100, 12), (100, 30), (200, 40)]  # narrower, shorter, back, bigger
 
 
@@ -242,13 +243,20 @@ def test_gnu_screen_redraws_leave_nothing_in_the_scrollback(tmp_path: Path) -> N
 
 
 def test_an_xterm_like_terminal_keeps_one_table_and_no_scrollback(tmp_path: Path) -> None:
-    """pyte (a VT100/xterm emulator with a scrollback), on a pseudo-terminal."""
+    """pyte (a VT100/xterm emulator with a scrollback), on a pseudo-terminal.
+
+    pyte reads a table more slowly than the driver draws one (about 20 ms each on 2 cores), so
+    tables drawn for the old size queue in the pseudo-terminal; fed after the resize, their
+    wider lines would wrap and scroll, which says nothing about a redraw. So the driver pauses
+    between two whole tables, everything it drew is fed, and only then is the window resized,
+    as a terminal that keeps up with its program would be."""
     counter = tmp_path / "draws"
+    pause = tmp_path / "pause"
     columns, rows = 100, 30
     env = {**cli_env(), "PYTHONPATH": str(REPO_ROOT), "TERM": "xterm"}
     child = pexpect.spawn(
         sys.executable,
-        _driver_command(counter)[1:],
+        _driver_command(counter, "--pause", str(pause))[1:],
         cwd=str(REPO_ROOT),
         env=env,
         dimensions=(rows, columns),
@@ -256,26 +264,40 @@ def test_an_xterm_like_terminal_keeps_one_table_and_no_scrollback(tmp_path: Path
     screen = pyte.HistoryScreen(columns, rows, history=5000)
     stream = pyte.ByteStream(screen)
 
-    def feed_until(target: int) -> None:
+    def feed_until(done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + DEADLINE_S
-        while _draws(counter) < target:
-            assert time.monotonic() < deadline, f"fewer than {target} draws in {DEADLINE_S}s"
+        while not done():
+            assert time.monotonic() < deadline, f"{what} within {DEADLINE_S}s"
             with contextlib.suppress(pexpect.TIMEOUT):
                 stream.feed(child.read_nonblocking(65536, timeout=0.1))
 
+    def feed_draws(more: int) -> None:
+        target = _draws(counter) + more
+        feed_until(lambda: _draws(counter) >= target, f"{more} more draws")
+
+    def feed_all_drawn() -> None:
+        """Pause the driver (fed meanwhile: a full pseudo-terminal would block its write),
+        then feed until the pseudo-terminal has nothing more to read."""
+        pause.touch()
+        feed_until(table_driver.paused_marker(pause).exists, "the driver paused")
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            assert time.monotonic() < deadline, f"the terminal still busy after {DEADLINE_S}s"
+            try:
+                stream.feed(child.read_nonblocking(65536, timeout=QUIET_S))
+            except pexpect.TIMEOUT:
+                return  # the driver is paused: nothing more is on its way
+
     try:
-        feed_until(3 + DRAWS)
+        feed_draws(3 + DRAWS)
         for next_columns, next_rows in [(columns, rows), *RESIZES]:
             if (next_columns, next_rows) != (columns, rows):
-                # pyte does not re-wrap on a resize (xterm does not either): feed what was
-                # drawn for the old size first, as a real terminal would have shown it.
-                feed_until(_draws(counter) + 1)
-                with contextlib.suppress(pexpect.TIMEOUT):
-                    stream.feed(child.read_nonblocking(65536, timeout=0.1))
+                feed_all_drawn()
                 child.setwinsize(next_rows, next_columns)
                 screen.resize(next_rows, next_columns)
                 columns, rows = next_columns, next_rows
-            feed_until(_draws(counter) + DRAWS)
+                pause.unlink()
+            feed_draws(DRAWS)
             shown = [line.rstrip() for line in screen.display]
             assert len(screen.history.top) == 0, f"scrollback at {columns}x{rows}"
             assert _tables(shown) == 1, "\n".join(shown)
