@@ -14,6 +14,9 @@ import signal
 
 import pytest
 
+# Each test's tier and time, for the table `bash tests/run` ends with (TRAINJOB_TIMINGS).
+pytest_plugins = ["tests.support.timing"]
+
 TIERS = ("unit", "integration", "training", "local", "e2e")
 E2E_ENV = "TRAINJOB_E2E"
 

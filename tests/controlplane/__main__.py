@@ -11,6 +11,10 @@ Prints the KUBECONFIG path (and an ``export`` line), then waits. Options:
 (root; the runtime and operator images loaded, Kueue and scheduler-plugins installed) until
 Ctrl-C, which deletes it with everything it made.
 
+``python -m tests.controlplane kind-start``: start that kind cluster for the e2e tier and leave it
+running (the e2e session adopts it, and deletes it when done): ``bash tests/run`` starts it
+beside the other tiers. ``kind-stop`` deletes it, with everything it made.
+
 ``python -m tests.controlplane import-images``: import the images of images/build.sh into the
 real node's containerd root ahead of its start (`bash tests/run` runs it beside the tiers
 before e2e).
@@ -57,9 +61,25 @@ def main(argv: list[str] | None = None) -> int:
         help="import the images into the real node's containerd root ahead of its start "
         "(root; nothing while the node runs)",
     )
+    sub.add_parser(
+        "kind-start",
+        help="start the e2e tier's kind cluster and leave it running for the tier to adopt",
+    )
+    sub.add_parser("kind-stop", help="delete the kind cluster and everything it made")
     args = parser.parse_args(argv)
     if args.command == "import-images":
         return _import_images()
+    if args.command == "kind-start":
+        return _start_kind()
+    if args.command == "kind-stop":
+        from tests.controlplane.kind import clean_up, leftovers
+
+        clean_up()
+        found = leftovers()
+        if found:
+            print("error: the kind cluster left behind: " + "; ".join(found), file=sys.stderr)
+            return 1
+        return 0
     if args.node:
         return _up_node(args.workdir)
     if args.kind:
@@ -147,6 +167,34 @@ def _up_node(workdir: Path | None) -> int:
         return 1
     finally:
         print("stopped", flush=True)
+
+
+def _start_kind() -> int:
+    from tests.controlplane.e2e_cluster import KIND_IMAGES, KIND_ONE_WORKER_IMAGES
+    from tests.controlplane.kind import start_kind
+
+    started = time.monotonic()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt  # start_kind removes what it made on the way out
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        start_kind(KIND_IMAGES, KIND_ONE_WORKER_IMAGES)
+    except (
+        ToolsMissingError,
+        ControlPlaneError,
+        subprocess.SubprocessError,
+        AssertionError,
+    ) as exc:
+        # AssertionError: a wait's deadline (tests.support.waits)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("kind: start stopped, cluster removed", file=sys.stderr)
+        return 130
+    print(f"kind cluster ready for the e2e tier in {time.monotonic() - started:.0f}s", flush=True)
+    return 0
 
 
 def _up_kind() -> int:

@@ -21,10 +21,12 @@ Two kinds of cluster, chosen by ``TRAINJOB_E2E_CLUSTER``:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,9 @@ if TYPE_CHECKING:  # the node's control plane is imported only where a node runs
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 CLUSTER_ENV: Final = "TRAINJOB_E2E_CLUSTER"
+# Set by `bash tests/run`: the kind cluster was started before the e2e sessions, which share it
+# and leave it running (kind.running_kind's `keep`); tests/run deletes it after the last.
+KIND_KEEP_ENV: Final = "TRAINJOB_KIND_KEEP"
 PROGRESS_PREFIX: Final = "TRAINJOB_PROGRESS "
 RESTRICTED: Final = "pod-security.kubernetes.io/enforce=restricted"
 CHART: Final = REPO_ROOT / "helm" / "trainjob-operator"
@@ -44,6 +49,7 @@ OPERATOR_NAMESPACE: Final = "trainjob-system"
 RELEASE: Final = "trainjob"
 OPERATOR_DEPLOYMENT: Final = "deployment/trainjob-trainjob-operator"
 CHECKPOINT_CLAIM: Final = "trainjob-checkpoints"
+HELM_LOCK: Final = Path(tempfile.gettempdir()) / "trainjob-e2e-helm.lock"
 
 T = TypeVar("T")
 
@@ -153,20 +159,24 @@ def create_namespace(cluster: Cluster, name: str) -> None:
 
 
 def install_operator(cluster: Cluster, repository: str, tag: str) -> None:
-    """``helm upgrade --install`` the chart into its restricted namespace; waits until Ready."""
-    create_namespace(cluster, OPERATOR_NAMESPACE)
-    cluster.helm(
-        "upgrade",
-        "--install",
-        RELEASE,
-        CHART,
-        f"--namespace={OPERATOR_NAMESPACE}",
-        f"--set=image.repository={repository}",
-        f"--set=image.tag={tag}",
-        "--set=image.pullPolicy=IfNotPresent",
-        "--wait",
-        "--timeout=5m",
-    )
+    """``helm upgrade --install`` the chart into its restricted namespace; waits until Ready.
+    The e2e sessions' workers that share a cluster install one after the other (Helm refuses
+    a second operation on a release while one is in progress)."""
+    with open(HELM_LOCK, "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        create_namespace(cluster, OPERATOR_NAMESPACE)
+        cluster.helm(
+            "upgrade",
+            "--install",
+            RELEASE,
+            CHART,
+            f"--namespace={OPERATOR_NAMESPACE}",
+            f"--set=image.repository={repository}",
+            f"--set=image.tag={tag}",
+            "--set=image.pullPolicy=IfNotPresent",
+            "--wait",
+            "--timeout=5m",
+        )
 
 
 def create_job_namespace(cluster: Cluster, name: str) -> None:
@@ -239,7 +249,8 @@ def open_cluster(workdir: Path | None = None) -> Iterator[Cluster]:
         from tests.controlplane.kind import IMAGE_WORKER, running_kind
         from tests.controlplane.node import image_refs
 
-        with running_kind(KIND_IMAGES, KIND_ONE_WORKER_IMAGES) as kind:
+        keep = os.environ.get(KIND_KEEP_ENV, "") == "1"
+        with running_kind(KIND_IMAGES, KIND_ONE_WORKER_IMAGES, keep=keep) as kind:
             pinned = dict.fromkeys(image_refs(KIND_ONE_WORKER_IMAGES), IMAGE_WORKER)
             yield Cluster(
                 "kind", str(kind.tools.kubectl), str(kind.tools.helm), kind.env, image_nodes=pinned

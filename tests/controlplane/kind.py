@@ -669,13 +669,20 @@ def leftovers() -> list[str]:
     return found
 
 
-@contextlib.contextmanager
-def running_kind(
-    images: Sequence[str] = (), one_worker_images: Sequence[str] = ()
-) -> Iterator[KindCluster]:
+READY: Final = STATE_DIR / "ready"  # written last by start_kind: what the cluster holds
+
+
+def ready_marker(images: Sequence[str], one_worker_images: Sequence[str]) -> str:
+    """What a started cluster's READY file says: the images it was given, so that a run that
+    adopts it knows it holds what that run needs."""
+    return json.dumps({"images": list(images), "one_worker_images": list(one_worker_images)})
+
+
+def start_kind(images: Sequence[str] = (), one_worker_images: Sequence[str] = ()) -> KindCluster:
     """A 3-node kind cluster with `images` loaded into both workers and `one_worker_images`
-    into IMAGE_WORKER only; deleted on exit, with everything it made (also when starting
-    fails half-way)."""
+    into IMAGE_WORKER only, Kueue and the gang scheduler installed; left running, with READY
+    written last. Starting it removes what a killed run left; a failed start removes what it
+    made."""
     cluster = KindCluster(KindTools.locate().require())
     try:
         try:
@@ -698,6 +705,58 @@ def running_kind(
             cluster.install_gang_scheduler()
             cluster.install_kueue()
             loading.result()
+    except BaseException:
+        cluster.stop()
+        raise
+    READY.write_text(ready_marker(images, one_worker_images), encoding="utf-8")
+    return cluster
+
+
+def started_earlier(images: Sequence[str], one_worker_images: Sequence[str]) -> KindCluster | None:
+    """The cluster `start_kind` left running with these images (``python -m tests.controlplane
+    kind-start``, which ``bash tests/run`` starts beside the other tiers), if its dockerd still
+    runs and its nodes answer; else None."""
+    try:
+        marker = READY.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    pid = _dockerd_pid()
+    if marker != ready_marker(images, one_worker_images) or pid is None or not _alive(pid):
+        return None
+    cluster = KindCluster(KindTools.locate().require())
+    try:
+        cluster.kubectl("get", "nodes", timeout=30)
+    except (ControlPlaneError, subprocess.SubprocessError):
+        return None
+    return cluster
+
+
+@contextlib.contextmanager
+def running_kind(
+    images: Sequence[str] = (), one_worker_images: Sequence[str] = (), *, keep: bool = False
+) -> Iterator[KindCluster]:
+    """A 3-node kind cluster with `images` loaded into both workers and `one_worker_images`
+    into IMAGE_WORKER only: the one started earlier for these images (started_earlier), else
+    a new one; deleted on exit, with everything it made (also when starting fails half-way).
+
+    With `keep`, the cluster must have been started earlier and is left running on exit: the
+    e2e tier's sessions share it (``bash tests/run`` runs the tests that may run side by side
+    in one session of several workers, then the others in a second) and ``python -m
+    tests.controlplane kind-stop`` deletes it after the last."""
+    cluster = started_earlier(images, one_worker_images)
+    if keep:
+        if cluster is None:
+            raise ControlPlaneError(
+                "no kind cluster started earlier for the e2e tier's images: start one with "
+                "`python -m tests.controlplane kind-start` (root)"
+            )
+        yield cluster
+        return
+    if cluster is not None:
+        print("kind cluster: the one started beside the other tiers")
+    else:
+        cluster = start_kind(images, one_worker_images)
+    try:
         yield cluster
     finally:
         cluster.stop()

@@ -45,7 +45,8 @@ from tests.controlplane.e2e_cluster import (
 )
 from tests.e2e.conftest import IMAGE_TAG
 
-pytestmark = pytest.mark.e2e
+# alone: its fixtures upgrade the shared operator (TFJob mode, gang scheduling)
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]
 
 DRIVER: Final = REPO_ROOT / "tests" / "support" / "kubeflow_sdk_driver.py"
 UPSTREAM_JOB: Final = "tfjob-mnist-ci-test"

@@ -31,7 +31,8 @@ from tests.controlplane.e2e_cluster import (
 from tests.e2e.test_trainjob import JOB_TIMEOUT, example
 
 # On kind, Kueue is installed in the cluster with its own chart (tests/controlplane/kind.py).
-pytestmark = [pytest.mark.e2e, pytest.mark.kind]
+# alone: the operator follows Kueue (a Helm upgrade), and the queues fill both nodes
+pytestmark = [pytest.mark.e2e, pytest.mark.kind, pytest.mark.alone]
 
 QUEUE: Final = "team-queue"
 # Each job's two workers request half a CPU each: the ClusterQueue fits one job at a time.

@@ -20,7 +20,8 @@ from tests.controlplane.e2e_cluster import OPERATOR_NAMESPACE, Cluster, wait_unt
 from tests.e2e.test_kubeflow_sdk import helm_upgrade, require_gang_scheduler
 from tests.e2e.test_trainjob import JOB_TIMEOUT, example
 
-pytestmark = [pytest.mark.e2e, pytest.mark.kind]
+# alone: placement over both nodes needs their free capacity; the gang test upgrades the operator
+pytestmark = [pytest.mark.e2e, pytest.mark.kind, pytest.mark.alone]
 
 HOSTNAME: Final = "kubernetes.io/hostname"
 # What a cloud does once a node's machine is gone: it deletes the Node (the cloud node

@@ -1,0 +1,31 @@
+"""The one place that says how long a single test may take, and which tests may take longer.
+
+``bash tests/run`` ends with a table of where the time went (tests/support/timing.py) and
+fails when a test took longer than ``TEST_BUDGET_SECONDS`` without being listed below with
+the reason it needs the time. The budget is for the slowest machine CI has run on (about 1.75
+times this project's usual machine), with the tiers running side by side: a test that needs
+more is either made cheaper or listed here, so that CI's length is a decision, not a drift.
+
+Keys are pytest node ids without parameters (``path::function``): every parameter of a listed
+test is covered. tests/unit/test_budgets.py checks that each key names a test that exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+TEST_BUDGET_SECONDS: Final = 150.0
+
+SLOW_TESTS: Final[Mapping[str, str]] = {
+    "tests/e2e/test_multinode.py"
+    "::test_lost_node_names_the_cause_and_the_job_resumes_on_the_other_node": (
+        "a node is stopped for real: the node controller's grace period (40 s) and the Pods' "
+        "eviction pass before the replica is recreated elsewhere and resumes"
+    ),
+}
+
+
+def listed_reason(nodeid: str, listed: Mapping[str, str]) -> str | None:
+    """The reason `listed` gives for the test `nodeid` (its parameters ignored), or None."""
+    return listed.get(nodeid.partition("[")[0])

@@ -1,0 +1,184 @@
+"""Where the test run's time went: each test's tier, wall-clock span and outcome, one JSON line
+per test, and the table ``bash tests/run`` prints at its end from those lines.
+
+The plugin (tests/conftest.py loads it) writes only when ``TRAINJOB_TIMINGS`` names a file. It
+records in the process that runs the test, so under pytest-xdist every worker appends its own
+lines (each line is one ``write`` to a file opened for appending: whole lines, never mixed) and
+the controller writes none. A tier's wall time is the span from its first test's start to its
+last test's end, which is what a tier costs when its tests run side by side; the sum of its
+tests' durations says how much work that span held.
+
+``python -m tests.support.timing report FILE [PHASES]`` prints the table; PHASES is the file in
+which ``tests/run`` wrote one ``name seconds`` line per phase (set-up, each pytest session).
+It exits 1 when a test took longer than the budget (tests/budgets.py) and is not listed there
+with its reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from tests import budgets
+
+TIMINGS_ENV: Final = "TRAINJOB_TIMINGS"
+TIERS: Final = ("unit", "integration", "training", "local", "e2e")
+SLOWEST: Final = 10
+
+_outcomes: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class TestTiming:
+    nodeid: str
+    tier: str
+    outcome: str
+    start: float  # seconds since the epoch: comparable across xdist workers
+    seconds: float  # set-up, call and tear-down
+
+
+def tier_of(item: pytest.Item) -> str:
+    for tier in TIERS:
+        if item.get_closest_marker(tier) is not None:
+            return tier
+    return "other"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """The worst phase outcome of each test run in this process (failed beats passed)."""
+    if report.failed:
+        _outcomes[report.nodeid] = "failed"
+    elif report.skipped:
+        _outcomes.setdefault(report.nodeid, "skipped")
+    elif report.when == "call":
+        _outcomes.setdefault(report.nodeid, "passed")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    target = os.environ.get(TIMINGS_ENV)
+    started, clock = time.time(), time.monotonic()
+    try:
+        return (yield)
+    finally:
+        if target:
+            record = TestTiming(
+                nodeid=item.nodeid,
+                tier=tier_of(item),
+                outcome=_outcomes.get(item.nodeid, "passed"),
+                start=started,
+                seconds=round(time.monotonic() - clock, 3),
+            )
+            line = json.dumps(record.__dict__) + "\n"
+            # one write of one line to a file opened for appending (O_APPEND)
+            with open(target, "a", encoding="utf-8") as out:
+                out.write(line)
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def read_timings(lines: Iterable[str]) -> list[TestTiming]:
+    found = []
+    for line in lines:
+        if line.strip():
+            found.append(TestTiming(**json.loads(line)))
+    return found
+
+
+@dataclass(frozen=True)
+class TierFigures:
+    tier: str
+    tests: int
+    wall: float
+    work: float
+
+
+def tier_figures(timings: Sequence[TestTiming]) -> list[TierFigures]:
+    figures = []
+    for tier in (*TIERS, "other"):
+        mine = [t for t in timings if t.tier == tier]
+        if mine:
+            wall = max(t.start + t.seconds for t in mine) - min(t.start for t in mine)
+            figures.append(TierFigures(tier, len(mine), wall, sum(t.seconds for t in mine)))
+    return figures
+
+
+def over_budget(timings: Sequence[TestTiming], budget: float) -> list[TestTiming]:
+    """Tests slower than `budget` seconds that tests/budgets.py does not list."""
+    return [
+        t
+        for t in timings
+        if t.seconds > budget and budgets.listed_reason(t.nodeid, budgets.SLOW_TESTS) is None
+    ]
+
+
+def minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
+def report(timings: Sequence[TestTiming], phases: Sequence[tuple[str, float]]) -> str:
+    rows = ["", "== where the time went =="]
+    if phases:
+        rows.append(f"{'phase':<34}{'wall':>8}")
+        rows += [f"{name:<34}{minutes(seconds):>8}" for name, seconds in phases]
+        rows.append("")
+    rows.append(f"{'tier':<14}{'tests':>7}{'wall':>9}{'test time':>11}")
+    for fig in tier_figures(timings):
+        rows.append(f"{fig.tier:<14}{fig.tests:>7}{minutes(fig.wall):>9}{minutes(fig.work):>11}")
+    rows.append("")
+    rows.append(f"the {SLOWEST} slowest tests:")
+    for t in sorted(timings, key=lambda t: -t.seconds)[:SLOWEST]:
+        rows.append(f"{t.seconds:>8.1f}s  {t.tier:<12}{t.nodeid}")
+    failed = [t for t in timings if t.outcome == "failed"]
+    if failed:
+        rows.append(f"{len(failed)} failed")
+    return "\n".join(rows)
+
+
+def read_phases(path: Path | None) -> list[tuple[str, float]]:
+    if path is None or not path.exists():
+        return []
+    phases = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        name, _, seconds = line.rpartition(" ")
+        if name:
+            phases.append((name, float(seconds)))
+    return phases
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.support.timing")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("report", help="print where the time went; 1 if over budget")
+    rep.add_argument("timings", type=Path)
+    rep.add_argument("phases", type=Path, nargs="?")
+    args = parser.parse_args(argv)
+    timings = read_timings(
+        args.timings.read_text(encoding="utf-8").splitlines() if args.timings.exists() else []
+    )
+    print(report(timings, read_phases(args.phases)))
+    late = over_budget(timings, budgets.TEST_BUDGET_SECONDS)
+    if late:
+        print(
+            f"\n{len(late)} test(s) took longer than the budget of "
+            f"{budgets.TEST_BUDGET_SECONDS:.0f}s (tests/budgets.py): make them cheaper, or "
+            "list them there with the reason they need the time:"
+        )
+        for t in late:
+            print(f"  {t.seconds:.1f}s  {t.nodeid}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

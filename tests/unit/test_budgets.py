@@ -1,0 +1,67 @@
+"""The slow-test list (tests/budgets.py) names tests that exist, and the report of
+tests/support/timing.py adds up tiers and catches a test over budget."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests import budgets
+from tests.support import timing
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_listed_slow_test_exists_and_says_why() -> None:
+    for nodeid, reason in budgets.SLOW_TESTS.items():
+        path, _, function = nodeid.partition("::")
+        source = REPO / path
+        assert source.is_file(), f"tests/budgets.py lists {nodeid}: no file {path}"
+        names = {
+            node.name
+            for node in ast.walk(ast.parse(source.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef)
+        }
+        assert function in names, f"tests/budgets.py lists {nodeid}: no such test"
+        assert len(reason.split()) >= 5, f"{nodeid}: say why it needs the time"
+
+
+def timing_of(nodeid: str, tier: str, start: float, seconds: float) -> timing.TestTiming:
+    return timing.TestTiming(nodeid, tier, "passed", start, seconds)
+
+
+def test_a_tier_wall_time_is_the_span_of_its_tests_run_side_by_side() -> None:
+    timings = [
+        timing_of("a", "integration", 100.0, 30.0),
+        timing_of("b", "integration", 110.0, 40.0),  # beside a: ends at 150
+        timing_of("c", "unit", 0.0, 5.0),
+    ]
+    figures = {f.tier: f for f in timing.tier_figures(timings)}
+    assert figures["integration"].wall == 50.0
+    assert figures["integration"].work == 70.0
+    assert figures["unit"].tests == 1
+
+
+def test_a_test_over_budget_is_caught_unless_listed_with_its_parameters_ignored() -> None:
+    listed = next(iter(budgets.SLOW_TESTS))
+    budget = budgets.TEST_BUDGET_SECONDS
+    timings = [
+        timing_of("tests/unit/test_x.py::test_slow", "unit", 0.0, budget + 1),
+        timing_of(f"{listed}[param]", "e2e", 0.0, budget + 1),
+        timing_of("tests/unit/test_x.py::test_fast", "unit", 0.0, budget - 1),
+    ]
+    late = timing.over_budget(timings, budget)
+    assert [t.nodeid for t in late] == ["tests/unit/test_x.py::test_slow"]
+
+
+def test_the_report_reads_back_what_the_plugin_wrote(tmp_path: Path) -> None:
+    lines = [
+        '{"nodeid": "t::a", "tier": "unit", "outcome": "passed", "start": 1.0, "seconds": 2.0}',
+        '{"nodeid": "t::b", "tier": "e2e", "outcome": "failed", "start": 1.0, "seconds": 9.0}',
+    ]
+    phases = tmp_path / "phases"
+    phases.write_text("set-up (tools, images) 65\ne2e tier 600.5\n", encoding="utf-8")
+    text = timing.report(timing.read_timings(lines), timing.read_phases(phases))
+    assert "set-up (tools, images)" in text and "10:00" in text
+    assert text.index("t::b") < text.index("t::a")  # slowest first
+    assert "1 failed" in text
