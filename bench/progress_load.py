@@ -111,6 +111,10 @@ class Visibility:
         self._api = api
         self._lock = threading.Lock()
         self._sent: dict[str, list[tuple[int, float]]] = {}
+        # The newest step status showed for each job, and when: a report whose 202 reaches its
+        # sender after the watch already showed its step (the sender's thread was not
+        # scheduled in between, as on a loaded machine) is matched when it is recorded.
+        self._shown: dict[str, tuple[int, float]] = {}
         self.latencies: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -123,7 +127,11 @@ class Visibility:
 
     def sent(self, job: str, step: int, at: float) -> None:
         with self._lock:
-            self._sent.setdefault(job, []).append((step, at))
+            shown_step, shown_at = self._shown.get(job, (0, 0.0))
+            if shown_step >= step:
+                self.latencies.append(shown_at - at)
+            else:
+                self._sent.setdefault(job, []).append((step, at))
 
     def pending(self) -> int:
         with self._lock:
@@ -136,6 +144,8 @@ class Visibility:
 
     def _seen(self, job: str, step: int, at: float) -> None:
         with self._lock:
+            if step > self._shown.get(job, (0, 0.0))[0]:
+                self._shown[job] = (step, at)
             waiting = self._sent.get(job)
             if not waiting:
                 return
