@@ -15,13 +15,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-TEST_BUDGET_SECONDS: Final = 150.0
+TEST_BUDGET_SECONDS: Final = 180.0
 
 SLOW_TESTS: Final[Mapping[str, str]] = {
     "tests/e2e/test_multinode.py"
     "::test_lost_node_names_the_cause_and_the_job_resumes_on_the_other_node": (
         "a node is stopped for real: the node controller's grace period (40 s) and the Pods' "
         "eviction pass before the replica is recreated elsewhere and resumes"
+    ),
+    "tests/training/test_gpu_check_smoke.py"
+    "::test_allow_cpu_runs_the_whole_flow_and_writes_its_figures": (
+        "bench/gpu_check.py's whole flow: six groups of TensorFlow processes one after another "
+        "(preflight, fallback, the runtime and plain tf-keras on 1 and 2 workers); 148 s on 2 "
+        "loaded cores"
     ),
 }
 

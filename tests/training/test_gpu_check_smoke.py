@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import training_harness as harness
 
-pytestmark = [pytest.mark.training, pytest.mark.timeout(240)]
+# Six TensorFlow process groups one after another: on 2 loaded cores (the tiers run side by
+# side) the flow took 138 s here; the limits leave room for a slower machine.
+pytestmark = [pytest.mark.training, pytest.mark.timeout(480)]
 
 SCRIPT = harness.REPO_ROOT / "bench" / "gpu_check.py"
 
@@ -42,7 +44,7 @@ def test_allow_cpu_runs_the_whole_flow_and_writes_its_figures(
         f"--data-dir={mnist_data_dir}",
         f"--out={tmp_path / 'out'}",
         f"--json={report}",
-        timeout=200,
+        timeout=420,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "CPU: not a GPU measurement" in done.stdout
