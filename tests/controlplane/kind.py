@@ -1,8 +1,8 @@
 """A real kind cluster on this machine, without a registry: 1 control-plane + 2 workers.
 
 kind (sigs.k8s.io/kind, built by ``install.sh --kind``) drives Docker; everything it needs
-that a registry would give is made here (../shared/research/kind-offline.md has the why of
-each piece):
+that a registry would give is made here (the why of each piece is below, from kind's own
+sources, sigs.k8s.io/kind):
 
 - **dockerd** (Debian's docker.io) runs in a network namespace of its own (``trainjob-kind``),
   so its bridges, NAT and FORWARD policy never touch the host's firewall, which the node tier

@@ -11,7 +11,7 @@ schema prunes unknown fields, so it is kept in one annotation on the TFJob
 What a TFJob's children look like (the Kubeflow profile): the same `<job>-<type>-<index>`
 names, the five `training.kubeflow.org/*` labels (`kubeflow_labels`) beside ours, a controller
 ownerReference to the TFJob, TF_CONFIG only in the `tensorflow` container and none for a
-single replica. Facts: ../shared/research/tfjob-dropin.md §1.
+single replica. Facts: Kubeflow training-operator v1.9.4, pkg/controller.v1/tensorflow.
 """
 
 from __future__ import annotations

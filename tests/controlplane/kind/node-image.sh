@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The kind node image, assembled here without a registry (`kind build node-image` cannot work
-# offline: every mode downloads from dl.k8s.io or a registry; ../shared/research/kind-offline.md).
+# offline: every mode downloads from dl.k8s.io or a registry; kind's pkg/build/nodeimage).
 # It follows kind's own base image (images/base/Dockerfile in the kind module) step by step:
 #   - a Debian bookworm rootfs from debootstrap with the packages kind's base installs, and
 #     Debian's containerd, runc and CNI plugins in place of kind's source builds;
