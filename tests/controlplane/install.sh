@@ -21,6 +21,9 @@
 #                         the module's own command (netpol) and install.yaml for kind's nodes
 #   katib-trial-status    Katib's reading of a trial's TFJob status (wrapper module
 #                         tests/controlplane/katib)
+#   trainer  Kubeflow Trainer v2's CRDs (its own TrainJob kind) and torch runtime, and the JobSet
+#          CRD, copied from the Trainer and JobSet modules at the versions Kueue is built against
+#          (Kueue's wrapper module; tests/controlplane/trainer.py)
 # and, with --kind, the parts of a kind cluster (tests/controlplane/kind.py):
 #   kind                  go install sigs.k8s.io/kind (its module also holds the node's base files)
 #   kubeadm               from the same k8s.io/kubernetes module and version as the control plane
@@ -66,6 +69,7 @@ KUEUE_VERSION="$(modversion "$HERE/kueue/go.mod" sigs.k8s.io/kueue)"
 PLUGINS_VERSION="$(modversion "$HERE/scheduler-plugins/go.mod" sigs.k8s.io/scheduler-plugins)"
 NETPOL_VERSION="$(modversion "$HERE/network-policies/go.mod" sigs.k8s.io/kube-network-policies)"
 KATIB_VERSION="$(modversion "$HERE/katib/go.mod" github.com/kubeflow/katib)"
+TRAINER_VERSION="$(modversion "$HERE/kueue/go.mod" github.com/kubeflow/trainer/v2)"
 NODE=""
 KIND=""
 PACKAGES_ONLY=""
@@ -99,13 +103,13 @@ SUMMARY=()
 BUILDING=""  # the temp folder of the build in progress, removed if the script fails
 trap '[[ -z "$BUILDING" ]] || rm -rf "$BUILDING"' EXIT
 
-# have DIR BIN... : true when DIR holds every listed executable
+# have DIR BIN... : true when DIR holds every listed executable (a listed .yaml: that file)
 have() {
     local dir="$1"
     shift
     local b
     for b in "$@"; do
-        [[ -x "$dir/$b" ]] || return 1
+        [[ -x "$dir/$b" || ("$b" == *.yaml && -f "$dir/$b") ]] || return 1
     done
 }
 
@@ -318,6 +322,21 @@ build_katib() {
     (cd "$HERE/katib" && "$GO" build -trimpath -ldflags "-s -w" -o "$out/katib-trial-status" .)
 }
 
+# Kubeflow Trainer v2's CRDs and its torch runtime (nothing is built: its controller is not
+# needed to see that our TrainJob and its TrainJob live side by side), and the JobSet CRD that
+# Kueue's trainer.kubeflow.org/trainjob integration watches: both at the versions Kueue's
+# integration is built against, so that what Kueue writes on Trainer's jobs fits their schema.
+build_trainer() {
+    local out="$1" _version="$2" src
+    src="$(cd "$HERE/kueue" && "$GO" list -m -f '{{.Dir}}' github.com/kubeflow/trainer/v2)"
+    mkdir -p "$out/crds"
+    cp "$src"/manifests/base/crds/trainer.kubeflow.org_*.yaml "$out/crds/"
+    cp "$src/manifests/base/runtimes/torch_distributed.yaml" "$out/"
+    src="$(cd "$HERE/kueue" && "$GO" list -m -f '{{.Dir}}' sigs.k8s.io/jobset)"
+    cp "$src/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" "$out/crds/"
+    chmod -R u+w "$out"
+}
+
 if [[ -n "$PACKAGES_ONLY" ]]; then
     install_node_packages
     echo "==> ${SUMMARY[-1]}"
@@ -332,6 +351,8 @@ build_into kubernetes "$K8S_VERSION" build_kubernetes kube-apiserver kube-contro
 build_into kueue "$KUEUE_VERSION" build_kueue kueue
 build_into scheduler-plugins "$PLUGINS_VERSION" build_scheduler_plugins scheduler controller
 build_into katib "$KATIB_VERSION" build_katib katib-trial-status
+build_into trainer "$TRAINER_VERSION" build_trainer crds/trainer.kubeflow.org_trainjobs.yaml \
+    crds/jobset.x-k8s.io_jobsets.yaml torch_distributed.yaml
 if [[ -n "$NODE" ]]; then
     install_node_packages
     build_into node "$K8S_VERSION-coredns-$COREDNS_VERSION" build_node kubelet kube-proxy coredns pause

@@ -22,6 +22,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from tests.controlplane import trainer
 from tests.controlplane.cluster import Component, ControlPlane, ControlPlaneError
 from tests.controlplane.gang import GangScheduler, start_gang_scheduler
 from tests.controlplane.kueue import EXTERNAL_FRAMEWORK, KUEUE_GROUP, Kueue, start_kueue
@@ -64,8 +65,16 @@ def started_control_plane(
 
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
-    """The session's control plane, with crds/ applied and Established."""
-    yield from started_control_plane()
+    """The session's control plane, with crds/ applied and Established, and Kubeflow
+    Trainer's CRDs and torch runtime beside them: every test here runs with both TrainJob
+    kinds served, as on a cluster that also runs Trainer (test_trainer_coexistence.py)."""
+    for plane in started_control_plane():
+        try:
+            plane.apply_crds(trainer.crd_files())
+            plane.kubectl("apply", "--server-side", "-f", trainer.runtime_file())
+        except (ControlPlaneError, ToolsMissingError) as exc:
+            pytest.fail(f"Kubeflow Trainer's CRDs were not applied: {exc}", pytrace=False)
+        yield plane
 
 
 @pytest.fixture(scope="session")
@@ -90,8 +99,9 @@ def kueue(control_plane: ControlPlane) -> Iterator[Kueue]:
     # Kueue's own TFJob integration too (kubeflow.org/tfjob, its webhooks), against our
     # operator's --tfjob (test_kueue_tfjob.py): it needs only the TFJob CRD.
     control_plane.apply_crds([TFJOB_CRD])
+    # And its Kubeflow Trainer integration (trainer.kubeflow.org/trainjob), beside ours.
     integrations = {
-        "frameworks": ["batch/job", "kubeflow.org/tfjob"],
+        "frameworks": ["batch/job", "kubeflow.org/tfjob", trainer.KUEUE_FRAMEWORK],
         "externalFrameworks": [EXTERNAL_FRAMEWORK],
     }
     try:
@@ -99,7 +109,7 @@ def kueue(control_plane: ControlPlane) -> Iterator[Kueue]:
             control_plane,
             pods_ready_timeout=f"{KUEUE_PODS_READY_TIMEOUT}s",
             extra_config={"integrations": integrations},
-            webhook_groups=(KUEUE_GROUP, "kubeflow.org"),
+            webhook_groups=(KUEUE_GROUP, "kubeflow.org", trainer.GROUP),
         )
     except (ControlPlaneError, ToolsMissingError) as exc:
         pytest.fail(f"Kueue did not start: {exc}", pytrace=False)
