@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from trainjob.core import constants, quantity
+from trainjob.core import constants, quantity, storage
 from trainjob.core.fieldcheck import Collector, check_template, field_path, type_name
 from trainjob.core.model import (
     CLEAN_POD_POLICIES,
@@ -267,6 +267,9 @@ def _parse_checkpoint(c: Collector, value: object) -> CheckpointSpec | None:
     ckpt_path = c.string(raw.get("path"), f"{path}.path") or constants.DEFAULT_CHECKPOINT_PATH
     claim_name = c.string(raw.get("claimName"), f"{path}.claimName")
     sub_path = c.string(raw.get("subPath"), f"{path}.subPath")
+    url_problem = storage.problem(ckpt_path)
+    if url_problem is not None:
+        c.add(f"{path}.path", url_problem)
     if claim_name is not None and not ckpt_path.startswith("/"):
         c.add(f"{path}.path", f"must be an absolute path when claimName is set, got {ckpt_path!r}")
     if sub_path is not None and claim_name is None:

@@ -21,8 +21,12 @@ RESOURCE_EXHAUSTED       5   TF ran out of memory (retrying the same spec fails 
 NON_FINITE_LOSS          6   the training loss became NaN or +/-Inf (the model diverged: a retry
                              from the checkpoint diverges again); opt out with the config key
                              ``stop_on_nonfinite_loss: false``
+CHECKPOINT_STORAGE       7   the checkpoint store refused: no such bucket, access denied,
+                             credentials missing or wrong (a retry is refused the same way)
 PEER_UNAVAILABLE       190   a peer task is unreachable / the collective group was aborted
 COLLECTIVE_TIMEOUT     191   a collective or RPC passed its deadline
+STORAGE_UNREACHABLE    192   the checkpoint store's endpoint cannot be reached (after the
+                             client's own few bounded retries: it may be back for the next try)
 PREEMPTED              143   SIGTERM (128 + 15, what Kubernetes reports for a TERM'd container)
 =====================  ====  ==========================================================
 """
@@ -45,6 +49,8 @@ class FailureKind(enum.Enum):
     UNSUPPORTED = "Unsupported"
     RESOURCE_EXHAUSTED = "ResourceExhausted"
     NON_FINITE_LOSS = "NonFiniteLoss"
+    CHECKPOINT_STORAGE = "CheckpointStorage"
+    STORAGE_UNREACHABLE = "StorageUnreachable"
     PEER_UNAVAILABLE = "PeerUnavailable"
     COLLECTIVE_TIMEOUT = "CollectiveTimeout"
     PREEMPTED = "Preempted"
@@ -59,8 +65,10 @@ EXIT_CODES: Final[Mapping[FailureKind, int]] = {
     FailureKind.RESOURCE_EXHAUSTED: 5,
     # The core's constant: the policy names a job's failure by it (reason NonFiniteLoss).
     FailureKind.NON_FINITE_LOSS: constants.EXIT_CODE_NON_FINITE_LOSS,
+    FailureKind.CHECKPOINT_STORAGE: 7,
     FailureKind.PEER_UNAVAILABLE: 190,
     FailureKind.COLLECTIVE_TIMEOUT: 191,
+    FailureKind.STORAGE_UNREACHABLE: 192,
     FailureKind.PREEMPTED: 143,
 }
 
@@ -101,6 +109,21 @@ class NonFiniteLossError(ArithmeticError):
 
     Named ``...Error`` so local mode's log reader quotes its line as a failure's cause.
     """
+
+
+class CheckpointStorageError(OSError):
+    """The checkpoint store refused (no such bucket, access denied, bad credentials); maps to
+    ``CHECKPOINT_STORAGE``. Its message is the whole cause, one line, never a secret."""
+
+
+class StorageUnreachableError(CheckpointStorageError):
+    """The checkpoint store's endpoint cannot be reached; maps to ``STORAGE_UNREACHABLE``."""
+
+
+# Failures whose own line says everything: logged without a traceback.
+VERDICTS: Final = frozenset(
+    {FailureKind.NON_FINITE_LOSS, FailureKind.CHECKPOINT_STORAGE, FailureKind.STORAGE_UNREACHABLE}
+)
 
 
 class ConfigError(ValueError):
@@ -166,6 +189,10 @@ def classify_exception(exc: BaseException, *, default: FailureKind) -> FailureKi
     for link in _chain(exc):
         if isinstance(link, NonFiniteLossError):
             return FailureKind.NON_FINITE_LOSS
+        if isinstance(link, StorageUnreachableError):
+            return FailureKind.STORAGE_UNREACHABLE
+        if isinstance(link, CheckpointStorageError):
+            return FailureKind.CHECKPOINT_STORAGE
         if isinstance(link, ConfigError):
             return FailureKind.INVALID_CONFIG
         if isinstance(link, EntrypointError):

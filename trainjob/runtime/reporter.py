@@ -393,7 +393,7 @@ def write_termination_message(env: Mapping[str, str], report: core_progress.Repo
 def exception_line(exc: BaseException) -> str:
     """The line Python prints last for an uncaught `exc` (`ValueError: learning rate must be
     > 0`): the cause a failed job quotes. Notes and later lines of a long message are left out."""
-    if isinstance(exc, exitcodes.NonFiniteLossError):
+    if isinstance(exc, (exitcodes.NonFiniteLossError, exitcodes.CheckpointStorageError)):
         # The runtime's own verdict: its class name says it, its module path is noise.
         return f"{type(exc).__name__}: {exc}"
     lines = traceback.format_exception_only(type(exc), exc)
