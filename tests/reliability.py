@@ -56,7 +56,7 @@ SECTIONS: Final = (
   never exits; a suspended job's first attempt runs until it is resumed; a deleted job's run
   until deleted). Faults at seeded moments over the storm: the operator SIGKILLed and started
   again after 0.2-2 s, kube-apiserver SIGKILLed and restarted on its port, etcd SIGKILLed and
-  restarted on its data, a second operator without peering for 8 s.
+  restarted on its data, a second operator without leader election for 8 s.
 - Invariants checked: every job at its planned end (state, restartCount) or gone with no
   child left; no orphan Pod or Service; never two Pods (UIDs) for one replica and attempt; no
   Pod of an attempt the status never counted; `Restarting` Events == restartCount; one
@@ -73,10 +73,10 @@ SECTIONS: Final = (
   the Events of a decision superseded by a suspend stayed (now withdrawn). Each has a
   deterministic regression test in tests/integration/test_operator_crash_order.py (a kill or
   a SIGSTOP right after a chosen API call).
-- Two operators without peering: both reconcile every job; status writes are conditional on
+- Two operators without leader election: both reconcile every job; status writes are conditional on
   the resourceVersion, creates are idempotent (deterministic names), Events deterministic, so
   the losing writer decides again from a fresh read: no invariant broke in the runs here. It
-  doubles API traffic and is not a supported set-up (use peering, README "High
+  doubles API traffic and is not a supported set-up (use --leader-elect, README "High
   availability").""",
     ),
     Section(

@@ -384,3 +384,8 @@ class ChildIndex:
     def workloads(self, job: JobKey) -> list[ChildWorkload]:
         children: dict[str, ChildWorkload] = self._kinds[WORKLOADS].by_job.get(job, {})
         return list(children.values())
+
+    def all_workloads(self) -> list[tuple[JobKey, Mapping[str, Any]]]:
+        """Every Workload indexed, with its job."""
+        by_job: dict[JobKey, dict[str, ChildWorkload]] = self._kinds[WORKLOADS].by_job
+        return [(job, w.body) for job, kept in by_job.items() for w in kept.values()]

@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from trainjob.core import constants
 from trainjob.core import tfjob as tfjob_core
+from trainjob_operator import leader
 
 GANG_NONE: Final = "none"
 GANG_VOLCANO: Final = "volcano"
@@ -28,7 +30,8 @@ DEFAULT_SCHEDULER_NAMES: Final = {
 }
 
 DEFAULT_METRICS_PORT: Final = 8080
-DEFAULT_PEERING_NAME: Final = "trainjob-operator"
+# The leader Lease's name (controller-runtime's LeaderElectionID).
+DEFAULT_LEADER_ELECTION_ID: Final = "trainjob-operator"
 DEFAULT_RESYNC_SECONDS: Final = 600.0
 DEFAULT_API_WORKERS: Final = 16
 DEFAULT_SERVE_DEADLINE: Final = 60.0
@@ -44,9 +47,21 @@ ENV_METRICS_PORT: Final = "TRAINJOB_METRICS_PORT"
 ENV_LIVENESS: Final = "TRAINJOB_LIVENESS_ENDPOINT"
 ENV_GANG_SCHEDULER: Final = "TRAINJOB_GANG_SCHEDULER"
 ENV_SCHEDULER_NAME: Final = "TRAINJOB_SCHEDULER_NAME"
-ENV_PEERING: Final = "TRAINJOB_PEERING"
-ENV_PRIORITY: Final = "TRAINJOB_PRIORITY"
-ENV_STANDALONE: Final = "TRAINJOB_STANDALONE"
+ENV_LEADER_ELECT: Final = "TRAINJOB_LEADER_ELECT"
+ENV_LEADER_ELECTION_NAMESPACE: Final = "TRAINJOB_LEADER_ELECTION_NAMESPACE"
+ENV_LEADER_ELECTION_ID: Final = "TRAINJOB_LEADER_ELECTION_ID"
+ENV_LEASE_DURATION: Final = "TRAINJOB_LEADER_ELECT_LEASE_DURATION"
+ENV_RENEW_DEADLINE: Final = "TRAINJOB_LEADER_ELECT_RENEW_DEADLINE"
+ENV_RETRY_PERIOD: Final = "TRAINJOB_LEADER_ELECT_RETRY_PERIOD"
+# The namespace of the Pod the operator runs in (the downward API; the chart sets it).
+ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
+# Settings of kopf peering, which HA used before the Lease: refused with the way forward.
+REMOVED_FLAGS: Final = {
+    "--peering": "TRAINJOB_PEERING",
+    "--priority": "TRAINJOB_PRIORITY",
+    "--standalone": "TRAINJOB_STANDALONE",
+}
+REMOVED: Final = "removed: HA now uses a Lease (--leader-elect); without it the operator runs alone"
 ENV_RESYNC: Final = "TRAINJOB_RESYNC_SECONDS"
 ENV_API_WORKERS: Final = "TRAINJOB_API_WORKERS"
 ENV_SERVE_DEADLINE: Final = "TRAINJOB_SERVE_DEADLINE_SECONDS"
@@ -82,12 +97,14 @@ class Settings:
     liveness_endpoint: str | None = None
     gang_scheduler: str = GANG_NONE
     scheduler_name: str | None = None
-    # HA: kopf peering object (mandatory when named). None: kopf auto-detects peering
-    # (uses it if the kopf.dev CRDs are installed, otherwise runs standalone with a warning).
-    peering_name: str | None = None
-    # None: a random priority is drawn at start, so replicas never tie (a tie freezes them all).
-    priority: int | None = None
-    standalone: bool = False
+    # HA: replicas elect a leader on a Lease (leader.py, elector.py); only the leader
+    # writes. Off: this replica is the only one and always writes.
+    leader_elect: bool = False
+    # The Lease's namespace; None: the operator Pod's own (POD_NAMESPACE, else its service
+    # account's namespace file: `election_namespace`).
+    leader_election_namespace: str | None = None
+    leader_election_id: str = DEFAULT_LEADER_ELECTION_ID
+    leader_timing: leader.Timing = dataclasses.field(default_factory=leader.Timing)
     # A safety net only: every change already wakes the job's reconcile.
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     api_workers: int = DEFAULT_API_WORKERS
@@ -207,6 +224,27 @@ def _float(value: str | None, name: str, default: float) -> float:
         raise ConfigError(f"{name}: expected a number, got {value!r}") from exc
 
 
+_LABEL: Final = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN: Final = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+
+
+def _seconds(value: str | None, name: str, default: float) -> float:
+    """A duration in seconds ("15" or "15s", as kube-scheduler's flags take it)."""
+    if value is None or value == "":
+        return default
+    try:
+        return float(value.strip().removesuffix("s"))
+    except ValueError as exc:
+        raise ConfigError(f"{name}: expected seconds, e.g. 15 or 15s, got {value!r}") from exc
+
+
+def _whole_seconds(value: str | None, name: str, default: int) -> int:
+    seconds = _seconds(value, name, float(default))
+    if not seconds.is_integer():
+        raise ConfigError(f"{name}: whole seconds (the Lease stores them), got {value!r}")
+    return int(seconds)
+
+
 def _bool(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -251,17 +289,42 @@ def parser() -> argparse.ArgumentParser:
         "--scheduler-name", help=f"override the gang scheduler's name ({ENV_SCHEDULER_NAME})"
     )
     p.add_argument(
-        "--peering",
-        dest="peering_name",
-        help=f"kopf peering object, e.g. {DEFAULT_PEERING_NAME} (env {ENV_PEERING})",
-    )
-    p.add_argument("--priority", help=f"kopf peering priority (env {ENV_PRIORITY}; default random)")
-    p.add_argument(
-        "--standalone",
+        "--leader-elect",
         action="store_true",
         default=None,
-        help=f"no peering: a single replica (env {ENV_STANDALONE})",
+        help="elect a leader on a coordination.k8s.io Lease: run several replicas, one "
+        "writes, the others stand by with warm caches and take over when it goes (env "
+        f"{ENV_LEADER_ELECT}; default off: this replica is the only one)",
     )
+    p.add_argument(
+        "--leader-election-namespace",
+        help="the Lease's namespace (env "
+        f"{ENV_LEADER_ELECTION_NAMESPACE}; default: the operator Pod's namespace)",
+    )
+    p.add_argument(
+        "--leader-election-id",
+        help=f"the Lease's name (env {ENV_LEADER_ELECTION_ID}; default "
+        f"{DEFAULT_LEADER_ELECTION_ID})",
+    )
+    p.add_argument(
+        "--leader-elect-lease-duration",
+        help="seconds a standby waits after the leader's last renewal it saw before it takes "
+        f"over (env {ENV_LEASE_DURATION}; default {leader.DEFAULT_LEASE_DURATION})",
+    )
+    p.add_argument(
+        "--leader-elect-renew-deadline",
+        help="seconds a leader keeps writing without a successful renewal; then it stops "
+        "writing and exits (shorter than the lease duration; env "
+        f"{ENV_RENEW_DEADLINE}; default {leader.DEFAULT_RENEW_DEADLINE:g})",
+    )
+    p.add_argument(
+        "--leader-elect-retry-period",
+        help="seconds between tries to acquire or renew the Lease (env "
+        f"{ENV_RETRY_PERIOD}; default {leader.DEFAULT_RETRY_PERIOD:g})",
+    )
+    for removed in REMOVED_FLAGS:
+        # Refused with the way forward (from_args), not with argparse's "unrecognized".
+        p.add_argument(removed, nargs="?", const="", default=None, help=argparse.SUPPRESS)
     p.add_argument("--resync-seconds", help=f"safety-net resync period (env {ENV_RESYNC})")
     p.add_argument("--api-workers", help=f"API requests in flight at most (env {ENV_API_WORKERS})")
     p.add_argument(
@@ -361,6 +424,12 @@ def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             return str(flag)
         return env.get(var)
 
+    for flag, var in REMOVED_FLAGS.items():
+        if getattr(args, flag.lstrip("-")) is not None:
+            raise ConfigError(f"{flag}: {REMOVED}")
+        if env.get(var):
+            raise ConfigError(f"{var}: {REMOVED}")
+
     namespaces = tuple(args.namespaces or ()) or _split(env.get(ENV_NAMESPACES))
     gang = pick(args.gang_scheduler, ENV_GANG_SCHEDULER) or GANG_NONE
     if gang not in GANG_SCHEDULERS:
@@ -369,7 +438,34 @@ def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         )
     metrics_port = _int(pick(args.metrics_port, ENV_METRICS_PORT), "metrics port", None)
     api_workers = _int(pick(args.api_workers, ENV_API_WORKERS), "api workers", None)
-    standalone = args.standalone if args.standalone is not None else _bool(env.get(ENV_STANDALONE))
+    timing = leader.Timing(
+        lease_duration=_whole_seconds(
+            pick(args.leader_elect_lease_duration, ENV_LEASE_DURATION),
+            "--leader-elect-lease-duration",
+            leader.DEFAULT_LEASE_DURATION,
+        ),
+        renew_deadline=_seconds(
+            pick(args.leader_elect_renew_deadline, ENV_RENEW_DEADLINE),
+            "--leader-elect-renew-deadline",
+            leader.DEFAULT_RENEW_DEADLINE,
+        ),
+        retry_period=_seconds(
+            pick(args.leader_elect_retry_period, ENV_RETRY_PERIOD),
+            "--leader-elect-retry-period",
+            leader.DEFAULT_RETRY_PERIOD,
+        ),
+    )
+    timing_problem = timing.problem()
+    if timing_problem is not None:
+        raise ConfigError(f"--leader-elect-*: {timing_problem}")
+    election_id = pick(args.leader_election_id, ENV_LEADER_ELECTION_ID) or (
+        DEFAULT_LEADER_ELECTION_ID
+    )
+    if not _DNS_SUBDOMAIN.fullmatch(election_id):
+        raise ConfigError(
+            f"--leader-election-id: a Lease name (lower-case letters, digits, '-' and '.'), "
+            f"got {election_id!r}"
+        )
     progress_port = _int(pick(args.progress_port, ENV_PROGRESS_PORT), "--progress-port", 0) or 0
     progress_url = pick(args.progress_url, ENV_PROGRESS_URL) or None
     progress_cert_dir = pick(args.progress_cert_dir, ENV_PROGRESS_CERT_DIR) or None
@@ -404,9 +500,15 @@ def from_args(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         liveness_endpoint=pick(args.liveness_endpoint, ENV_LIVENESS) or None,
         gang_scheduler=gang,
         scheduler_name=pick(args.scheduler_name, ENV_SCHEDULER_NAME) or None,
-        peering_name=pick(args.peering_name, ENV_PEERING) or None,
-        priority=_int(pick(args.priority, ENV_PRIORITY), "priority", None),
-        standalone=standalone,
+        leader_elect=(
+            args.leader_elect if args.leader_elect is not None else _bool(env.get(ENV_LEADER_ELECT))
+        ),
+        leader_election_namespace=pick(
+            args.leader_election_namespace, ENV_LEADER_ELECTION_NAMESPACE
+        )
+        or None,
+        leader_election_id=election_id,
+        leader_timing=timing,
         resync_seconds=_float(
             pick(args.resync_seconds, ENV_RESYNC), "resync", DEFAULT_RESYNC_SECONDS
         ),
@@ -463,6 +565,24 @@ def _tfjob_mode(value: str | None) -> str:
 
 
 SERVICE_ACCOUNT_TOKEN: Final = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+SERVICE_ACCOUNT_NAMESPACE: Final = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def election_namespace(
+    settings: Settings, env: Mapping[str, str], read: Callable[[str], str | None]
+) -> str:
+    """The leader Lease's namespace: --leader-election-namespace, else the operator Pod's
+    own (POD_NAMESPACE, else its service account's namespace file, read by `read`; None:
+    no such file), as controller-runtime finds it. Outside a Pod it must be given."""
+    if settings.leader_election_namespace:
+        return settings.leader_election_namespace
+    found = env.get(ENV_POD_NAMESPACE) or (read(SERVICE_ACCOUNT_NAMESPACE) or "").strip()
+    if found:
+        return found
+    raise ConfigError(
+        "--leader-election-namespace: needed outside a Pod (no POD_NAMESPACE and no "
+        f"{SERVICE_ACCOUNT_NAMESPACE})"
+    )
 
 
 def credentials_problem(

@@ -21,6 +21,7 @@ from trainjob_operator import (
     informer,
     kube,
     kueue,
+    leader,
     metrics,
     nodes,
     pods_left,
@@ -97,6 +98,8 @@ class OperatorContext:
     # Jobs whose loop has begun reconciling; the watchdog reports the jobs that never do.
     reconciled: set[JobKey]
     progress: Progress = Progress()
+    # Whether this replica may write (leader election; always, without it).
+    leadership: leader.Leadership = dataclasses.field(default_factory=leader.Alone)
     # Jobs creating children at the same time, served first come, first served (asyncio's
     # semaphore). Why a limit: otherwise a burst of N new jobs holds a task per create for
     # all N jobs at once (16,000 at 1,000 x 8), the largest share of the operator's peak
@@ -125,6 +128,8 @@ class OperatorContext:
         meta = body.get("metadata") or {}
         if self.wakes.has_loop(key) or not meta.get("deletionTimestamp"):
             return
+        if not self.leadership.leading():
+            return  # the leader releases it; a standby that takes over looks again then
         if kw.RESOURCE_IN_USE not in (meta.get("finalizers") or []) or key in self.releasing:
             return
         self.releasing.add(key)
@@ -137,6 +142,12 @@ class OperatorContext:
                 self.releasing.discard(key)
 
         asyncio.get_running_loop().create_task(release(), name=f"release workloads {key}")
+
+    def release_orphans(self) -> None:
+        """This replica has just become the leader: release what the previous leader left
+        (Workloads being deleted whose job is gone), which it saw while standing by."""
+        for key, body in self.child_index.all_workloads():
+            self.release_if_orphaned(key, body)
 
     def wake_on_nodes(self, names: set[str]) -> None:
         for key in self.child_index.jobs_on_nodes(names):

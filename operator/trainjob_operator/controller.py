@@ -18,9 +18,11 @@ queue (controller-runtime's shape), and a finished job costs nothing.
 - Retries: a conflicting status write (our copy was older than the job) is decided again
   soon from a fresh read; API trouble backs off exponentially (0.5 s doubling to 60 s); a
   bug in one reconcile is logged and retried the same way. None stops another job.
-- HA: while kopf peering pauses this replica (a higher-priority replica serves), the
-  workers take nothing (kopf delivers no TrainJob events then either; timers and child
-  events wait in the queue). `Pause` is fed kopf's own pause toggles (handlers.py).
+- HA: while this replica stands by (another holds the leader Lease: elector.py) the
+  workers take nothing; the job informers still feed `observe` and the children's events
+  still queue their jobs, so the copies and the queue are current when it takes over, and
+  every job queued meanwhile is reconciled then. A reconcile whose write the API layer
+  refuses because the lease lapsed under it (kube.NotLeaderError) is queued again, quietly.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from trainjob.core import status as st
-from trainjob_operator import children, context, kube, reconciler, workqueue, writes
+from trainjob_operator import children, context, kube, leader, reconciler, workqueue, writes
 
 JobKey = children.JobKey
 
@@ -48,35 +50,6 @@ REQUEUE_SLACK: Final = 0.05
 # --api-workers, bounds the requests in flight): enough workers to keep that busy, few
 # enough that a burst of new jobs does not hold a task per job.
 WORKERS: Final = 32
-
-
-class Toggle(Protocol):
-    """kopf's pause switch (aiotoggles.Toggle), as much of it as we use."""
-
-    def is_on(self) -> bool: ...
-
-    def wait_for(self, state: bool, /) -> Awaitable[None]: ...
-
-
-class Pause:
-    """Whether kopf peering has paused this replica: any of kopf's pause toggles is on."""
-
-    def __init__(self) -> None:
-        self._toggles: list[Toggle] = []
-
-    def track(self, toggle: Toggle) -> None:
-        if not any(t is toggle for t in self._toggles):
-            self._toggles.append(toggle)
-
-    def paused(self) -> bool:
-        return any(t.is_on() for t in self._toggles)
-
-    async def wait_active(self) -> None:
-        while True:
-            on = [t for t in self._toggles if t.is_on()]
-            if not on:
-                return
-            await on[0].wait_for(False)
 
 
 def job_key(raw: Mapping[str, Any]) -> JobKey | None:
@@ -139,7 +112,7 @@ class Controller:
         self,
         ctx: context.OperatorContext,
         workers: int = WORKERS,
-        pause: Pause | None = None,
+        leadership: leader.Leadership | None = None,
         reconcile: Reconcile = reconciler.reconcile,
         kind: str = "TrainJob",
     ) -> None:
@@ -150,7 +123,7 @@ class Controller:
         self._reconcile_job = reconcile
         self.workers = workers
         self.queue: workqueue.WorkQueue[JobKey] = workqueue.WorkQueue()
-        self.pause = pause if pause is not None else Pause()
+        self.leadership = leadership if leadership is not None else leader.Alone()
         # Every TrainJob seen and not deleted: its uid.
         self.known: dict[JobKey, str] = {}
         # Active jobs' latest watched TrainJob, and their loop memory.
@@ -229,9 +202,9 @@ class Controller:
 
     async def _work(self) -> None:
         while True:
+            await self.leadership.wait_leading()
             key = await self.queue.get()
             try:
-                await self.pause.wait_active()
                 if key in self.known:
                     await self._reconcile(key)
             except asyncio.CancelledError:
@@ -258,6 +231,12 @@ class Controller:
         try:
             now = datetime.datetime.now(datetime.timezone.utc)
             outcome = await self._reconcile_job(ctx, reconciler.Request(key, body, state.seen, now))
+        except kube.NotLeaderError:
+            # The lease lapsed under this reconcile (the process is stopping): whoever leads
+            # next decides it again from what it sees.
+            logger.info("Stopped reconciling %s %s/%s: not the leader", self.kind, *key)
+            self.queue.add(key)
+            return
         except kube.ConflictError:
             # Decided from a copy older than the job (our status write was conditional on
             # it): decide again from a fresh read, soon; not an error.
@@ -326,8 +305,9 @@ class Controller:
         ctx.forget(key)
         ctx.watchdog.forget(key)
         ctx.metrics.forget(uid)
-        if ctx.settings.kueue:
-            # Kueue holds quota for the job's Workloads until they are finished and released.
+        if ctx.settings.kueue and self.leadership.leading():
+            # Kueue holds quota for the job's Workloads until they are finished and released
+            # (by the leader; one that takes over later releases what is left: context.py).
             asyncio.get_running_loop().create_task(
                 context.release_workloads(ctx, key, datetime.datetime.now(datetime.timezone.utc)),
                 name=f"release workloads {key}",

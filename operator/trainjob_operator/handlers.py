@@ -1,6 +1,7 @@
-"""What the operator reacts to, and kopf's part in it: start-up, clean-up, login, the liveness
-probe and peering (HA). Everything watched comes in through the operator's own informers, one
-mechanism for every kind (manager.py builds them; informer.py is the list+watch):
+"""What the operator reacts to, and kopf's part in it: start-up, clean-up, login and the
+liveness probe, all through kopf's public API. Everything watched comes in through the
+operator's own informers, one mechanism for every kind (manager.py builds them; informer.py
+is the list+watch):
 
     For    TrainJob                        → its job loop (controller.py)
     For    TFJob (with --tfjob)            → its job loop, the same engine (doors.py)
@@ -13,8 +14,12 @@ mechanism for every kind (manager.py builds them; informer.py is the list+watch)
 Why not kopf's resource handlers: kopf keeps per-object state for every object it watches
 (memories, a throttler, a worker task holding the last body) and makes a handler call per
 event; the informers keep only what a decision needs, hand a listed job over page by page,
-and keep nothing of a parked (finished, cleaned up) job but its key. kopf's peering pauses
-this replica's job loops (kopf_fixes.py passes kopf's pause switch on).
+and keep nothing of a parked (finished, cleaned up) job but its key.
+
+HA (--leader-elect): the replicas elect a leader on a Lease (elector.py; the rules in
+leader.py); standbys keep every informer warm and write nothing. A leader that loses the
+Lease stops the process (`LOST_KEY`; __main__ exits 1 and the kubelet starts it again as a
+standby); a graceful stop releases the Lease, so a standby takes over at once.
 
 Children need no finalizer: they carry a controller ownerReference and the garbage collector
 deletes them. Jobs need none either (a job that still carries the one an earlier release put
@@ -30,12 +35,16 @@ import asyncio
 import functools
 import logging
 import os
+import signal
+import socket
+import uuid
+from collections.abc import Callable
 from typing import Any, Final
 
 import kopf
 
 from trainjob.core import constants, tfjob
-from trainjob_operator import config, controller, gang, informer, kopf_fixes, kube, metrics
+from trainjob_operator import config, elector, gang, informer, kube, metrics
 from trainjob_operator import manager as manager_
 from trainjob_operator.manager import build
 
@@ -43,39 +52,79 @@ MANAGER_KEY: Final = "trainjob_manager"
 # Why start-up refused to go on (kopf then stops; __main__ says it and exits 2).
 REFUSED_KEY: Final = "trainjob_refused"
 SETTINGS_KEY: Final = "trainjob_settings"
+# Set (to why) when this replica lost the leader Lease; __main__ then exits 1.
+LOST_KEY: Final = "trainjob_lost_lease"
+# The flag kopf.run stops on (__main__ passes it); without it (`kopf run`) a SIGTERM stops it.
+STOP_KEY: Final = "trainjob_stop"
 BACKOFF_FIRST: Final = 0.5
 logger = logging.getLogger("trainjob_operator")
 
 
-# Whether kopf peering has paused this replica (kopf_fixes passes kopf's pause toggles on).
-PAUSE: Final = controller.Pause()
+def identity() -> str:
+    """This replica's leader-election identity, unique per process (controller-runtime's:
+    the host name, which is the Pod's name, and a UUID)."""
+    return f"{socket.gethostname()}_{uuid.uuid4()}"
+
+
+def read_file(path: str) -> str | None:
+    """A small file's text (the service account's namespace), None when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _stopper(memo: kopf.Memo) -> Callable[[str], None]:
+    """What to call when the leader Lease is lost: record why and stop kopf (its clean-up
+    closes the manager; writes stopped already, by the clock)."""
+
+    def lost(why: str) -> None:
+        memo[LOST_KEY] = why
+        stop = memo.get(STOP_KEY)
+        if isinstance(stop, asyncio.Event):
+            stop.set()
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return lost
 
 
 @kopf.on.startup()
 async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    # Before kopf starts its namespace observer and peering watches (they wait for start-up).
-    kopf_fixes.install(PAUSE.track)
     cfg = memo.get(SETTINGS_KEY)
     if not isinstance(cfg, config.Settings):
         cfg = config.from_env(os.environ)
-    # kopf observes namespaces only for peering in namespaces given as patterns (namespaced
-    # KopfPeering objects); exact names and "every namespace" need no observation.
-    settings.scanning.disabled = not cfg.namespace_patterns
+    lease_namespace = ""
+    if cfg.leader_elect:
+        try:
+            lease_namespace = config.election_namespace(cfg, os.environ, read_file)
+        except config.ConfigError as exc:
+            memo[REFUSED_KEY] = str(exc)
+            raise kopf.PermanentError(str(exc)) from exc
+    # kopf watches nothing (every kind comes through our informers), so it needs no view of
+    # the cluster's namespaces or CRDs beyond its one discovery scan at start.
+    settings.scanning.disabled = True
+    # Never kopf's peering, even under `kopf run` with kopf.dev CRDs left in the cluster:
+    # HA is leader election on a Lease (elector.py).
+    settings.peering.standalone = True
     # kopf's own k8s Events only for problems; ours tell the job's story.
     settings.posting.level = logging.WARNING
     # When the API server says when to come back (429: "storage is (re)initializing" after
     # it restarts, or priority-and-fairness throttling), come back then, as client-go does,
     # instead of after kopf's growing backoff (13 s, 21 s).
     settings.networking.enforce_retry_after = True
-    # A stalled stream (open, silent) is reopened, kopf's (peering) and ours alike.
-    settings.watching.inactivity_timeout = cfg.watch_idle_seconds
+    me = identity()
     api = kube.Kube(
         functools.partial(kube.login, settings, logger),
         cfg.api_workers,
         crash_after=os.environ.get(kube.ENV_CRASH),
         watch_idle_seconds=cfg.watch_idle_seconds,
+        identity=me,
     )
     meters = metrics.Metrics()
+    if cfg.leader_elect:
+        meters.leader.set(0)  # a standby until the elector says otherwise
     if cfg.metrics_port:
         meters.serve(cfg.metrics_port)
         logger.info("Serving Prometheus metrics on :%d/metrics", cfg.metrics_port)
@@ -108,7 +157,18 @@ async def trainjob_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
             memo[REFUSED_KEY] = refusal
             await api.close()
             raise kopf.PermanentError(refusal)
-    manager = build(cfg, api, meters, PAUSE)
+    election = None
+    if cfg.leader_elect:
+        election = elector.Elector(
+            api,
+            lease_namespace,
+            cfg.leader_election_id,
+            me,
+            cfg.leader_timing,
+            meters,
+            _stopper(memo),
+        )
+    manager = build(cfg, api, meters, election)
     await manager.start()
     memo[MANAGER_KEY] = manager
 
@@ -202,8 +262,26 @@ async def trainjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.login()
 def trainjob_login(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> kopf.ConnectionInfo:
-    """kopf (peering) logs in as our own API layer does (kube.login)."""
+    """kopf (its one discovery scan at start) logs in as our own API layer does (kube.login)."""
     return kube.login(settings, logger)
+
+
+@kopf.on.probe(id="leader")
+def trainjob_leader_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    """Liveness and readiness say which part this replica plays: "leader" (it writes),
+    "standby" (it watches and waits for the Lease) or "alone" (no leader election)."""
+    running = memo.get(MANAGER_KEY)
+    if not isinstance(running, manager_.Manager):
+        return {"role": "starting"}
+    election = running.election
+    if election is None:
+        return {"role": "alone"}
+    return {
+        "role": "leader" if election.leading() else "standby",
+        "identity": election.identity,
+        "lease": election.lease,
+        "holder": election.holder,
+    }
 
 
 @kopf.on.probe(id="jobs")

@@ -14,6 +14,8 @@ Error contract, so that callers never inspect HTTP codes:
 - 410 Gone on a list/watch -> `GoneError` (the resourceVersion is too old: list again);
 - everything else (5xx, 429, 401 while credentials rotate, 403 while a namespace terminates,
   connection trouble) -> `TransientError`, retried by the caller with backoff.
+- with leader election, a write while this replica may not write -> `NotLeaderError` (a
+  `TransientError`), raised before anything is sent (`gate_writes`).
 
 Why one file of ~800 lines: it is the operator's whole contract with the API server (every
 request, its path, its error mapping, the login, the request budget, the crash hook for the
@@ -50,6 +52,7 @@ USER_AGENT: Final = "trainjob-operator"
 
 # A request that takes longer than this is treated as failed (and retried by the caller).
 REQUEST_TIMEOUT: Final = 60.0
+LEASES: Final = "leases"
 ENV_CRASH: Final = "TRAINJOB_TEST_CRASH_AFTER"
 # Watches ask the server to end the stream after this long to twice this long (random, as
 # client-go's reflector does, so that watches do not all end at once); the caller then
@@ -104,6 +107,11 @@ class GoneError(TransientError):
     """410: the resourceVersion a watch started from is too old; list again."""
 
 
+class NotLeaderError(TransientError):
+    """A write refused before it was sent: this replica does not hold the leader Lease now
+    (a standby, or a leader whose renewals failed for its renew deadline). See `gate_writes`."""
+
+
 def retry_delay(failures: int, first: float, cap: float) -> float:
     """Seconds before the next try after `failures` consecutive failures: `first`, doubling,
     at most `cap` (the backoff every caller of this module uses)."""
@@ -151,8 +159,14 @@ def login(settings: kopf.OperatorSettings, logger: Any) -> kopf.ConnectionInfo:
     )
 
 
-def _session(info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
-    headers = {"User-Agent": USER_AGENT, "Accept": JSON, **info.as_http_headers()}
+def user_agent(identity: str) -> str:
+    """The User-Agent of every request: the product, then the replica (its leader-election
+    identity), so that the API server's audit log tells the replicas' writes apart."""
+    return f"{USER_AGENT} ({identity})" if identity else USER_AGENT
+
+
+def _session(info: kopf.ConnectionInfo, agent: str) -> aiohttp.ClientSession:
+    headers = {"User-Agent": agent, "Accept": JSON, **info.as_http_headers()}
     return aiohttp.ClientSession(
         # Requests take turns (Kube._turns); long-lived watches come on top of those.
         connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context()),
@@ -229,9 +243,25 @@ def _delete_options(uid: str | None) -> Obj:
     return options
 
 
+def lease_path(namespace: str, *rest: str) -> str:
+    return _path("coordination.k8s.io", "v1", namespace, LEASES, *rest)
+
+
+def writes(method: str, path: str) -> bool:
+    """Whether a request changes the cluster (a TokenReview is a POST that changes nothing)."""
+    return method != "GET" and not path.endswith("/tokenreviews")
+
+
 def event_name(job_name: str, event_id: str) -> str:
     """The name of a TrainJob's Event with a deterministic id (`<job>.<event_id>`)."""
     return f"{job_name}.{event_id}"
+
+
+def _object(payload: bytes, what: str) -> Obj:
+    result = json.loads(payload)
+    if not isinstance(result, dict):
+        raise TransientError(f"{what}: unexpected reply")
+    return result
 
 
 @dataclasses.dataclass
@@ -289,10 +319,16 @@ class Kube:
         instance: str = "",
         crash_after: str | None = None,
         watch_idle_seconds: float = WATCH_SECONDS + REQUEST_TIMEOUT,
+        identity: str = "",
     ) -> None:
+        """`identity`: this replica's leader-election identity, in every request's
+        User-Agent."""
         self._credentials = credentials
         self._watch_idle = watch_idle_seconds
         self._instance = instance or socket.gethostname()
+        self._agent = user_agent(identity)
+        # Whether a write may be sent now (leader election: `gate_writes`); None: always.
+        self._may_write: Callable[[], bool] | None = None
         self._server = ""
         self._client: aiohttp.ClientSession | None = None
         self._retired: set[asyncio.Task[None]] = set()
@@ -303,8 +339,15 @@ class Kube:
         if self._client is None:
             info = self._credentials()
             self._server = info.server.rstrip("/")
-            self._client = _session(info)
+            self._client = _session(info, self._agent)
         return self._client
+
+    def gate_writes(self, may_write: Callable[[], bool]) -> None:
+        """From now on every write (create, update, patch, delete; the Lease's own excepted)
+        is sent only if `may_write()` says so right before it goes out, after its turn
+        came, and raises NotLeaderError otherwise. One gate for every writer (the job loops,
+        the progress writer, Kueue's releases), so that no path forgets to ask."""
+        self._may_write = may_write
 
     def _relogin(self, client: aiohttp.ClientSession) -> None:
         """401: the credentials expired (a rotated service-account token). The next request
@@ -340,31 +383,57 @@ class Kube:
         params: Mapping[str, str] | None = None,
         accept: tuple[int, ...] = (),
         accept_type: str = JSON,
+        election: float | None = None,
     ) -> tuple[int, bytes]:
         """One request; returns (status, body) for 2xx and for the statuses in `accept`,
         raises as the module docstring says otherwise. The body is `body`, or what `render`
-        returns once it is this request's turn (so that a waiting request holds no body)."""
+        returns once it is this request's turn (so that a waiting request holds no body).
+        `election`: a leader-election request with this timeout in seconds. It waits for no
+        turn (under a burst of thousands of creates a renewal must not queue behind them and
+        lose the Lease) and passes the write gate (it is what keeps the gate open)."""
         try:
+            if election is not None:
+                return await self._send(
+                    method, path, what, body, content_type, params, accept, accept_type, election
+                )
             async with self._turns:
+                if self._may_write is not None and writes(method, path) and not self._may_write():
+                    raise NotLeaderError(f"{what}: not sent, this replica is not the leader")
                 if render is not None:
                     body = render()
-                data = None if body is None else json.dumps(body, separators=(",", ":"))
-                headers = {"Accept": accept_type}
-                if data is not None:
-                    headers["Content-Type"] = content_type
-                client = self._http()
-                async with client.request(
-                    method,
-                    self._server + path,
-                    data=data,
-                    headers=headers,
-                    params=params,
-                    timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
-                ) as response:
-                    payload = await response.read()
-                    status = response.status
+                return await self._send(
+                    method, path, what, body, content_type, params, accept, accept_type
+                )
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise TransientError(f"{what}: API server unreachable: {exc!r}") from exc
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        body: Any,
+        content_type: str,
+        params: Mapping[str, str] | None,
+        accept: tuple[int, ...],
+        accept_type: str,
+        timeout: float = REQUEST_TIMEOUT,
+    ) -> tuple[int, bytes]:
+        data = None if body is None else json.dumps(body, separators=(",", ":"))
+        headers = {"Accept": accept_type}
+        if data is not None:
+            headers["Content-Type"] = content_type
+        client = self._http()
+        async with client.request(
+            method,
+            self._server + path,
+            data=data,
+            headers=headers,
+            params=params,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as response:
+            payload = await response.read()
+            status = response.status
         if self._crash is not None:
             self._crash.after(method, path)
         if 200 <= status < 300 or status in accept:
@@ -623,6 +692,55 @@ class Kube:
         )
         if status < 300:
             logger.info("Deleted TrainJob %s/%s", namespace, name)
+
+    # -- the leader Lease (elector.py) ----------------------------------------------------
+
+    async def get_lease(self, namespace: str, name: str, timeout: float) -> Obj | None:
+        """The Lease, or None when there is none."""
+        status, payload = await self._request(
+            "GET",
+            lease_path(namespace, name),
+            f"reading Lease {namespace}/{name}",
+            accept=(404,),
+            election=timeout,
+        )
+        return None if status == 404 else _object(payload, f"reading Lease {namespace}/{name}")
+
+    async def create_lease(self, namespace: str, name: str, spec: Obj, timeout: float) -> Obj:
+        """Create the Lease with `spec`; ConflictError when one exists already (another
+        replica created it first)."""
+        what = f"creating Lease {namespace}/{name}"
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": spec,
+        }
+        status, payload = await self._request(
+            "POST", lease_path(namespace), what, body=body, accept=(409,), election=timeout
+        )
+        if status == 409:
+            raise ConflictError(f"{what}: {_message(status, payload)}")
+        return _object(payload, what)
+
+    async def update_lease(
+        self, namespace: str, name: str, spec: Obj, resource_version: str, timeout: float
+    ) -> Obj:
+        """Replace the Lease's spec if the Lease is still at `resource_version` (as client-go's
+        leader election does: a PUT); ConflictError when another replica wrote it since."""
+        what = f"updating Lease {namespace}/{name}"
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
+            "spec": spec,
+        }
+        status, payload = await self._request(
+            "PUT", lease_path(namespace, name), what, body=body, accept=(404, 409), election=timeout
+        )
+        if status in (404, 409):
+            raise ConflictError(f"{what}: {_message(status, payload)}")
+        return _object(payload, what)
 
     # -- events ---------------------------------------------------------------------------
 

@@ -7,15 +7,19 @@ builds and starts it at kopf's start-up and closes it at kopf's clean-up.
             watchdog → progress server → context → job loops (each registered with the wake
             router) → job informers (each feeding its loop)
     start:  children listed (bounded wait) → node watch → progress server → job loops →
-            job informers
-    close:  job informers → job loops → progress server → watchdog → child informers →
-            node watch → API client
+            job informers → leader election (with --leader-elect)
+    close:  resign (the write gate closes) → job informers → job loops → progress server →
+            watchdog → child informers → node watch → release the Lease → API client
 
 Every kind the operator watches comes in the same way, a list then a watch (informer.py):
 the jobs (TrainJobs; TFJobs with --tfjob) through their job informers into their loops, their
 children (Pods, Services, Workloads, PodGroups) and the nodes into indexes whose events wake
 the job they belong to (controller-runtime's For().Owns()). kopf serves the rest: start-up,
-clean-up, probes, peering.
+clean-up, probes.
+
+With leader election (elector.py) every replica builds and starts all of it: a standby's
+informers list and watch as the leader's do; only its writes wait (the job loops, the
+progress writer, Kueue's releases) and the API layer's write gate refuses any other.
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ from trainjob_operator import (
     context,
     controller,
     doors,
+    elector,
     gang,
     gang_sync,
     informer,
     kube,
+    leader,
     metrics,
     nodes,
     progress_server,
@@ -74,6 +80,8 @@ class Manager:
     progress: progress_server.ProgressServer | None
     # The list+watch of each job kind, feeding its loop.
     job_informers: list[informer.JobInformer] = dataclasses.field(default_factory=list)
+    # This replica's part in leader election (None: no election, it always writes).
+    election: elector.Elector | None = None
 
     def problems(self) -> list[str]:
         """Why this operator is not healthy now (empty: it is): a list+watch failing too
@@ -106,8 +114,12 @@ class Manager:
             loop.start()
         for jobs in self.job_informers:
             jobs.start()
+        if self.election is not None:
+            self.election.start()
 
     async def close(self) -> None:
+        if self.election is not None:
+            await self.election.resign()
         for jobs in self.job_informers:
             await jobs.close()
         for loop in reversed(self.loops):
@@ -117,6 +129,8 @@ class Manager:
         await self.ctx.watchdog.close()
         await self.ctx.informer.close()
         await self.ctx.nodes.close()
+        if self.election is not None:
+            await self.election.release()
         await self.ctx.kube.close()
 
 
@@ -124,8 +138,13 @@ def build(
     settings: config.Settings,
     api: kube.Kube,
     meters: metrics.Metrics,
-    pause: controller.Pause,
+    election: elector.Elector | None = None,
 ) -> Manager:
+    """The operator's parts for `settings`; with `election`, writes wait for this replica
+    to lead and the API layer refuses any write while it does not."""
+    leadership: leader.Leadership = election if election is not None else leader.Alone()
+    if election is not None:
+        api.gate_writes(election.leading)
     index = children.ChildIndex()
     wakes = context.Wakes()
     # Jobs whose loop has begun reconciling (the watchdog and the progress server ask).
@@ -139,9 +158,9 @@ def build(
     # The node watch wakes the jobs on a node whose readiness moved; the context, built below
     # with the node watch in it, knows them (so the call is bound late, on purpose).
     node_informer = nodes.NodeInformer(api, lambda names: ctx.wake_on_nodes(names))  # noqa: PLW0108
-    dog = watchdog.Watchdog(settings, meters, reconciled.__contains__)
+    dog = watchdog.Watchdog(settings, meters, reconciled.__contains__, leadership.leading)
     server, progress = (
-        progress_server.build(settings, api, index, reconciled.__contains__, meters)
+        progress_server.build(settings, api, index, reconciled.__contains__, meters, leadership)
         if settings.progress_enabled
         else (None, context.Progress())
     )
@@ -157,16 +176,19 @@ def build(
         gangs=gangs,
         reconciled=reconciled,
         progress=progress,
+        leadership=leadership,
     )
+    if election is not None and settings.kueue:
+        election.on_elected.append(ctx.release_orphans)
     if settings.kueue:
         index.workload_listeners.append(ctx.release_if_orphaned)
     if gang.wanted(settings):
         index.pod_listeners.append(gangs.pod_changed)
-    jobs = controller.Controller(ctx, pause=pause)
+    jobs = controller.Controller(ctx, leadership=leadership)
     tfjobs = (
         controller.Controller(
             ctx,
-            pause=pause,
+            leadership=leadership,
             reconcile=functools.partial(
                 reconciler.reconcile, door=doors.TFJobDoor(mode=settings.tfjob_mode)
             ),
@@ -175,7 +197,7 @@ def build(
         if settings.tfjob
         else None
     )
-    manager = Manager(ctx=ctx, jobs=jobs, tfjobs=tfjobs, progress=server)
+    manager = Manager(ctx=ctx, jobs=jobs, tfjobs=tfjobs, progress=server, election=election)
     for loop in manager.loops:
         wakes.serve(loop)
     manager.job_informers.append(informer.JobInformer(api, settings, informer.TRAINJOBS, jobs))

@@ -60,6 +60,14 @@ class Metrics:
             namespace=NAMESPACE,
             registry=self.registry,
         )
+        self.leader = prometheus_client.Gauge(
+            "operator_leader",
+            "1 while this replica may write (it holds the leader Lease, or runs without leader "
+            "election), 0 while it stands by",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self.leader.set(1)
         self._states: dict[str, tuple[str, str]] = {}  # uid -> (namespace, state)
         # How many jobs each (namespace, state) has: kept as states move, so that a change
         # touches two gauge samples, not all of them (10,000 jobs looked at on start-up

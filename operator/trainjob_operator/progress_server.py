@@ -46,6 +46,7 @@ from trainjob_operator import (
     config,
     context,
     kube,
+    leader,
     metrics,
     progress_auth,
     progress_status,
@@ -278,15 +279,22 @@ def build(
     index: children.ChildIndex,
     reconciled: Callable[[children.JobKey], bool],
     meters: metrics.Metrics,
+    leadership: leader.Leadership | None = None,
 ) -> tuple[ProgressServer, context.Progress]:
     """The progress server for the operator's jobs (the HTTPS server, the status writer, the
     termination-message reader on the Pod informer: all started by `ProgressServer.start`), and
     what the reconcile needs of it: the endpoint (URL + CA) rendered into new Pods and when
     a job's step last advanced."""
+    elected = leadership if leadership is not None else leader.Alone()
     status = progress_status.ProgressStatus(
-        api, settings.progress_writes_per_second, meters.registry
+        api, settings.progress_writes_per_second, meters.registry, leadership=elected
     )
-    server = ProgressServer(settings, api, index, reconciled, status, meters.registry)
+
+    def served(key: children.JobKey) -> bool:
+        # A standby answers 503 (Retry-After): the Pod reports again, to the leader.
+        return elected.leading() and reconciled(key)
+
+    server = ProgressServer(settings, api, index, served, status, meters.registry)
     assert settings.progress_url is not None
 
     def endpoint() -> render.ProgressEndpoint:

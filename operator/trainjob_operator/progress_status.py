@@ -34,7 +34,7 @@ from typing import Any, Final
 import prometheus_client
 
 from trainjob.core import containers, progress, termination
-from trainjob_operator import children, kube
+from trainjob_operator import children, kube, leader
 
 logger = logging.getLogger("trainjob_operator.progress")
 
@@ -142,8 +142,12 @@ class ProgressStatus:
         writes_per_second: float,
         registry: prometheus_client.CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        leadership: leader.Leadership | None = None,
     ) -> None:
+        """`leadership`: writes wait until this replica leads (a standby keeps what arrives,
+        final reports from termination messages, and writes them when it takes over)."""
         self._api = api
+        self._leadership = leadership if leadership is not None else leader.Alone()
         self._interval = 1.0 / writes_per_second
         self._clock = clock
         self._latest: dict[JobKey, Latest] = {}
@@ -246,6 +250,7 @@ class ProgressStatus:
         next_slot = self._clock()
         swept = self._clock()
         while True:
+            await self._leadership.wait_leading()
             if not self._finals and not self._waiting:
                 self._wake.clear()
                 await self._wake.wait()

@@ -8,8 +8,9 @@ The jobs come from the job informers (informer.JobInformer, through the job loop
 itself (its children never listed, e.g. a missing RBAC rule; workers stuck), and a failing
 list+watch says so on its own.
 
-Jobs are watched only by a standalone operator: a standby replica of an HA pair serves nothing
-by design, so waiting jobs say nothing there. Failing watches fail the probe in every mode.
+Jobs are watched only by the replica that may write (the leader, or the only replica): a
+standby serves nothing by design, so waiting jobs say nothing there. Failing watches fail the
+probe in every mode.
 """
 
 from __future__ import annotations
@@ -56,10 +57,12 @@ class Watchdog:
         settings: config.Settings,
         meters: metrics.Metrics,
         reconciled: Callable[[JobKey], bool],
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self._settings = settings
         self._metrics = meters
         self._reconciled = reconciled
+        self._leading = leading
         self.deadline = settings.serve_deadline_seconds
         # Every job of our scope seen, not going away and not yet served -> when we saw it.
         self._seen: dict[JobKey, float] = {}
@@ -89,7 +92,7 @@ class Watchdog:
 
     def saw(self, key: JobKey) -> None:
         """A job of the operator's scope exists and is not going away."""
-        if key in self._seen or not self._settings.standalone or self._reconciled(key):
+        if key in self._seen or not self._leading() or self._reconciled(key):
             return
         self._seen[key] = time.monotonic()
         self._timers[key] = asyncio.get_running_loop().call_later(self.deadline, self._check, key)
@@ -106,7 +109,7 @@ class Watchdog:
 
     def _check(self, key: JobKey) -> None:
         self._timers.pop(key, None)
-        if key not in self._seen or self._reconciled(key):
+        if key not in self._seen or self._reconciled(key) or not self._leading():
             return
         self.late.add(key)
         self._metrics.unserved.labels(key[0]).inc()

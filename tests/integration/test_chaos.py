@@ -1,6 +1,6 @@
 """Chaos: a storm of TrainJobs while the operator is SIGKILLed at random moments, the API
 server is killed and restarted, etcd is stopped and restarted, and for a while two operators
-run side by side without peering. Seeded: a failure replays with the same seed.
+run side by side without leader election. Seeded: a failure replays with the same seed.
 
 The test plays the kubelet (no kwok: a real kubelet never deletes a Pod it does not own, and
 this one only patches Pod status): every Pod it sees is set Running, then exits with the
@@ -307,7 +307,7 @@ def test_a_storm_with_the_operator_killed_at_random_keeps_every_invariant(
                 time.sleep(ETCD_DOWN)
                 plane.revive("etcd")
             elif action == "second-operator":
-                operators.start()  # no peering: both act on every job for a while
+                operators.start()  # no leader election: both act on every job for a while
             elif action == "one-operator":
                 for extra in operators.running()[:-1]:
                     extra.kill()
@@ -353,7 +353,7 @@ def test_a_storm_with_the_operator_killed_at_random_keeps_every_invariant(
             "  at random moments": faults["kill-operator"],
             "API server killed and restarted": faults["restart-apiserver"],
             f"etcd stopped ({ETCD_DOWN:.0f} s) and restarted": faults["stop-etcd"],
-            "two operators side by side, no peering (8 s)": faults["second-operator"],
+            "two operators side by side, no leader election (8 s)": faults["second-operator"],
             "Pods run": len(kubelet.started),
             "invariant violations": len(violations),
         },

@@ -31,10 +31,10 @@ pytestmark = pytest.mark.integration
 
 CHART: Final = REPO_ROOT / "helm" / "trainjob-operator"
 T: Final = 30.0
-# The harness sets these itself (free local ports; standalone). Progress reports need the
-# chart's Secret mounted by a kubelet (there is none here); tests/integration/test_progress.py
-# covers them.
-HARNESS_FLAGS: Final = ("--metrics-port=", "--liveness=", "--standalone", "--progress-")
+# The harness sets these itself (free local ports). Progress reports need the chart's Secret
+# mounted by a kubelet (there is none here); tests/integration/test_progress.py covers them.
+# The chart's --leader-elect flags stay: the operator elects itself on the chart's Lease Role.
+HARNESS_FLAGS: Final = ("--metrics-port=", "--liveness=", "--progress-")
 PERMISSION_ERRORS: Final = ("forbidden", "not enough permissions", "unauthorized")
 
 Obj = dict[str, Any]
@@ -192,8 +192,8 @@ def test_helm_install_creates_the_chart_objects(
     assert service.spec.ports[0].name == "metrics"
     # crds/ went in with the chart (the TrainJob CRD already existed: helm keeps it).
     ext = k8s.ApiextensionsV1Api(api_client)
-    for crd in ("trainjobs.trainjob.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
-        assert meta(ext.read_custom_resource_definition(crd)).name == crd
+    crd = "trainjobs.trainjob.dev"
+    assert meta(ext.read_custom_resource_definition(crd)).name == crd
     # The operator's identity is exactly what the chart granted, and no more.
     can_i = control_plane.kubectl(
         "auth",
@@ -380,7 +380,8 @@ def test_removing_the_pods_rule_breaks_the_operator_visibly(
     ).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     # Cluster-scoped objects of this release get unique names; only the Role is changed.
-    (role,) = [d for d in docs if d["kind"] == "Role"]
+    # (The other Role, in the release namespace, is leader election's Lease.)
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == namespace]
     (pods_rule,) = [rule for rule in role["rules"] if "pods" in rule["resources"]]
     assert {"create", "delete"} <= set(pods_rule["verbs"]), pods_rule
     # Still list/watch (the operator watches Pods), but no create/delete.

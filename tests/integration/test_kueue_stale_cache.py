@@ -32,7 +32,6 @@ from tests.support import waits
 from trainjob_operator import (
     children,
     config,
-    controller,
     kube,
     manager,
     metrics,
@@ -65,7 +64,6 @@ class Incarnation:
             config.Settings(namespaces=(namespace,), kueue=True),
             self.api,
             metrics.Metrics(),
-            controller.Pause(),
         ).ctx
         self.seen = writes.Seen()
 

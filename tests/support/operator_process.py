@@ -23,10 +23,8 @@ class Operator:
         kubeconfig: Path,
         log: Path,
         *args: str,
-        standalone: bool = True,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.standalone = standalone
         self.extra_env = env or {}
         self.kubeconfig = kubeconfig
         self.log = log
@@ -52,7 +50,6 @@ class Operator:
             sys.executable,
             "-m",
             "trainjob_operator",
-            *(["--standalone"] if self.standalone else []),
             f"--metrics-port={self.metrics_port}",
             f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
             *self.args,

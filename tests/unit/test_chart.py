@@ -28,7 +28,8 @@ DOCKERFILE: Final = REPO_ROOT / "images" / "operator" / "Dockerfile"
 # The Kubernetes version the test control plane runs (tests/controlplane/install.sh).
 KUBE_VERSION: Final = "1.34.0"
 # Kinds that come from CRDs, not from Kubernetes itself: kubernetes-validate has no schema.
-CUSTOM_KINDS: Final = {"ServiceMonitor", "ClusterKopfPeering", "KopfPeering"}
+CUSTOM_KINDS: Final = {"ServiceMonitor"}
+LEADER_ELECTION_ROLE: Final = "tj-trainjob-operator-leader-election"
 NAMESPACE: Final = "trainjob-system"
 
 Obj = dict[str, Any]
@@ -40,8 +41,6 @@ MODES: Final = {
         "--set",
         "watchNamespaces={team-a}",
         "--set",
-        "peering.enabled=true",
-        "--set",
         "replicaCount=2",
         "--set",
         "gangScheduler.type=volcano",
@@ -51,8 +50,6 @@ MODES: Final = {
         "clusterDomain=cluster.local",
     ],
     "clusterwide-ha-plugins": [
-        "--set",
-        "peering.enabled=true",
         "--set",
         "replicaCount=3",
         "--set",
@@ -168,7 +165,11 @@ def test_every_object_carries_the_standard_labels() -> None:
         (["--set", "watchNamespaces={Team_A}"], "watchNamespaces/0"),
         (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
         (["--set", "unknownKey=1"], "unknownKey"),
-        (["--set", "replicaCount=2"], "peering.enabled"),
+        (
+            ["--set", "replicaCount=2", "--set", "leaderElection.enabled=false"],
+            "leaderElection.enabled",
+        ),
+        (["--set", "peering.enabled=true"], "peering"),
         (
             ["--set", "metrics.enabled=false", "--set", "metrics.serviceMonitor.enabled=true"],
             "serviceMonitor",
@@ -186,7 +187,6 @@ def test_bad_values_are_refused_at_render_time(values: list[str], error: str) ->
 
 def test_chart_crds_are_byte_identical_copies() -> None:
     sources = {path.name: path for path in (REPO_ROOT / "crds").glob("*.yaml")}
-    sources["kopf-peering.yaml"] = REPO_ROOT / "operator/trainjob_operator/deploy/peering.yaml"
     copies = {path.name: path for path in (CHART / "crds").glob("*.yaml")}
     assert set(copies) == set(sources), "the chart's crds/ and the sources differ in files"
     for name, source in sources.items():
@@ -268,9 +268,9 @@ def test_every_rbac_rule_has_a_comment(mode: str) -> None:
         assert lines[i - 1].lstrip().startswith("#"), f"rule without a comment: {lines[i]!r}"
 
 
-def test_clusterwide_mode_uses_a_clusterrole_only() -> None:
+def test_clusterwide_mode_uses_a_clusterrole_and_a_role_for_the_lease_only() -> None:
     docs = template()
-    assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
+    assert [r["metadata"]["name"] for r in of_kind(docs, "Role")] == [LEADER_ELECTION_ROLE]
     binding = only(docs, "ClusterRoleBinding")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "tj-trainjob-operator", "namespace": NAMESPACE}
@@ -282,21 +282,21 @@ def test_clusterwide_mode_uses_a_clusterrole_only() -> None:
     assert not grants(docs, "ClusterRole", "", "namespaces", "list")
     assert grants(docs, "ClusterRole", "", "nodes", "watch")  # lost nodes
     assert not grants(docs, "ClusterRole", "", "nodes", "patch")
-    assert not grants(docs, "ClusterRole", "kopf.dev", "clusterkopfpeerings", "patch")
+    assert not grants(docs, "ClusterRole", "coordination.k8s.io", "leases", "update")
     assert not grants(docs, "ClusterRole", "scheduling.volcano.sh", "podgroups", "create")
     args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--standalone" in args
+    assert "--leader-elect" in args
     assert not [a for a in args if a.startswith("--namespace")]
 
 
 def test_namespaced_mode_writes_only_in_the_watched_namespaces() -> None:
     docs = template(*MODES["namespaced"])
-    roles = of_kind(docs, "Role")
+    roles = [r for r in of_kind(docs, "Role") if r["metadata"]["name"] != LEADER_ELECTION_ROLE]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    assert sorted(b["metadata"]["namespace"] for b in of_kind(docs, "RoleBinding")) == [
-        "team-a",
-        "team-b",
+    bindings = [
+        b for b in of_kind(docs, "RoleBinding") if b["metadata"]["name"] != LEADER_ELECTION_ROLE
     ]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     # Nothing cluster-scoped: the operator observes no namespaces and no CRDs at run time.
     # The exceptions: TokenReview (cluster-scoped) for progress reports, and reading Nodes
     # (lost nodes), and nothing else.
@@ -323,19 +323,17 @@ def test_namespaced_mode_writes_only_in_the_watched_namespaces() -> None:
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
 
 
-def test_gang_scheduler_and_peering_options() -> None:
+def test_gang_scheduler_and_ha_options() -> None:
     docs = template(*MODES["everything"])
     for verb in ("create", "delete", "list", "watch"):
         assert grants(docs, "Role", "scheduling.volcano.sh", "podgroups", verb)
     # Cluster-scoped: a ClusterRole even when the operator serves listed namespaces only.
     assert grants(docs, "ClusterRole", "scheduling.k8s.io", "priorityclasses", "get")
-    assert grants(docs, "Role", "kopf.dev", "kopfpeerings", "patch")
-    peering = only(docs, "KopfPeering")
-    assert peering["metadata"] == {**peering["metadata"], "namespace": "team-a"}
     deployment = only(docs, "Deployment")
     assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate"}
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--peering=trainjob-operator" in args and "--standalone" not in args
+    assert "--leader-elect" in args and "--leader-election-namespace=trainjob-system" in args
     assert "--gang-scheduler=volcano" in args and "--cluster-domain=cluster.local" in args
     monitor = only(docs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
@@ -343,8 +341,46 @@ def test_gang_scheduler_and_peering_options() -> None:
     plugins = template(*MODES["clusterwide-ha-plugins"])
     assert grants(plugins, "ClusterRole", "scheduling.x-k8s.io", "podgroups", "create")
     assert grants(plugins, "ClusterRole", "scheduling.k8s.io", "priorityclasses", "get")
-    assert grants(plugins, "ClusterRole", "kopf.dev", "clusterkopfpeerings", "patch")
-    assert only(plugins, "ClusterKopfPeering")["metadata"]["name"] == "trainjob-operator"
+    assert not [d for d in plugins if d["kind"].endswith("KopfPeering")]
+
+
+def test_ha_is_leader_election_on_a_lease_in_the_operators_namespace_only() -> None:
+    docs = template(*MODES["namespaced"], "--set", "replicaCount=2")
+    (role,) = [r for r in of_kind(docs, "Role") if r["metadata"]["name"] == LEADER_ELECTION_ROLE]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["trainjob-operator"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    (binding,) = [
+        b for b in of_kind(docs, "RoleBinding") if b["metadata"]["name"] == LEADER_ELECTION_ROLE
+    ]
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"]["name"] == LEADER_ELECTION_ROLE
+    # Leases nowhere else: not in the watched namespaces, not cluster-wide.
+    elsewhere = [d for d in docs if d["kind"] in ("ClusterRole", "Role") and d is not role]
+    assert not grants(elsewhere, "ClusterRole", "coordination.k8s.io", "leases", "get")
+    assert not grants(elsewhere, "Role", "coordination.k8s.io", "leases", "get")
+    container = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert [a for a in container["args"] if a.startswith("--leader-")] == [
+        "--leader-elect",
+        f"--leader-election-namespace={NAMESPACE}",
+        "--leader-election-id=trainjob-operator",
+        "--leader-elect-lease-duration=15",
+        "--leader-elect-renew-deadline=10",
+        "--leader-elect-retry-period=2",
+    ]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    alone = template("--set", "leaderElection.enabled=false")
+    assert only(alone, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert not of_kind(alone, "Role")
+    args = only(alone, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--leader-")]
 
 
 def test_kueue_option_grants_workloads_and_lets_kueue_read_trainjobs() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -30,3 +31,16 @@ def test_mypy_strict_is_clean() -> None:
 def test_import_contracts_hold() -> None:
     result = run(str(BIN / "lint-imports"))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_kopf_is_used_through_its_public_api_only() -> None:
+    """No module of the product or the tests reaches into kopf's private packages (its
+    underscore modules change between releases without notice)."""
+    private = re.compile(r"\bkopf\.(_[a-z]\w*)")
+    found = [
+        f"{path.relative_to(ROOT)}: kopf.{match.group(1)}"
+        for folder in ("trainjob", "operator", "tests", "bench")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for match in private.finditer(path.read_text(encoding="utf-8"))
+    ]
+    assert found == []

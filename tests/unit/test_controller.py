@@ -360,31 +360,52 @@ def test_a_conflict_is_decided_again_soon_and_a_crash_is_retried_without_losing_
     run(scenario)
 
 
-def test_no_job_is_reconciled_while_peering_pauses_this_replica() -> None:
-    class Toggle:
+def test_a_standby_reconciles_nothing_and_serves_what_it_queued_once_it_leads() -> None:
+    class Election:
+        """leader.Leadership, switched by the test."""
+
         def __init__(self) -> None:
-            self.on = True
-            self.changed = asyncio.Event()
+            self.elected = asyncio.Event()
 
-        def is_on(self) -> bool:
-            return self.on
+        def leading(self) -> bool:
+            return self.elected.is_set()
 
-        async def wait_for(self, state: bool, /) -> None:
-            while self.on != state:
-                self.changed.clear()
-                await self.changed.wait()
+        async def wait_leading(self) -> None:
+            await self.elected.wait()
 
     async def scenario() -> None:
-        toggle = Toggle()
+        election = Election()
         loop = Loop(finished())
-        loop.controller.pause.track(toggle)
+        loop.controller.leadership = election
         loop.controller.start()
         loop.controller.observe(None, trainjob())
+        loop.controller.observe(None, trainjob("other", uid="uid-2"))
         await asyncio.sleep(0.1)
         assert loop.calls == []
-        toggle.on = False
-        toggle.changed.set()
-        await settle(lambda: len(loop.calls) == 1)
+        # The standby's copies are current: the jobs it saw are known and queued.
+        assert set(loop.controller.known) == {KEY, ("team-a", "other")}
+        election.elected.set()
+        await settle(lambda: len(loop.calls) == 2)
+        await loop.controller.close()
+
+    run(scenario)
+
+
+def test_a_reconcile_refused_for_want_of_the_lease_is_queued_again_quietly() -> None:
+    async def scenario() -> None:
+        refusals: list[Exception] = [kube.NotLeaderError("not the leader")]
+
+        async def script(_: Call) -> reconciler.Outcome:
+            if refusals:
+                raise refusals.pop()
+            return reconciler.Outcome(None, at_rest=True)
+
+        loop = Loop(script, workers=1)
+        loop.controller.start()
+        loop.controller.observe(None, trainjob())
+        # Again at once (no backoff, no error counted): whoever leads decides it.
+        await settle(lambda: len(loop.calls) == 2 and KEY not in loop.controller.states)
+        assert loop.controller.states == {}
         await loop.controller.close()
 
     run(scenario)

@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from trainjob.core import policy
-from trainjob_operator import config, controller, kube, manager, metrics, reconciler, writes
+from trainjob_operator import config, kube, manager, metrics, reconciler, writes
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
 
@@ -110,9 +110,7 @@ def writes_as_kube_does(api: kube.Kube) -> writes.JobWrites:
 
 def reconcile(api: Recorder, seen: writes.Seen) -> reconciler.Outcome:
     async def once() -> reconciler.Outcome:
-        shared = manager.build(
-            config.Settings(), cast(kube.Kube, api), metrics.Metrics(), controller.Pause()
-        ).ctx
+        shared = manager.build(config.Settings(), cast(kube.Kube, api), metrics.Metrics()).ctx
         request = reconciler.Request(("team-a", "mnist"), trainjob(), seen, NOW)
         return await reconciler.reconcile(shared, request)
 

@@ -66,8 +66,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Refuse settings that cannot work together, at render time. */}}
 {{- define "trainjob-operator.validate" -}}
-{{- if and (gt (int .Values.replicaCount) 1) (not .Values.peering.enabled) }}
-{{- fail "replicaCount > 1 needs peering.enabled=true: standalone replicas would all serve the same TrainJobs" }}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
+{{- fail "replicaCount > 1 needs leaderElection.enabled=true: replicas without leader election would all write to the same TrainJobs" }}
 {{- end }}
 {{- if and .Values.metrics.serviceMonitor.enabled (not (and .Values.metrics.enabled .Values.metrics.service.enabled)) }}
 {{- fail "metrics.serviceMonitor.enabled needs metrics.enabled and metrics.service.enabled" }}
