@@ -278,7 +278,7 @@ class TFJobDoor:
 
     def parse(self, raw: Mapping[str, Any]) -> spec.TrainJob:
         source = tfjob_of(raw)
-        problems = tfjob.webhook_problems(source)
+        problems = tfjob.webhook_problems(source) + tfjob.template_problems(source)
         if problems:
             raise spec.SpecError(problems)
         try:

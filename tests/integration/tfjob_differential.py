@@ -779,10 +779,22 @@ IN_PLACE: Final = (
     "OnFailure replicas: we recreate the Pod (restartPolicy Never) instead of the kubelet "
     "restarting its container in place, so every failure is seen, counted and explained"
 )
+# A chief under restartPolicy Always (Flyte's documented TFJob config) that exits 0.
+CHIEF_ALWAYS: Final = (
+    "a chief's success ends the job whatever its restartPolicy (Always restarts it only after "
+    "a failure): training-operator leaves an Always chief that exited 0 to the kubelet, which "
+    "restarts it in place, so the job runs forever and cleanPodPolicy never applies; ours "
+    "succeeds and cleans up. Its Pods are restartPolicy Never, as every Pod of ours"
+)
+# An eviction under the default restartPolicy Never (the Kubeflow SDK's train_func jobs).
+EVICTED_NEVER: Final = (
+    "an eviction (DisruptionTarget) is a disruption, not a failure of the training: "
+    "training-operator fails a Never job on any Failed Pod; ours creates the Pod again, "
+    "uncounted (runPolicy.backoffLimit is untouched; disruptionLimit bounds them), and the "
+    "job goes on"
+)
 ALLOWED: Final[tuple[Allowed, ...]] = (
-    Allowed("pods/*/labels/app.kubernetes.io/*", "extra", OUR_LABELS),
     Allowed("pods/*/labels/trainjob.dev/*", "extra", OUR_LABELS),
-    Allowed("services/*/labels/app.kubernetes.io/*", "extra", OUR_LABELS),
     Allowed("services/*/labels/trainjob.dev/*", "extra", OUR_LABELS),
     Allowed("steps/*/podGroups/*/labels/trainjob.dev/*", "extra", OUR_LABELS),
     Allowed(
@@ -852,6 +864,29 @@ ALLOWED: Final[tuple[Allowed, ...]] = (
         "enableDynamicWorker's sparse TF_CONFIG (a worker lists only itself and the PS, the "
         "other tasks neither) is not served: every task gets the whole cluster",
         cases=("estimator-master-evaluator",),
+    ),
+    Allowed(
+        "pods/*-chief-0/spec/restartPolicy",
+        "value",
+        CHIEF_ALWAYS,
+        cases=("chief-restart-always",),
+        values=("Always", "Never"),
+    ),
+    *(
+        Allowed(path, kind, CHIEF_ALWAYS, cases=("chief-restart-always",))
+        for path, kind in (
+            ("steps/* (chief-0 exits 0)/*", "any"),
+            ("steps/* (wait)/*", "any"),
+            ("trace", "value"),
+        )
+    ),
+    *(
+        Allowed(path, kind, EVICTED_NEVER, cases=("evicted-never",))
+        for path, kind in (
+            ("steps/* (worker-1 evicted*)/*", "any"),
+            ("steps/* (worker-0 exits 0)/*", "any"),
+            ("trace", "value"),
+        )
     ),
     # A retried failure: training-operator deletes and recreates the failed Pod alone (ExitCode
     # >= 128, an evicted Pod) or leaves it to the kubelet (OnFailure: nothing to see), and shows

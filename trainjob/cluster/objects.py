@@ -55,7 +55,11 @@ def parse_job(obj: Obj) -> spec.TrainJob:
     try:
         job = spec.parse(manifest, require_images=False)
     except spec.SpecError as error:
-        found = tfjob.webhook_problems(source) if isinstance(source, Mapping) else []
+        found = (
+            tfjob.webhook_problems(source) + tfjob.template_problems(source)
+            if isinstance(source, Mapping)
+            else []
+        )
         problems = "; ".join(str(p) for p in found or error.problems)
         raise ShowError(f"{ref_of(obj).kind} {name_of(obj)} cannot be read: {problems}") from error
     if isinstance(source, Mapping) and tfjob.replica_types(source).get(constants.CHIEF) == "Master":

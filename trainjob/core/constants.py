@@ -25,6 +25,9 @@ LABEL_APP_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 LABEL_APP_PART_OF: Final = "app.kubernetes.io/part-of"
 APP_NAME: Final = "trainjob"
 MANAGED_BY: Final = "trainjob-operator"
+# The Kubernetes recommended labels: a child gets ours only when its template sets none of them
+# (they describe one application together; a platform such as Polyaxon finds its Pods by them).
+APP_LABEL_PREFIX: Final = "app.kubernetes.io/"
 
 FINALIZER: Final = f"{GROUP}/finalizer"
 
@@ -97,3 +100,9 @@ DEFAULT_RUNTIME_COMMAND: Final = ("python", "-m", "trainjob", "train")
 # The attempt a Pod belongs to. The policy engine bumps a replica's attempt when it decides to
 # restart it; a Pod of an older attempt is stale: deleted, and its exit never counted again.
 ANNOTATION_ATTEMPT: Final = f"{GROUP}/attempt"
+
+# What a replica template may not set: the labels every selector of ours selects by (Services,
+# the NetworkPolicy, the operator's informer, the CLI) and the annotations the operator keeps
+# its bookkeeping in. A template's other keys, under trainjob.dev/ too, are the user's.
+RESERVED_TEMPLATE_LABELS: Final = (LABEL_JOB_NAME, LABEL_REPLICA_TYPE, LABEL_REPLICA_INDEX)
+RESERVED_TEMPLATE_ANNOTATIONS: Final = (ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS_CA)

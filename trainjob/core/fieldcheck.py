@@ -100,6 +100,8 @@ def check_template(c: Collector, template: Mapping[str, Any], path: str) -> None
     metadata = c.mapping(template.get("metadata"), f"{path}.metadata")
     for key in ("labels", "annotations"):
         _check_string_map(c, metadata.get(key), f"{path}.metadata.{key}")
+    for kind, key, why in reserved_keys(metadata):
+        c.add(field_path(f"{path}.metadata.{kind}", key), why)
     pod_spec = c.mapping(template.get("spec"), f"{path}.spec")
     # The renderer merges its own entries into these: they must have the shape it expects.
     c.mapping(pod_spec.get("securityContext"), f"{path}.spec.securityContext")
@@ -122,6 +124,31 @@ def check_template(c: Collector, template: Mapping[str, Any], path: str) -> None
             f"with several containers, one must be named {constants.DEFAULT_CONTAINER_NAME} "
             "(it gets TF_CONFIG and the TensorFlow port)",
         )
+
+
+# Why a template cannot set each reserved key (its words, after the key's field path).
+RESERVED_LABEL: Final = (
+    "is set by TrainJob on every Pod (the job's Services, NetworkPolicy and operator select "
+    "its Pods by it); remove it from the template"
+)
+RESERVED_ANNOTATION: Final = (
+    "is set by TrainJob on every Pod (the operator's own bookkeeping); remove it from the template"
+)
+
+
+def reserved_keys(metadata: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """The keys of a template's metadata that only TrainJob sets: ("labels" or "annotations",
+    key, why) for each. Replacing the user's value would be silent; keeping it would break
+    the selectors (or the bookkeeping) that rely on ours."""
+    found: list[tuple[str, str, str]] = []
+    for kind, reserved, why in (
+        ("labels", constants.RESERVED_TEMPLATE_LABELS, RESERVED_LABEL),
+        ("annotations", constants.RESERVED_TEMPLATE_ANNOTATIONS, RESERVED_ANNOTATION),
+    ):
+        given = metadata.get(kind)
+        if isinstance(given, Mapping):
+            found.extend((kind, key, why) for key in reserved if key in given)
+    return found
 
 
 def _check_container(c: Collector, container: object, path: str) -> str | None:

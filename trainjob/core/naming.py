@@ -6,6 +6,8 @@ create of the same child gets 409 Conflict, which the executors treat as success
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from trainjob.core import constants
 
 # A replica: (replica type, index), e.g. ("worker", 0).
@@ -36,12 +38,45 @@ def replica_selector(job_name: str, replica_type: str, index: int) -> dict[str, 
     }
 
 
-def child_labels(job_name: str, replica_type: str, index: int) -> dict[str, str]:
+def recommended_labels(job_name: str, replica_type: str) -> dict[str, str]:
+    """Our `app.kubernetes.io/*` labels of a TrainJob's child."""
     return {
-        **replica_selector(job_name, replica_type, index),
         constants.LABEL_APP_NAME: constants.APP_NAME,
         constants.LABEL_APP_INSTANCE: job_name,
         constants.LABEL_APP_COMPONENT: replica_type,
         constants.LABEL_APP_MANAGED_BY: constants.MANAGED_BY,
         constants.LABEL_APP_PART_OF: constants.APP_NAME,
+    }
+
+
+def template_app_labels(template_labels: Mapping[str, str]) -> dict[str, str]:
+    """The template's own `app.kubernetes.io/*` labels."""
+    return {
+        key: value
+        for key, value in template_labels.items()
+        # A YAML key may be a number in a local manifest (`0: x`): not one of these.
+        if isinstance(key, str) and key.startswith(constants.APP_LABEL_PREFIX)
+    }
+
+
+def app_labels(
+    template_labels: Mapping[str, str], job_name: str, replica_type: str
+) -> dict[str, str]:
+    """A TrainJob child's `app.kubernetes.io/*` labels: the template's when it sets any (all
+    of them, and none of ours: the set describes one application, and a platform that wrote it
+    finds its Pods by it), else ours. No selector of ours reads them."""
+    given = template_app_labels(template_labels)
+    return given if given else recommended_labels(job_name, replica_type)
+
+
+def child_labels(
+    job_name: str, replica_type: str, index: int, template_labels: Mapping[str, str]
+) -> dict[str, str]:
+    """The labels of a TrainJob's Pod: the template's, ours beside them. Ours never replace
+    the user's: the selector labels cannot be set by a template (spec validation refuses it)
+    and the recommended ones are added only where the template sets none."""
+    return {
+        **app_labels(template_labels, job_name, replica_type),
+        **template_labels,
+        **replica_selector(job_name, replica_type, index),
     }

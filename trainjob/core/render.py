@@ -141,6 +141,8 @@ def render_pod(
         _add_progress_volume(job, pod_spec, options)
     if options.scheduler_name and "schedulerName" not in pod_spec:
         pod_spec["schedulerName"] = options.scheduler_name
+    # The template's annotations and labels are the user's: ours go beside them. The keys we
+    # set ourselves are refused in a template by spec validation (RESERVED_TEMPLATE_*).
     annotations = {
         **dict(meta.get("annotations") or {}),
         constants.ANNOTATION_ATTEMPT: str(attempt),
@@ -149,12 +151,17 @@ def render_pod(
         annotations["scheduling.k8s.io/group-name"] = options.pod_group_name
     if options.progress is not None:
         annotations[constants.ANNOTATION_PROGRESS_CA] = options.progress.ca_pem
-    labels = {
-        **dict(meta.get("labels") or {}),
-        **naming.child_labels(job.name, replica_type, index),
-    }
+    template_labels = dict(meta.get("labels") or {})
     if kubeflow is not None:
-        labels.update(tfjob.kubeflow_labels(job.name, kubeflow, replica_type, index))
+        # As training-operator v1.9.4 makes them: the template's labels and its own (which
+        # a TFJob's template cannot set: tfjob.template_problems), no recommended labels.
+        labels = {
+            **template_labels,
+            **naming.replica_selector(job.name, replica_type, index),
+            **tfjob.kubeflow_labels(job.name, kubeflow, replica_type, index),
+        }
+    else:
+        labels = naming.child_labels(job.name, replica_type, index, template_labels)
     if options.pod_group_name:
         labels["scheduling.x-k8s.io/pod-group"] = options.pod_group_name
     metadata: dict[str, Any] = {
@@ -450,13 +457,21 @@ def render_service(
     job: spec.TrainJob, replica_type: str, index: int, options: RenderOptions, owner: Owner | None
 ) -> dict[str, Any]:
     """A headless Service per replica gives each task the stable DNS name TF_CONFIG lists."""
-    port = spec.tf_port(job.replica_specs[replica_type].template)
-    labels = naming.child_labels(job.name, replica_type, index)
+    template = job.replica_specs[replica_type].template
+    port = spec.tf_port(template)
     selector = naming.replica_selector(job.name, replica_type, index)
     if options.kubeflow_types is not None:
-        # training-operator's Service selects by its own four labels.
-        selector = tfjob.replica_selector(job.name, options.kubeflow_types, replica_type, index)
-        labels = {**labels, **selector}
+        # training-operator's Service selects by its own four labels and carries only them.
+        kubeflow = tfjob.replica_selector(job.name, options.kubeflow_types, replica_type, index)
+        labels = {**selector, **kubeflow}
+        selector = kubeflow
+    else:
+        # The Service describes the same application as its Pod: the same recommended labels.
+        template_labels = (template.get("metadata") or {}).get("labels") or {}
+        labels = {
+            **selector,
+            **naming.app_labels(template_labels, job.name, replica_type),
+        }
     metadata: dict[str, Any] = {
         "name": naming.child_name(job.name, job.task_type(replica_type), index),
         "namespace": options.namespace,

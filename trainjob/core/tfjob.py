@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from trainjob.core import constants, convert
+from trainjob.core import constants, convert, fieldcheck
 from trainjob.core.model import Problem
 
 GROUP: Final = "kubeflow.org"
@@ -270,6 +270,50 @@ def webhook_problems(raw: Mapping[str, Any]) -> list[Problem]:
     if chiefs > 1:
         problems.append(
             Problem("spec.tfReplicaSpecs", "Forbidden: must not have more than 1 Chief or Master")
+        )
+    return problems
+
+
+KUBEFLOW_LABELS: Final = (
+    LABEL_OPERATOR_NAME,
+    LABEL_JOB_NAME,
+    LABEL_REPLICA_TYPE,
+    LABEL_REPLICA_INDEX,
+    LABEL_JOB_ROLE,
+)
+RESERVED_KUBEFLOW_LABEL: Final = (
+    "is set by the TFJob's controller on every Pod (its Services, the Kubeflow SDK, Katib and "
+    "kueuectl select the job's Pods by it; training-operator overwrites a template's value "
+    "without a word); remove it from the template"
+)
+
+
+def template_problems(raw: Mapping[str, Any]) -> list[Problem]:
+    """The labels and annotations a TFJob's replica template may not set, in the TFJob's own
+    field names: training-operator's labels (it overwrites a template's value without a word,
+    so whatever the user meant by it is lost) and ours (fieldcheck.reserved_keys). Not a
+    webhook check of training-operator's: the operator fails such a job with InvalidSpec
+    naming the field."""
+    specs = (raw.get("spec") or {}).get("tfReplicaSpecs")
+    problems: list[Problem] = []
+    if not isinstance(specs, Mapping):
+        return problems
+    for key, replica in specs.items():
+        template = replica.get("template") if isinstance(replica, Mapping) else None
+        metadata = template.get("metadata") if isinstance(template, Mapping) else None
+        if not isinstance(metadata, Mapping):
+            continue
+        path = f"spec.tfReplicaSpecs[{key}].template.metadata"
+        labels = metadata.get("labels")
+        if isinstance(labels, Mapping):
+            problems.extend(
+                Problem(f"{path}.labels[{label!r}]", RESERVED_KUBEFLOW_LABEL)
+                for label in KUBEFLOW_LABELS
+                if label in labels
+            )
+        problems.extend(
+            Problem(f"{path}.{kind}[{name!r}]", why)
+            for kind, name, why in fieldcheck.reserved_keys(metadata)
         )
     return problems
 
