@@ -39,7 +39,7 @@ from tests.integration.operator_harness import (
     running_operator,
     trainjob,
 )
-from tests.support import kubelet, operator_process, waits
+from tests.support import kubelet, operator_process, tmux, waits
 from trainjob import cli, client
 from trainjob.core import spec
 
@@ -169,7 +169,9 @@ def test_cli_submit_get_describe_wait_delete(
     # What `get -o yaml` saved (uid, resourceVersion, status...) submits as a new job.
     code, out, err = run(kubeconfig, "submit", "-f", str(saved), "-o", "json")
     assert code == 0, err
-    assert json.loads(out)["metadata"]["namespace"] == ns and "status" not in json.loads(out)
+    created = json.loads(out)
+    # None of the saved status: the new job's is the CRD's default until the operator writes.
+    assert created["metadata"]["namespace"] == ns and created["status"] == {"state": "Pending"}
 
 
 def test_cli_submit_code_ships_the_directory_and_it_goes_with_the_job(
@@ -593,6 +595,66 @@ def test_cli_attach_on_a_terminal_draws_the_live_table(cluster: Cluster, kubecon
     shown = [line.rstrip() for line in screen.display]
     assert any(line.startswith("TrainJob tty Succeeded after") for line in shown), shown
     assert not any(line.startswith("TrainJob tty  ") for line in shown), "the table was not erased"
+
+
+ATTACH_RESIZES = [(60, 30), (200, 40), (60, 30), (120, 30), (60, 20), (100, 30)]
+
+
+def test_cli_attach_in_tmux_fits_every_resize_and_leaves_no_table_behind(
+    cluster: Cluster, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """`trainjob attach` in a real tmux window, made narrower and wider: after each resize the
+    table is redrawn to fit (every line within the window), in place (one table on the
+    window), and nothing of it is in tmux's scrollback. Before, a resize from 120 to 60
+    columns left the top of the 120-column table there: tmux re-wraps the window and makes
+    room by moving rows from its top into the scrollback, and the table started there."""
+    ns = cluster.namespace
+    cluster.create_job(trainjob("narrow", chief=1, workers=1))
+    cluster.run_all("narrow", {"narrow-chief-0", "narrow-worker-0"})
+    cluster.wait_condition("narrow", "Running")
+    set_progress(cluster, "narrow", **PROGRESS, examplesPerSecond=12345.6)
+    env = {"PYTHONPATH": str(REPO_ROOT), "KUBECONFIG": str(kubeconfig), "NO_COLOR": "1"}
+    command = [sys.executable, "-m", "trainjob", "attach", "narrow", "-n", ns]
+    job_line = "TrainJob narrow  "
+
+    def table(lines: list[str]) -> list[str]:
+        return [line for line in lines if line.startswith((job_line, "  chief-0", "  worker-0"))]
+
+    try:
+        server = tmux.Tmux(tmp_path, 120, 30, command, cwd=REPO_ROOT, env=env)
+    except tmux.TmuxMissingError as error:
+        pytest.fail(str(error), pytrace=False)
+    try:
+        first = waits.wait_until(
+            lambda: table(server.screen()), timeout=T, what="attach to draw its table"
+        )
+        assert max(len(line) for line in first) > 60, first  # it re-wraps at 60 columns
+        for step, (columns, rows) in enumerate(ATTACH_RESIZES, start=61):
+            server.resize(columns, rows)
+            # A new step after the resize: the table showing it was drawn at this size.
+            set_progress(cluster, "narrow", **{**PROGRESS, "step": step})
+
+            def redrawn(columns: int = columns, step: int = step) -> list[str] | None:
+                shown = table(server.screen())
+                drawn = len(shown) == 3 and f"step {step}/" in shown[0]
+                return shown if drawn and all(len(line) <= columns - 1 for line in shown) else None
+
+            waits.wait_until(
+                redrawn,
+                timeout=T,
+                what=f"step {step} in a table that fits {columns}",
+                on_timeout=lambda: "\n".join(server.screen()),
+            )
+            screen = server.screen()
+            assert len(table(screen)) == 3, "\n".join(screen)
+            assert all(len(line) <= columns for line in screen), "\n".join(screen)
+            history = server.history()
+            assert table(history) == [], (
+                f"the table in tmux's scrollback after the resize to {columns}x{rows}:\n"
+                + "\n".join(history)
+            )
+    finally:
+        server.close()
 
 
 def _readme_commands(section: str) -> list[list[str]]:

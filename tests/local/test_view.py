@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import io
 import time
 
 import pytest
 
-from trainjob.console import logfilter, outcome, view
+from trainjob.console import logfilter, outcome, terminal, view
 from trainjob.console.replica_progress import ReplicaProgress, fold
 from trainjob.core import policy, spec
 from trainjob.core import progress as core_progress
@@ -198,6 +199,72 @@ def test_drawn_height_follows_a_terminal_made_narrower() -> None:
     assert view.drawn_height([79, 40, 10], 80) == 3
     assert view.drawn_height([79, 40, 10], 60) == 4  # the 79-column line re-wraps
     assert view.drawn_height([0], 60) == 1
+
+
+def test_rewrap_extra_counts_the_rows_a_narrower_terminal_adds() -> None:
+    assert view.rewrap_extra([98, 86, 19], 120) == 2  # 98 and 86 re-wrap at 60 columns
+    assert view.rewrap_extra([98, 86, 19], 120, narrowest=40) == 4
+    assert view.rewrap_extra([59, 59], 120) == 0
+    assert view.rewrap_extra([59, 40], 60) == 0  # already that narrow
+
+
+def test_headroom_keeps_rows_above_a_table_for_a_narrower_terminal() -> None:
+    # Nothing known above a 120-column table whose 2 wide lines re-wrap at 60: 2 blank rows.
+    assert view.headroom_rows(0, [98, 86, 19], 120, 30) == 2
+    assert view.headroom_rows(1, [98, 86, 19], 120, 30) == 1  # a log line counts
+    assert view.headroom_rows(5, [98, 86, 19], 120, 30) == 0
+    assert view.headroom_rows(0, [59, 40], 120, 30) == 0  # nothing would re-wrap
+    assert view.headroom_rows(0, [98, 86, 19], 60, 30) == 0
+    # Never more than the window has room for: a 5-row window holds a 3-line table and 1 row.
+    assert view.headroom_rows(0, [98, 86, 19], 120, 5) == 1
+    assert view.headroom_rows(0, [98] * 29, 120, 30) == 0
+
+
+def test_rows_above_follow_what_tmux_does_on_a_resize() -> None:
+    table, logs = [98, 86, 19], [150, 10]
+    # Narrower: the rows the table gains leave from above it.
+    assert view.rows_above_after_resize(5, table, logs, (120, 30), (60, 30)) == 3
+    assert view.rows_above_after_resize(1, table, logs, (120, 30), (60, 30)) == 0
+    # Wider: the log line that wrapped joins again (one row fewer above).
+    assert view.rows_above_after_resize(5, table, logs, (120, 30), (200, 30)) == 4
+    # Shorter: at worst the rows taken off come from the top.
+    assert view.rows_above_after_resize(5, table, logs, (120, 30), (120, 27)) == 2
+    assert view.rows_above_after_resize(5, table, logs, (120, 30), (120, 40)) == 5
+
+
+def test_the_terminal_prints_headroom_once_and_again_after_a_narrowing() -> None:
+    sizes = [(120, 30)]
+    out = io.StringIO()
+    screen = terminal.Terminal(out, tty=True, color=False, size=lambda: sizes[-1])
+    snapshot = view.Snapshot(JOB, st.JobStatus(restart_count=1), ROWS, PROGRESS, 65.0)
+    widths = [len(view.plain(line)) for line in view.table_segments(snapshot, width=120)]
+    wanted = view.rewrap_extra(widths, 120)
+    assert wanted > 0
+
+    def blank_rows() -> int:
+        """Blank rows the last draw printed: the old table is cleared, then come newlines."""
+        text = out.getvalue().split("\r", 1)[1]
+        out.seek(0)
+        out.truncate()
+        if not text.startswith(view.ANSI_CLEAR_BELOW):
+            return 0
+        rest = text[len(view.ANSI_CLEAR_BELOW) :]
+        return len(rest) - len(rest.lstrip("\n"))
+
+    screen.draw(lambda: snapshot, force=True)
+    assert blank_rows() == wanted
+    screen.draw(lambda: snapshot, force=True)
+    assert blank_rows() == 0  # they stay above the table
+    sizes.append((60, 30))  # tmux moved them into its scrollback
+    screen.draw(lambda: snapshot, force=True)
+    assert blank_rows() == 0  # nothing at 60 columns re-wraps any more
+    sizes.append((120, 30))
+    screen.draw(lambda: snapshot, force=True)
+    assert blank_rows() == wanted
+
+
+def test_visible_width_leaves_out_styles() -> None:
+    assert view.visible_width("\x1b[36mps-0 |\x1b[0m hi") == len("ps-0 | hi")
 
 
 REAL_NOISE = [

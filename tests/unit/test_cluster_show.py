@@ -162,11 +162,18 @@ def test_get_has_the_printer_columns_of_kubectl_get_tj() -> None:
         "<none>",  # DEVICES: no replica said yet
         "2m",
     ]
-    assert lines[2].split() == ["fresh", *["<none>"] * 8, "2m"]
-    wide = show.jobs_table([RUNNING], NOW, all_namespaces=True, wide=True)
+    # No status written yet (just created, the operator down): Pending, as kubectl get tj
+    # says from the CRD's default, never an empty state.
+    assert lines[2].split() == ["fresh", "Pending", *["<none>"] * 7, "2m"]
+    wide = show.jobs_table([RUNNING, fresh], NOW, all_namespaces=True, wide=True)
     assert wide[0].split()[0] == "NAMESPACE" and wide[0].split()[-2:] == ["STEP", "MESSAGE"]
     assert wide[1].split()[:2] == ["team-a", "mnist"] and "80/120" in wide[1]
     assert wide[1].endswith("Running: all running")
+    assert wide[2].split()[2] == "Pending" and wide[2].endswith(show.NO_STATUS_YET)
+    defaulted = {**fresh, "status": {"state": "Pending"}}  # as the API server returns it
+    assert show.job_state(defaulted) == "Pending"
+    assert show.waiting_note(defaulted) == show.NO_STATUS_YET
+    assert show.waiting_note(RUNNING) is None
 
 
 # ----- the live view and the summary -----

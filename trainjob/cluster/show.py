@@ -23,6 +23,7 @@ from trainjob.cluster.objects import (
     align,
     hold_of,
     namespace_of,
+    no_status_yet,
     parse_job,
     pod_key,
     ref_of,
@@ -66,7 +67,7 @@ def job_row(obj: Obj, now: datetime.datetime, *, wide: bool = False) -> list[str
     progress = status.get("progress") or {}
     row = [
         str(ref_of(obj)),
-        _cell(status.get("state")),
+        job_state(obj),
         _cell(status.get("ready")),
         _cell(status.get("restartCount")),
         _cell(_running_reason(status)),
@@ -79,8 +80,30 @@ def job_row(obj: Obj, now: datetime.datetime, *, wide: bool = False) -> list[str
     if wide:
         step, total = progress.get("step"), progress.get("totalSteps")
         row.append(NONE if step is None else f"{step}/{total}" if total else str(step))
-        row.append(_cell(state_message(status_of(obj))))
+        row.append(_cell(state_message(status_of(obj)) or waiting_note(obj)))
     return row
+
+
+NO_STATUS_YET: Final = (
+    "no status from the TrainJob operator yet: the job was just created, or the operator is "
+    "not running"
+)
+
+
+def waiting_note(obj: Obj) -> str | None:
+    """What a job nobody has written a status for yet may mean (None once it has one): a
+    TrainJob's first status holds its conditions (Created at least)."""
+    if ref_of(obj).is_tfjob:
+        return no_status_yet(obj)
+    return None if (obj.get("status") or {}).get("conditions") else NO_STATUS_YET
+
+
+def job_state(obj: Obj) -> str:
+    """The STATE column: what the operator wrote, else what the conditions say, which for a
+    job nobody has written a status for yet (just created, the operator down; a TFJob the
+    operator has not served yet) is Pending, as `kubectl get tj` says from the CRD's default."""
+    written = (obj.get("status") or {}).get("state")
+    return str(written) if written else st.state_of(status_of(obj))
 
 
 def _running_reason(status: Mapping[str, Any]) -> str | None:

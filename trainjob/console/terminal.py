@@ -63,6 +63,12 @@ class Terminal:
         self._size = size or (lambda: terminal_size(out))
         self._pending: list[str] = []
         self._drawn_widths: list[int] = []  # visible width of each table line last drawn
+        # The rows known to be above the table on the window, and the visible width of each
+        # line printed above it (log lines, blank rows; latest last): the rows a terminal made
+        # narrower moves into its scrollback before any of the table's (view.headroom_rows).
+        self._above_rows = 0
+        self._above_widths: list[int] = []
+        self._drawn_size: tuple[int, int] | None = None  # (columns, rows) at the last draw
         self._drawn_at = 0.0
         self._gone = False
         self.reader_gone = False  # the reader of our pipe went away (`| head`)
@@ -111,8 +117,30 @@ class Terminal:
         self._drawn_at = mono
         width, height = self._size()
         segments = view.table_segments(snapshot(), width=width, height=height)
+        widths = [len(view.plain(line)) for line in segments]
+        self._keep_headroom(widths, width, height)
         self._redraw(width, [view.render_segments(line, self.color) for line in segments])
-        self._drawn_widths = [len(view.plain(line)) for line in segments]
+        self._drawn_widths = widths
+        self._drawn_size = (width, height)
+
+    def _keep_headroom(self, widths: Sequence[int], width: int, height: int) -> None:
+        """Print blank rows above the table about to be drawn where the rows above it would
+        not take what a terminal made narrower moves into its scrollback."""
+        if self._drawn_size is not None and self._drawn_size != (width, height):
+            self._above_rows = view.rows_above_after_resize(
+                self._above_rows,
+                self._drawn_widths,
+                self._above_widths,
+                self._drawn_size,
+                (width, height),
+            )
+        logs = [view.visible_width(line) for line in self._pending]
+        rows_above = self._above_rows + view.drawn_height(logs, width)
+        blanks = view.headroom_rows(rows_above, widths, width, height)
+        self._pending.extend([""] * blanks)
+        # Only a window's worth can be on the window.
+        self._above_widths = [*self._above_widths, *logs, *[0] * blanks][-height:]
+        self._above_rows = min(rows_above + blanks, max(0, height - 1 - len(widths)))
 
     def erase(self) -> None:
         """Remove the live table and print what is pending: the summary takes its place."""

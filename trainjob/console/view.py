@@ -10,6 +10,9 @@ The live table is sized for the terminal it is drawn on: every line is cut to `w
 columns (a line exactly as wide as the terminal makes some terminals wrap the cursor) and the
 table never has more lines than the terminal has rows minus one, so moving the cursor up by the
 number of lines drawn always lands on the table's first row and the redraw leaves no debris.
+A terminal made narrower re-wraps what it shows, and tmux then moves rows from the top of the
+window into its scrollback: the table keeps enough rows above it (`headroom_rows`) for a
+terminal made as narrow as 60 columns to re-wrap it with nothing of it pushed there.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -38,6 +42,10 @@ ANSI_ERASE_LINE: Final = "\x1b[K"  # from the cursor to the end of its row
 ANSI_CLEAR_BELOW: Final = "\x1b[K\x1b[2G\x1b[J\r"
 ELLIPSIS: Final = "…"
 MIN_WIDTH: Final = 20  # below this the table is cut, not laid out
+# The narrowest terminal a table drawn wider is kept whole for when the terminal is made that
+# narrow (see `headroom_rows`).
+NARROWEST: Final = 60
+_SGR: Final = re.compile(r"\x1b\[[0-9;]*m")
 
 # Styles (SGR parameters); only applied when color is on (a TTY without NO_COLOR).
 STYLE_BOLD: Final = "1"
@@ -363,6 +371,64 @@ def drawn_height(line_widths: Sequence[int], width: int) -> int:
     was made narrower re-wraps them (tmux, VTE, iTerm2 and Windows Terminal all do)."""
     columns = max(1, width)
     return sum(max(1, math.ceil(w / columns)) for w in line_widths)
+
+
+def visible_width(text: str) -> int:
+    """Columns a line takes on a terminal: its text without the styles (SGR) it carries."""
+    return len(_SGR.sub("", text))
+
+
+def rewrap_extra(line_widths: Sequence[int], width: int, narrowest: int = NARROWEST) -> int:
+    """Rows that lines drawn on a terminal `width` columns wide gain when it is made
+    `narrowest` columns wide and re-wraps them (tmux, VTE, iTerm2, Windows Terminal do).
+
+    tmux keeps the rows below the cursor as they are and makes room for those extra rows by
+    moving as many rows from the top of the window into its scrollback: with fewer rows than
+    that above a table, the top of the table goes there, and a redraw can no longer reach it."""
+    if width <= narrowest:
+        return 0
+    return max(0, drawn_height(line_widths, narrowest) - drawn_height(line_widths, width))
+
+
+def rows_above_after_resize(
+    rows_above: int,
+    table_widths: Sequence[int],
+    above_widths: Sequence[int],
+    before: tuple[int, int],
+    after: tuple[int, int],
+) -> int:
+    """The rows still known to be above a table on the window after the terminal went from
+    `before` to `after` (columns, rows), as tmux re-wraps: made narrower, the window keeps its
+    rows below the table and loses as many rows above it as the table gained; made wider, the
+    lines above it that had wrapped join again (rows may come back from the scrollback, which
+    is not counted); made shorter, at worst the rows taken off come from the top."""
+    (old_width, old_height), (new_width, new_height) = before, after
+    rows = rows_above
+    if new_width < old_width:
+        rows -= drawn_height(table_widths, new_width) - drawn_height(table_widths, old_width)
+    elif new_width > old_width:
+        rows -= drawn_height(above_widths, old_width) - drawn_height(above_widths, new_width)
+    if new_height < old_height:
+        rows -= old_height - new_height
+    return max(0, rows)
+
+
+def headroom_rows(
+    rows_above: int,
+    table_widths: Sequence[int],
+    width: int,
+    height: int,
+    narrowest: int = NARROWEST,
+) -> int:
+    """Blank rows to print just above a table about to be drawn so that a terminal made as
+    narrow as `narrowest` re-wraps the table with nothing of it leaving the window.
+
+    `rows_above`: the rows known to be above the table (log lines and blank rows printed above
+    it; what was on the screen before the first draw is not known, so it is not counted). A
+    table too tall to stay whole once re-wrapped gets only the room the window has."""
+    room = max(0, height - 1 - drawn_height(table_widths, width))
+    known = min(rows_above, room)
+    return max(0, min(rewrap_extra(table_widths, width, narrowest), room) - known)
 
 
 def redraw(previous_height: int, lines: Sequence[str], logs: Sequence[str]) -> str:

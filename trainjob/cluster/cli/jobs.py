@@ -191,8 +191,8 @@ def cmd_wait(args: argparse.Namespace, streams: Streams) -> int:
         code, job = wait_for(lambda: cluster.get_job(args.name), args.wait_for, args.timeout)
     status = objects.status_of(job)
     ref = objects.ref_of(job)
-    state = (job.get("status") or {}).get("state") or "Pending"
-    message = show.state_message(status) or objects.no_status_yet(job)
+    state = show.job_state(job)
+    message = show.state_message(status) or show.waiting_note(job)
     detail = f" ({message})" if message else ""
     if code == EXIT_TIMEOUT:
         streams.err.write(
