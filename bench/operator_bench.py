@@ -716,7 +716,6 @@ class Bench:
                 "-c",
                 (TRACEMALLOC_PREFIX if os.environ.get("BENCH_TRACEMALLOC") else "")
                 + AS_IN_THE_IMAGE,
-                "--standalone",
                 *(["-n", namespace] if namespace else []),
                 f"--metrics-port={metrics_port}",
                 f"--liveness=http://127.0.0.1:{liveness}/healthz",
