@@ -24,7 +24,7 @@ from trainjob.cliutil import (
 )
 from trainjob.console import outcome, view
 from trainjob.core import spec
-from trainjob.local import board, data, executor, gpus, plan, rundir, runs, supervisor
+from trainjob.local import board, data, executor, gpus, plan, rundir, runs, supervisor, usernet
 from trainjob.signals import stop_hint, stop_signals
 
 RUN_DESCRIPTION: Final = """\
@@ -64,6 +64,13 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > usernet.MAX_PORT:
+        raise argparse.ArgumentTypeError(f"a TCP port is at most {usernet.MAX_PORT}, got {value}")
     return value
 
 
@@ -115,9 +122,19 @@ def add_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--host-network",
         action="store_true",
-        help="run the replicas on this machine's network, as spec.networkIsolation: None does "
-        "(for downloads, services on its loopback); their TensorFlow ports then listen on every "
-        "interface. Default: a network of the run's own, loopback only",
+        help="run the replicas on this machine's network, as spec.networkIsolation: None does; "
+        "their TensorFlow ports then listen on every interface. Default: a network of the "
+        "run's own, which nothing outside reaches and which connects out through pasta",
+    )
+    parser.add_argument(
+        "--expose-host-port",
+        type=_port,
+        action="append",
+        default=[],
+        metavar="PORT",
+        help="let the replicas reach this machine's loopback on TCP PORT (e.g. 5000 for an "
+        "MLflow server on 127.0.0.1:5000) at the same address, 127.0.0.1:PORT; repeatable. "
+        "Default: none of this machine's loopback (needs pasta: Debian package passt)",
     )
     parser.add_argument(
         "--gpus",
@@ -260,6 +277,7 @@ def cmd_run(args: argparse.Namespace, streams: Streams) -> int:
             data_dir=data_dir,
             python_path=supervisor.package_root(),
             host_network=args.host_network,
+            expose_host_ports=args.expose_host_port,
             gpu_plan=_gpu_plan(job, args, environ),
         )
     except (plan.PlanError, gpus.GpuOptionError) as error:
@@ -268,6 +286,11 @@ def cmd_run(args: argparse.Namespace, streams: Streams) -> int:
         out.write(plan.format_plan(run_plan))
         return 0
     problems = _up_front_problems(job, run_plan, cwd)
+    if run_plan.private_network:
+        refusal = usernet.exposure_refusal(
+            run_plan.exposed_host_ports, supervisor.find_pasta(environ)
+        )
+        problems += [refusal] if refusal is not None else []
     if problems:
         raise CliError("\n".join(f"{name}: {problem}" for problem in problems))
     previous = rundir.read_status_file(run_plan.status_file)

@@ -23,7 +23,7 @@ from trainjob.core import policy, progress_events, times
 from trainjob.core import progress as core_progress
 from trainjob.core import status as st
 from trainjob.core.naming import ReplicaKey
-from trainjob.local import data, netns, plan, rundir, supervisor
+from trainjob.local import data, plan, rundir, supervisor, usernet
 from trainjob.signals import stop_signals
 
 POLL_SECONDS: Final = 0.1
@@ -220,9 +220,10 @@ class Executor:
         """The replicas' network of their own, or a plain warning, once, that they have none."""
         if not self.plan.private_network:
             return  # the plan's note said so
-        problem = self.processes.use_private_network()
-        if problem is None:
-            self.emit(f"note: network: {plan.PRIVATE_NETWORK}")
+        problem = self.processes.use_private_network(self.plan.exposed_host_ports)
+        if problem is None and self.processes.network is not None:
+            outbound = self.processes.network.outbound_problem
+            self.emit(f"note: network: {usernet.describe(outbound, self.plan.exposed_host_ports)}")
         else:
             self.emit(
                 "warning: the replicas run on this machine's network: a network of their own "
@@ -232,16 +233,21 @@ class Executor:
             )
 
     def _hint_network(self, cause: outcome.Cause) -> None:
-        """Once: a replica that failed looking for the network was denied it by us."""
-        if self._network_hinted or self.processes.network is None:
+        """Once: a replica that failed connecting out of the run's network is told what the
+        network lets through and what to change (usernet.hint)."""
+        network = self.processes.network
+        if self._network_hinted or network is None:
             return
-        if netns.wanted_network(cause.line):
+        text = usernet.hint(
+            cause.replica,
+            cause.line,
+            outbound_problem=network.outbound_problem,
+            exposed=self.plan.exposed_host_ports,
+            run_ports=[process.port for process in self.plan.processes],
+        )
+        if text is not None:
             self._network_hinted = True
-            self.emit(
-                f"hint: {cause.replica} looked for a network; the replicas have only the run's "
-                "loopback. Jobs that download data or use this machine's services run with "
-                "--host-network (their TensorFlow ports then listen on every interface)"
-            )
+            self.emit(text)
 
     def _on_stop_signal(self, name: str) -> None:
         if self.stop_signal is not None:

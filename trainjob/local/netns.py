@@ -1,5 +1,5 @@
-"""A network of the run's own (Linux): only loopback, so nothing outside the run reaches the
-replicas' TensorFlow servers.
+"""A network of the run's own (Linux): nothing outside the run reaches the replicas'
+TensorFlow servers.
 
 Why: a TensorFlow task's gRPC server listens on every interface. ``GrpcServer::Init``
 (tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc) calls
@@ -11,7 +11,7 @@ connections from anywhere, and executes the graphs it is sent without performing
 (TensorFlow's SECURITY.md), so anyone who reaches this machine could run code as the user through
 a local run's replicas.
 
-So the replicas share one network namespace in which only ``lo`` exists: their TF_CONFIG
+So the replicas share one network namespace of their own, made with only ``lo``: their TF_CONFIG
 addresses (``127.0.0.1:<port>``) reach each other, nothing outside the namespace reaches them.
 Making a network namespace needs CAP_SYS_ADMIN, which an ordinary user has inside a user
 namespace of their own (their uid and gid map to themselves, so files keep their owner); root
@@ -20,17 +20,20 @@ by the supervisor) makes them and waits; each replica joins them before its exec
 forked child is single-threaded, as joining a user namespace requires), and the supervisor reads
 the holder's ``/proc/<pid>/net/tcp*`` to see which ports are taken inside.
 
-What the replicas lose: every network beyond the namespace's loopback (downloads, remote
-storage, services on this machine's own loopback). ``spec.networkIsolation: None`` or
+A user-mode network (pasta, trainjob.local.usernet) attached to the namespace gives the replicas
+outbound connections, and this machine's loopback on the ports the user names, while nothing
+comes in; without pasta they have only the loopback. ``spec.networkIsolation: None`` or
 ``trainjob run --host-network`` runs them on this machine's network instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
 import os
+import signal
 import socket
 import struct
 import sys
@@ -137,25 +140,6 @@ def _map_self(uid: int, gid: int) -> None:
     _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
 
 
-# How a replica's exception reads when it wanted a network the namespace does not have.
-_NO_NETWORK: Final = (
-    "temporary failure in name resolution",
-    "name or service not known",
-    "no address associated with hostname",
-    "network is unreachable",
-    "nodename nor servname",
-    "getaddrinfo failed",
-    "could not resolve host",
-    "failed to resolve",
-)
-
-
-def wanted_network(exception_line: str | None) -> bool:
-    """Whether a replica's last exception line says it looked for a network beyond loopback."""
-    text = (exception_line or "").lower()
-    return any(words in text for words in _NO_NETWORK)
-
-
 def listening(pid: int, port: int) -> bool:
     """Whether a TCP socket listens on `port` in the network namespace of process `pid`."""
     for table in ("tcp", "tcp6"):
@@ -174,12 +158,28 @@ def listening(pid: int, port: int) -> bool:
 
 def main() -> int:
     """The holder: make the namespaces, say whether it worked, then wait for the supervisor to
-    close our stdin (or to die, which closes it too)."""
+    close our stdin (or to die, which closes it too). Each line it writes before that is the
+    pid of a helper attached to the namespace (pasta, trainjob.local.usernet), stopped when
+    the holder goes: a helper would otherwise keep the namespace, and itself, alive after a
+    supervisor killed with SIGKILL."""
     problem = make()
     print(READY if problem is None else f"{UNAVAILABLE}{problem}", flush=True)
     if problem is None:
-        sys.stdin.buffer.read()
+        helpers = [_pidfd(line) for line in sys.stdin.buffer]
+        for fd in helpers:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, signal.SIGTERM)
     return 0
+
+
+def _pidfd(line: bytes) -> int | None:
+    """The helper as a pidfd, taken when the supervisor names it: a pid number could name
+    another process by the time the holder signals it."""
+    try:
+        return os.pidfd_open(int(line))
+    except (ValueError, OSError):
+        return None
 
 
 if __name__ == "__main__":

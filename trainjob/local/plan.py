@@ -27,6 +27,7 @@ from typing import Any, Final
 from trainjob.core import constants, naming, spec, tfconfig
 from trainjob.core.naming import ReplicaKey
 from trainjob.local import gpus as gpus_mod
+from trainjob.local import usernet
 
 LOCAL_NAMESPACE: Final = "local"
 LOGS_DIR: Final = "logs"
@@ -47,10 +48,6 @@ DEFAULT_TF_ENV: Final[Mapping[str, str]] = {
 _PYTHON_NAMES: Final = frozenset({"python", "python3"})
 # spec.networkIsolation's opt-out (trainjob.core.isolation.ISOLATION_NONE).
 NETWORK_ISOLATION_NONE: Final = spec.NETWORK_ISOLATIONS[1]
-PRIVATE_NETWORK: Final = (
-    "loopback only, the run's own: no one outside the run reaches the replicas' TensorFlow "
-    "ports, and they reach no other network (--host-network: this machine's)"
-)
 # tensorflow-datasets' own variable for its default data_dir.
 TFDS_DATA_DIR: Final = "TFDS_DATA_DIR"
 
@@ -89,9 +86,11 @@ class RunPlan:
     prepare_mnist: bool  # whether the offline MNIST must exist in data_dir (runtime jobs)
     processes: tuple[ProcessPlan, ...]
     notes: tuple[str, ...] = ()
-    # Whether the replicas get a network of the run's own, loopback only (trainjob.local.netns):
-    # a TensorFlow server listens on every interface, and runs any graph it is sent.
+    # Whether the replicas get a network of the run's own (trainjob.local.netns): a TensorFlow
+    # server listens on every interface, and runs any graph it is sent.
     private_network: bool = True
+    # This machine's loopback ports the replicas reach there (--expose-host-port, through pasta).
+    exposed_host_ports: tuple[int, ...] = ()
     # GPUs shared out per process (trainjob.local.gpus); None: no GPU found, env untouched.
     gpus: gpus_mod.GpuPlan | None = None
 
@@ -180,6 +179,7 @@ def make_plan(
     python_path: str | None = None,
     default_grace_seconds: float = DEFAULT_GRACE_SECONDS,
     host_network: bool = False,
+    expose_host_ports: Sequence[int] = (),
     gpu_plan: gpus_mod.GpuPlan | None = None,
 ) -> RunPlan:
     """Everything needed to start the job's processes; no process is started here.
@@ -187,7 +187,8 @@ def make_plan(
     `ports` has one free port per replica (the executor finds them); `python_path` is prepended
     to PYTHONPATH so `-m trainjob` works without installing the package; `host_network`
     (`trainjob run --host-network`) runs the replicas on this machine's network, as
-    `spec.networkIsolation: None` does.
+    `spec.networkIsolation: None` does; `expose_host_ports` (`--expose-host-port`) are this
+    machine's loopback ports the replicas reach from the run's own network.
     """
     missing = [key for key in job.replica_keys() if key not in ports]
     if missing:
@@ -208,6 +209,16 @@ def make_plan(
         notes.append(
             f"the replicas use this machine's network ({why}): their TensorFlow ports listen "
             "on every interface, and whoever reaches one can run code as you"
+        )
+        if expose_host_ports:
+            notes.append(
+                f"--expose-host-port is not needed on this machine's network ({why}): every "
+                "port of its loopback is reachable there"
+            )
+    taken = sorted(set(expose_host_ports) & set(ports.values()))
+    if private_network and taken:
+        raise PlanError(
+            f"--expose-host-port {taken[0]} is also a replica's TensorFlow port; expose another"
         )
     processes: list[ProcessPlan] = []
     for rtype, index in job.replica_keys():
@@ -260,6 +271,7 @@ def make_plan(
         processes=tuple(processes),
         notes=tuple(notes),
         private_network=private_network,
+        exposed_host_ports=tuple(sorted(set(expose_host_ports))) if private_network else (),
         gpus=gpu_plan,
     )
 
@@ -304,7 +316,7 @@ def format_plan(plan: RunPlan) -> str:
         f" startupDeadlineSeconds={policy.startup_deadline_seconds}"
     )
     if plan.private_network:
-        lines.append(f"  network:        {PRIVATE_NETWORK}")
+        lines.append(f"  network:        {usernet.planned(plan.exposed_host_ports)}")
     if plan.gpus is not None:
         lines.append(
             f"  gpus:           from {plan.gpus.source}; processes that train share them "

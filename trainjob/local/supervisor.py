@@ -17,21 +17,24 @@ import errno
 import os
 import queue
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Final
 
 from trainjob.core import policy
 from trainjob.core.naming import ReplicaKey
-from trainjob.local import netns, plan
+from trainjob.local import netns, plan, usernet
 
 EXEC_FAILED_EXIT_CODE: Final = 127  # what a shell reports for a command it cannot run
-# A Python start and two system calls: seconds only on a machine that is very busy.
+# A Python start and two system calls, and pasta's start (about 0.1 s here): seconds only on a
+# machine that is very busy.
 NETWORK_START_SECONDS: Final = 30.0
 
 Line = tuple[ReplicaKey, int, str]  # replica, attempt, the line without its end
@@ -117,20 +120,33 @@ class Server:
             self._popen.wait()
 
 
+def find_pasta(environ: Mapping[str, str]) -> str | None:
+    """pasta's path on the caller's PATH (Debian package passt), else None."""
+    return shutil.which(usernet.PASTA, path=environ.get("PATH", os.defpath))
+
+
 class PrivateNetwork:
-    """The run's own network namespace, loopback only (see `trainjob.local.netns` for why and
-    how): held by a helper process, joined by every replica before its exec."""
+    """The run's own network namespace (see `trainjob.local.netns` for why and how): held by a
+    helper process, joined by every replica before its exec; with pasta attached
+    (`trainjob.local.usernet`) when it is installed, for outbound connections."""
 
     def __init__(self, holder: subprocess.Popen[bytes], namespaces: list[tuple[int, int]]):
         self._holder = holder
         self._namespaces = namespaces  # (open fd, CLONE_NEW*), the user namespace first
         self._setns = netns.joiner()
+        self._pasta: subprocess.Popen[bytes] | None = None
+        # Why the replicas have no way out (no pasta, or it failed); None once pasta is up.
+        self.outbound_problem: str | None = "pasta is not started"
 
     @classmethod
     def start(
-        cls, environ: Mapping[str, str], timeout: float = NETWORK_START_SECONDS
+        cls,
+        environ: Mapping[str, str],
+        expose: Sequence[int] = (),
+        timeout: float = NETWORK_START_SECONDS,
     ) -> PrivateNetwork | str:
-        """The namespace, or why there is none (in words for the user)."""
+        """The namespace, or why there is none (in words for the user); its way out through
+        pasta when pasta is installed (`outbound_problem` says why not otherwise)."""
         env = dict(environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root(), environ.get("PYTHONPATH")) if p
@@ -164,7 +180,64 @@ class PrivateNetwork:
                 os.close(fd)
             _stop_holder(holder)
             return f"cannot open the namespace: {error}"
-        return cls(holder, namespaces)
+        network = cls(holder, namespaces)
+        pasta = find_pasta(environ)
+        if pasta is None:
+            network.outbound_problem = usernet.NOT_INSTALLED
+        else:
+            network.outbound_problem = network._attach_pasta(pasta, expose, timeout)
+        return network
+
+    def _attach_pasta(self, pasta: str, expose: Sequence[int], timeout: float) -> str | None:
+        """Start pasta on the namespace and wait for its default route (and the exposed ports
+        listening inside); why that failed, else None."""
+        # pasta opens the namespaces by path once it runs as the user it will stay: ours,
+        # inherited, as /proc/self/fd/N (the holder's /proc/<pid>/ns/* are refused to it).
+        paths = {flag: f"/proc/self/fd/{fd}" for fd, flag in self._namespaces}
+        argv = usernet.pasta_argv(
+            pasta,
+            paths[netns.CLONE_NEWNET],
+            paths.get(netns.CLONE_NEWUSER),
+            uid=os.geteuid(),
+            gid=os.getegid(),
+            expose=expose,
+        )
+        with tempfile.TemporaryFile() as output:
+            try:
+                self._pasta = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # Ctrl-C reaches the supervisor, which stops it
+                    pass_fds=[fd for fd, _ in self._namespaces],
+                )
+            except OSError as error:
+                return f"cannot start {pasta}: {error}"
+            assert self._holder.stdin is not None
+            with contextlib.suppress(OSError):  # the holder stops pasta if we cannot
+                self._holder.stdin.write(f"{self._pasta.pid}\n".encode())
+                self._holder.stdin.flush()
+            deadline = time.monotonic() + timeout
+            while self._pasta.poll() is None and time.monotonic() < deadline:
+                if self._routed() and all(self.port_in_use(port) for port in expose):
+                    return None
+                time.sleep(0.02)
+            code = self._pasta.poll()
+            self._stop_pasta()
+            output.seek(0)
+            words = output.read().decode("utf-8", errors="replace")
+        return usernet.pasta_problem(words, code)
+
+    def _routed(self) -> bool:
+        tables = []
+        for name in ("route", "ipv6_route"):
+            try:
+                with open(f"/proc/{self._holder.pid}/net/{name}", encoding="ascii") as table:
+                    tables.append(table.read())
+            except OSError:
+                tables.append("")
+        return usernet.routed(tables[0], tables[1])
 
     def enter(self) -> None:
         """Join the namespaces: run in the forked child before exec (the fds are still open
@@ -173,13 +246,27 @@ class PrivateNetwork:
             self._setns(fd, flag)
 
     def port_in_use(self, port: int) -> bool:
-        """Whether something in the namespace listens on `port` (only the run's replicas can)."""
+        """Whether something in the namespace listens on `port` (only the run's replicas, and
+        pasta on the ports exposed to them, can)."""
         return netns.listening(self._holder.pid, port)
+
+    def _stop_pasta(self) -> None:
+        if self._pasta is None:
+            return
+        if self._pasta.poll() is None:
+            self._pasta.terminate()
+            try:
+                self._pasta.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._pasta.kill()
+                self._pasta.wait()
+        self._pasta = None
 
     def close(self) -> None:
         for fd, _ in self._namespaces:
             os.close(fd)
         self._namespaces = []
+        self._stop_pasta()
         _stop_holder(self._holder)
 
 
@@ -291,10 +378,10 @@ class Supervisor:
         self.records: dict[ReplicaKey, ProcessRecord] = {}
         self.network: PrivateNetwork | None = None  # None: replicas use this machine's network
 
-    def use_private_network(self) -> str | None:
-        """Start every later replica in a network of the run's own (loopback only); why that
-        cannot be done here, else None."""
-        network = PrivateNetwork.start(self._environ)
+    def use_private_network(self, expose: Sequence[int] = ()) -> str | None:
+        """Start every later replica in a network of the run's own (its way out, if any, in
+        `network.outbound_problem`); why that cannot be done here, else None."""
+        network = PrivateNetwork.start(self._environ, expose)
         if isinstance(network, str):
             return network
         self.network = network
