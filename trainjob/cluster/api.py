@@ -13,10 +13,13 @@ failure, whatever raised it (an ApiException, an unreachable server, a broken ku
 becomes one `ClusterError` whose message names the cause in the API server's own words:
 callers never see a traceback.
 
-Every request waits at most the connection's request timeout (`--request-timeout`, default
-`errors.DEFAULT_REQUEST_TIMEOUT`) and is not tried again once it timed out: a stuck API server
-(one that accepts connections and never answers) ends a command in about that long, with a
-message saying how long it waited, where urllib3's default retries made four waits of it.
+Every request is made once and has one deadline, the connection's request timeout
+(`--request-timeout`, default `errors.DEFAULT_REQUEST_TIMEOUT`), from its start to the last
+byte of its answer, however the server misbehaves: never answering, stalling or dribbling the
+body after the headers (urllib3's timeouts bound each read, not the whole: `Deadline` ends it),
+resetting the connection (urllib3's default retries would try four times). The message says how
+long it waited. A followed log is the exception (`Cluster._stream`): connecting is bounded, a
+quiet replica's silence is not.
 
 kubeconfig and context are resolved as kubectl does: `--kubeconfig`, else $KUBECONFIG (a
 list of files, merged), else ~/.kube/config; `--context`, else the current context; the
@@ -28,9 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
+import math
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -63,7 +69,11 @@ _Line = tuple[str, str, str | None]  # stream instance, Pod name, line (None: th
 
 IN_CLUSTER_NAMESPACE_FILE: Final = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 LOG_POLL_SECONDS: Final = 1.0  # how often a followed job's Pods are listed again
-URLLIB3_RETRIES: Final = 3  # urllib3's default number of retries
+# A followed container quiet this long has its stream opened again from where it was (the
+# client refuses a connect timeout without a read timeout: kubernetes>=37 validates
+# `_request_timeout` as a number or a pair of numbers). Opening again also finds a connection
+# that died unseen (a NAT entry dropped) within this long, which no read timeout would.
+FOLLOW_QUIET_SECONDS: Final = 600.0
 
 
 def _server_message(error: ApiException) -> str:
@@ -84,24 +94,144 @@ def timed_out(error: BaseException) -> bool:
     return isinstance(cause, (ReadTimeoutError, ConnectTimeoutError, TimeoutError))
 
 
-class RetryUnlessTimedOut(Retry):
-    """urllib3's retries (a refused connect, a pooled connection the server had closed: each
-    fails at once), except after a timeout: that request already waited the whole request
-    timeout, and each retry would wait it again (four tries of 30 s made `trainjob get` on a
-    stuck API server take two minutes)."""
+def quiet(error: BaseException) -> bool:
+    """Whether a followed log's request or stream read nothing for its read timeout (the
+    container wrote nothing), as opposed to failing to connect or failing outright."""
+    cause = getattr(error, "reason", None) or error
+    return isinstance(cause, ReadTimeoutError)
 
-    def increment(
-        self,
-        method: str | None = None,
-        url: str | None = None,
-        response: Any = None,
-        error: Exception | None = None,
-        _pool: Any = None,
-        _stacktrace: Any = None,
-    ) -> RetryUnlessTimedOut:
-        if error is not None and timed_out(error):
-            raise error
-        return super().increment(method, url, response, error, _pool, _stacktrace)
+
+def follow_arguments(
+    tail: int | None, since_seconds: int | None, request_timeout: float | None
+) -> dict[str, Any]:
+    """read_namespaced_pod_log's arguments for a followed container: from its last `tail`
+    lines, or (opened again after a quiet spell) its lines of the last `since_seconds`.
+    Connecting is bounded by the request timeout; reading by FOLLOW_QUIET_SECONDS, as a pair of
+    numbers, the one form every supported client accepts ((connect, None) is refused)."""
+    arguments: dict[str, Any] = {"container": constants.DEFAULT_CONTAINER_NAME, "follow": True}
+    if since_seconds is not None:
+        arguments["since_seconds"] = since_seconds
+    elif tail is not None:
+        arguments["tail_lines"] = tail
+    if request_timeout is not None:
+        arguments["_request_timeout"] = (request_timeout, FOLLOW_QUIET_SECONDS)
+    return arguments
+
+
+def since_quiet(quiet_since: float, now: float) -> int:
+    """The sinceSeconds that opens a quiet stream again without losing or repeating a line:
+    nothing came for FOLLOW_QUIET_SECONDS before `quiet_since`, so every line written since
+    then (and a second more, for the kubelet's whole-second view) is new."""
+    return max(1, math.ceil(now - quiet_since) + 1)
+
+
+# ----- one request, one deadline -----
+class DeadlineExceededError(TimeoutError):
+    """The request had not ended when its deadline came (its connection was shut)."""
+
+
+class _InFlight(threading.local):
+    """The connections the request in progress on this thread took from its pools (None: no
+    request under a deadline here)."""
+
+    connections: list[Any] | None = None
+
+
+_IN_FLIGHT: Final = _InFlight()
+
+
+@functools.cache
+def _tracking(pool_class: type) -> type:
+    """urllib3's connection pool class `pool_class`, noting each connection it hands out in
+    `_IN_FLIGHT`, so the request's deadline can shut that connection."""
+
+    def _get_conn(self: Any, timeout: float | None = None) -> Any:
+        connection = pool_class._get_conn(self, timeout)  # type: ignore[attr-defined]
+        held = _IN_FLIGHT.connections
+        if held is not None:
+            held.append(connection)
+        return connection
+
+    return type(f"Deadline{pool_class.__name__}", (pool_class,), {"_get_conn": _get_conn})
+
+
+def track_connections(api: Any) -> None:
+    """Let deadlines shut this ApiClient's connections (its pools are made on first use)."""
+    manager = api.rest_client.pool_manager
+    manager.pool_classes_by_scheme = {
+        scheme: _tracking(pool_class)
+        for scheme, pool_class in manager.pool_classes_by_scheme.items()
+    }
+
+
+def _shut(connection: Any) -> None:
+    # None: not connected yet (the connect timeout bounds that). During a TLS handshake it is
+    # the plain socket the handshake took over, closed here: its reads wait request_timeout.
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the read blocked on it, TLS or not
+
+
+def within_deadline(seconds: float, function: Callable[[], T]) -> T:
+    """function() (one request), its connections shut when `seconds` have passed: urllib3's
+    timeouts bound each read, so a body dribbled a byte at a time, or a body read after the
+    headers (kubernetes>=37 reads it outside urllib3's accounting), would wait longer. Whatever
+    the shut connection raised then is DeadlineExceededError."""
+    held: list[Any] = []
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        for connection in list(held):
+            _shut(connection)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    outer, _IN_FLIGHT.connections = _IN_FLIGHT.connections, held
+    timer.start()
+    try:
+        return function()
+    except Exception as error:
+        if expired.is_set():
+            raise DeadlineExceededError(f"no answer in {seconds:g}s") from error
+        raise
+    finally:
+        timer.cancel()
+        _IN_FLIGHT.connections = outer
+
+
+def request_timeout(seconds: float) -> tuple[float, float]:
+    """The client's `_request_timeout` for one request: connecting (the TLS handshake too) and
+    each read wait at most `seconds`, as a pair of numbers: kubernetes<=30 takes a lone float
+    for no timeout at all (only an int is a timeout there), kubernetes>=37 refuses None in a
+    pair. The whole request's bound is `within_deadline`'s."""
+    return (seconds, seconds)
+
+
+class Deadline:
+    """An API object (CoreV1Api, CustomObjectsApi) whose every call is one request with
+    `request_timeout` under `within_deadline` (None: neither, it waits for ever). A call that
+    streams its body (`_preload_content=False`: a followed log) sets its own timeout, and its
+    reader bounds it."""
+
+    def __init__(self, api: Any, seconds: float | None) -> None:
+        self._api = api
+        self._seconds = seconds
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._api, name)
+        seconds = self._seconds
+        if seconds is None or not callable(method):
+            return method
+
+        def bounded(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("_preload_content") is False:
+                return method(*args, **kwargs)
+            kwargs["_request_timeout"] = request_timeout(seconds)
+            return within_deadline(seconds, lambda: method(*args, **kwargs))
+
+        return bounded
 
 
 # The CRD of each kind of job, as `kubectl get crd` names it.
@@ -232,15 +362,17 @@ def connect(
         raise ClusterError(
             f"kubeconfig {files}, context {chosen.get('name')}: {problem}"
         ) from error
+    track_connections(api)
     context_namespace = (chosen.get("context") or {}).get("namespace")
     return Connection(api, namespace or context_namespace or "default", chosen.get("name"), timeout)
 
 
 def _configuration() -> Any:
     """A client configuration of its own (not the package's global default), whose requests
-    are not tried again after a timeout."""
+    are made once: urllib3's pool otherwise tries a failed request three times more (a reset
+    connection four times, a timed-out one four times its timeout)."""
     configuration = k8s.Configuration()
-    configuration.retries = RetryUnlessTimedOut(URLLIB3_RETRIES)
+    configuration.retries = Retry(total=0)
     return configuration
 
 
@@ -253,9 +385,9 @@ def _in_cluster(namespace: str | None, timeout: float | None) -> Connection:
     own = None
     with contextlib.suppress(OSError), open(IN_CLUSTER_NAMESPACE_FILE, encoding="utf-8") as handle:
         own = handle.read().strip() or None
-    return Connection(
-        k8s.ApiClient(configuration=configuration), namespace or own or "default", None, timeout
-    )
+    api = k8s.ApiClient(configuration=configuration)
+    track_connections(api)
+    return Connection(api, namespace or own or "default", None, timeout)
 
 
 # ----- TrainJobs -----
@@ -266,8 +398,8 @@ class Cluster:
         self.connection = connection
         self.namespace = connection.namespace
         self.timeout = connection.request_timeout  # each request's (None: none)
-        self._custom: Any = k8s.CustomObjectsApi(connection.api)
-        self._core: Any = k8s.CoreV1Api(connection.api)
+        self._custom: Any = Deadline(k8s.CustomObjectsApi(connection.api), self.timeout)
+        self._core: Any = Deadline(k8s.CoreV1Api(connection.api), self.timeout)
 
     @property
     def core(self) -> Any:
@@ -312,7 +444,7 @@ class Cluster:
         """CustomObjectsApi.<method> on the TrainJobs (or TFJobs) of this namespace."""
         group, version, plural = RESOURCES[kind]
         call = getattr(self._custom, method)
-        return call(group, version, self.namespace, plural, *args, _request_timeout=self.timeout)
+        return call(group, version, self.namespace, plural, *args)
 
     def get_job(self, name: str) -> Obj:
         """The job `name` names (`objects.job_ref`): a TrainJob, or for `tfjob/NAME` the view
@@ -332,7 +464,6 @@ class Cluster:
                 "list TrainJobs in all namespaces",
                 lambda: self._custom.list_cluster_custom_object(
                     constants.GROUP, constants.VERSION, constants.PLURAL,
-                    _request_timeout=self.timeout,
                 ),
             )  # fmt: skip
         else:
@@ -354,9 +485,7 @@ class Cluster:
         where = "in all namespaces" if all_namespaces else f"in namespace {self.namespace}"
         try:
             if all_namespaces:
-                result = self._custom.list_cluster_custom_object(
-                    group, version, plural, _request_timeout=self.timeout
-                )
+                result = self._custom.list_cluster_custom_object(group, version, plural)
             else:
                 result = self._trainjobs("list_namespaced_custom_object", kind=tfjob.KIND)
         except ApiException as error:
@@ -414,17 +543,13 @@ class Cluster:
         name = body["metadata"]["name"]
         what = f"create ConfigMap {self.namespace}/{name}"
         try:
-            created = self._core.create_namespaced_config_map(
-                self.namespace, body, _request_timeout=self.timeout
-            )
+            created = self._core.create_namespaced_config_map(self.namespace, body)
         except ApiException as error:
             if error.status != 409:
                 raise self.translate(what, error) from error
             created = self.call(
                 f"replace ConfigMap {self.namespace}/{name}",
-                lambda: self._core.replace_namespaced_config_map(
-                    name, self.namespace, body, _request_timeout=self.timeout
-                ),
+                lambda: self._core.replace_namespaced_config_map(name, self.namespace, body),
             )
         except (HTTPError, OSError, ConfigException) as error:
             raise self.translate(what, error) from error
@@ -440,7 +565,6 @@ class Cluster:
                 name,
                 self.namespace,
                 {"metadata": {"ownerReferences": owners}},
-                _request_timeout=self.timeout,
             ),
         )
 
@@ -448,9 +572,7 @@ class Cluster:
         with contextlib.suppress(ClusterError):
             self.call(
                 f"delete ConfigMap {self.namespace}/{name}",
-                lambda: self._core.delete_namespaced_config_map(
-                    name, self.namespace, _request_timeout=self.timeout
-                ),
+                lambda: self._core.delete_namespaced_config_map(name, self.namespace),
             )
 
     def pods(self, job: str) -> list[Obj]:
@@ -459,9 +581,7 @@ class Cluster:
         selector = f"{constants.LABEL_JOB_NAME}={ref.name}"
         result = self.call(
             f"list the Pods of {ref.kind} {self.namespace}/{ref.name}",
-            lambda: self._core.list_namespaced_pod(
-                self.namespace, label_selector=selector, _request_timeout=self.timeout
-            ),
+            lambda: self._core.list_namespaced_pod(self.namespace, label_selector=selector),
         )
         pods: list[Obj] = self.connection.api.sanitize_for_serialization(result.items)
         return pods
@@ -472,9 +592,7 @@ class Cluster:
         selector = f"involvedObject.name={names[0]}" if len(names) == 1 else None
         result = self.call(
             f"list Events in namespace {self.namespace}",
-            lambda: self._core.list_namespaced_event(
-                self.namespace, field_selector=selector, _request_timeout=self.timeout
-            ),
+            lambda: self._core.list_namespaced_event(self.namespace, field_selector=selector),
         )
         wanted = set(names)
         events: list[Obj] = self.connection.api.sanitize_for_serialization(
@@ -500,9 +618,7 @@ class Cluster:
             kwargs["tail_lines"] = tail
         text = self.call(
             f"log of Pod {pod}",
-            lambda: self._core.read_namespaced_pod_log(
-                pod, self.namespace, _request_timeout=self.timeout, **kwargs
-            ),
+            lambda: self._core.read_namespaced_pod_log(pod, self.namespace, **kwargs),
         )
         return str(text or "")  # the client gives None for an empty body
 
@@ -515,28 +631,42 @@ class Cluster:
         responses: list[Any],
     ) -> None:
         """One followed container's lines into `out`, then None (the stream ended). The open
-        response goes into `responses`, so a reader that stops early can close it."""
-        kwargs: dict[str, Any] = {"container": constants.DEFAULT_CONTAINER_NAME, "follow": True}
-        if tail is not None:
-            kwargs["tail_lines"] = tail
-        if self.timeout is not None:  # connecting is bounded; a quiet replica's lines are not
-            kwargs["_request_timeout"] = (self.timeout, None)
+        response goes into `responses`, so a reader that stops early can close it. Connecting
+        waits the request timeout; a container quiet for FOLLOW_QUIET_SECONDS (no head comes
+        before its first line) has its stream opened again from then (`since_quiet`)."""
+        quiet_since: float | None = None  # when the stream last read nothing for so long
+        pending = b""
         try:
-            response = self._core.read_namespaced_pod_log(
-                pod, self.namespace, _preload_content=False, **kwargs
-            )
-            responses.append(response)
-            pending = b""
-            for chunk in response.stream(4096):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    out.put((instance, pod, line.decode("utf-8", "replace")))
+            while True:
+                since = None if quiet_since is None else since_quiet(quiet_since, time.monotonic())
+                response = None
+                try:
+                    response = self._core.read_namespaced_pod_log(
+                        pod,
+                        self.namespace,
+                        _preload_content=False,
+                        **follow_arguments(tail, since, self.timeout),
+                    )
+                    responses.append(response)
+                    for chunk in response.stream(4096):
+                        pending += chunk
+                        *lines, pending = pending.split(b"\n")
+                        for line in lines:
+                            out.put((instance, pod, line.decode("utf-8", "replace")))
+                    break
+                except (HTTPError, OSError) as error:
+                    if self.timeout is None or not quiet(error):
+                        raise
+                    quiet_since = time.monotonic()
+                    if response is not None:
+                        response.close()
             if pending:
                 out.put((instance, pod, pending.decode("utf-8", "replace")))
         except (ApiException, HTTPError, OSError) as error:
             note = self.translate(f"log of Pod {pod}", error).message
             out.put((instance, pod, f"{describe.NOTE_PREFIX}{note}"))
+        except Exception as error:  # no traceback on the terminal from a stream's thread
+            out.put((instance, pod, f"{describe.NOTE_PREFIX}log of Pod {pod}: {error!r}"))
         finally:
             out.put((instance, pod, None))
 
@@ -584,5 +714,8 @@ class Cluster:
                     return
         finally:  # the reader stopped (or the job ended): no stream goes on reading unseen
             for response in list(responses):
+                # Shut first: close() waits for the lock of the stream's thread's read, which
+                # a quiet container never ends (Ctrl-C hung there); shut, that read ends.
+                _shut(getattr(response, "connection", None))
                 with contextlib.suppress(HTTPError, OSError):
                     response.close()

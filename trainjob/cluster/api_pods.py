@@ -46,9 +46,7 @@ class Pods:
         name = body["metadata"]["name"]
         created = self.cluster.call(
             f"create Pod {self.namespace}/{name}",
-            lambda: self.cluster.core.create_namespaced_pod(
-                self.namespace, body, _request_timeout=self.cluster.timeout
-            ),
+            lambda: self.cluster.core.create_namespaced_pod(self.namespace, body),
         )
         result: Obj = self.cluster.connection.api.sanitize_for_serialization(created)
         return result
@@ -56,9 +54,7 @@ class Pods:
     def read(self, name: str) -> Obj | None:
         """The Pod, or None when it is gone."""
         try:
-            pod = self.cluster.core.read_namespaced_pod(
-                name, self.namespace, _request_timeout=self.cluster.timeout
-            )
+            pod = self.cluster.core.read_namespaced_pod(name, self.namespace)
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -72,9 +68,7 @@ class Pods:
         """Delete the Pod at once (no grace: it serves nobody any more); gone is fine."""
         what = f"delete Pod {self.namespace}/{name}"
         try:
-            self.cluster.core.delete_namespaced_pod(
-                name, self.namespace, grace_period_seconds=0, _request_timeout=self.cluster.timeout
-            )
+            self.cluster.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
         except ApiException as error:
             if error.status != 404:
                 raise self.cluster.translate(what, error) from error

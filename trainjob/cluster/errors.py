@@ -11,9 +11,9 @@ INSTALL_HINT: Final = "pip install 'trainjob[cluster]'"
 
 # How long one API request may wait for the server (`--request-timeout`, the client's
 # `request_timeout`). A healthy API server answers in well under a second; 30 s leaves a loaded
-# one room, and a stuck one ends any command in about that long (kubectl's own retries took
-# about 50 s there), since each request is tried once once it timed out and the first failed
-# request ends the command.
+# one room, and a stuck one ends any command within that long (kubectl's own retries took
+# about 50 s there), since each request is made once under one deadline (`api.within_deadline`)
+# and the first failed request ends the command.
 DEFAULT_REQUEST_TIMEOUT: Final = 30.0
 
 
