@@ -21,6 +21,10 @@
 #                         the module's own command (netpol) and install.yaml for kind's nodes
 #   katib-trial-status    Katib's reading of a trial's TFJob status (wrapper module
 #                         tests/controlplane/katib)
+#   seaweedfs        SeaweedFS's `weed` (its `mini` command: an S3 API server in one process), and
+#   fake-gcs-server  a GCS JSON-API server, both from their Go modules (wrapper modules
+#          tests/controlplane/seaweedfs and tests/controlplane/fake-gcs-server): the stores the
+#          checkpoint-on-object-storage tests write to (tests/controlplane/objectstore.py)
 #   trainer  Kubeflow Trainer v2's CRDs (its own TrainJob kind) and torch runtime, and the JobSet
 #          CRD, copied from the Trainer and JobSet modules at the versions Kueue is built against
 #          (Kueue's wrapper module; tests/controlplane/trainer.py)
@@ -70,6 +74,8 @@ PLUGINS_VERSION="$(modversion "$HERE/scheduler-plugins/go.mod" sigs.k8s.io/sched
 NETPOL_VERSION="$(modversion "$HERE/network-policies/go.mod" sigs.k8s.io/kube-network-policies)"
 KATIB_VERSION="$(modversion "$HERE/katib/go.mod" github.com/kubeflow/katib)"
 TRAINER_VERSION="$(modversion "$HERE/kueue/go.mod" github.com/kubeflow/trainer/v2)"
+SEAWEEDFS_VERSION="$(modversion "$HERE/seaweedfs/go.mod" github.com/seaweedfs/seaweedfs)"
+FAKE_GCS_VERSION="$(modversion "$HERE/fake-gcs-server/go.mod" github.com/fsouza/fake-gcs-server)"
 NODE=""
 KIND=""
 PACKAGES_ONLY=""
@@ -337,6 +343,20 @@ build_trainer() {
     chmod -R u+w "$out"
 }
 
+# The object stores of the checkpoint tests: each wrapper module's `tool` line is the module's
+# own command, built at the versions its go.mod pins.
+build_seaweedfs() {
+    local out="$1" _version="$2"
+    (cd "$HERE/seaweedfs" && "$GO" build -trimpath -ldflags "-s -w" -o "$out/weed" \
+        github.com/seaweedfs/seaweedfs/weed)
+}
+
+build_fake_gcs() {
+    local out="$1" _version="$2"
+    (cd "$HERE/fake-gcs-server" && "$GO" build -trimpath -ldflags "-s -w" \
+        -o "$out/fake-gcs-server" github.com/fsouza/fake-gcs-server)
+}
+
 if [[ -n "$PACKAGES_ONLY" ]]; then
     install_node_packages
     echo "==> ${SUMMARY[-1]}"
@@ -353,6 +373,8 @@ build_into scheduler-plugins "$PLUGINS_VERSION" build_scheduler_plugins schedule
 build_into katib "$KATIB_VERSION" build_katib katib-trial-status
 build_into trainer "$TRAINER_VERSION" build_trainer crds/trainer.kubeflow.org_trainjobs.yaml \
     crds/jobset.x-k8s.io_jobsets.yaml torch_distributed.yaml
+build_into fake-gcs-server "$FAKE_GCS_VERSION" build_fake_gcs fake-gcs-server
+build_into seaweedfs "$SEAWEEDFS_VERSION" build_seaweedfs weed
 if [[ -n "$NODE" ]]; then
     install_node_packages
     build_into node "$K8S_VERSION-coredns-$COREDNS_VERSION" build_node kubelet kube-proxy coredns pause

@@ -24,7 +24,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from trainjob.core import constants, naming, spec, tfconfig
+from trainjob.core import constants, naming, spec, storage, tfconfig
 from trainjob.core.naming import ReplicaKey
 from trainjob.local import gpus as gpus_mod
 from trainjob.local import usernet
@@ -196,9 +196,21 @@ def make_plan(
     cluster = tfconfig.cluster_spec(job, tfconfig.local_host(ports))
     run_dir = os.path.abspath(run_dir)
     checkpoint_dir = os.path.join(run_dir, CHECKPOINTS_DIR)
+    if job.checkpoint is not None and storage.is_url(job.checkpoint.path):
+        # s3:// or gs://: the replicas write there themselves, with this shell's credentials
+        # (the AWS and Google default chains read its environment and files).
+        checkpoint_dir = job.checkpoint.path
     log_dir = os.path.join(run_dir, LOGS_DIR)
     progress_file = os.path.join(run_dir, PROGRESS_FILE)
     notes: list[str] = []
+    if storage.is_url(checkpoint_dir) and not (
+        host_network or job.network_isolation == NETWORK_ISOLATION_NONE
+    ):
+        notes.append(
+            f"the replicas write their checkpoints to {checkpoint_dir} from the run's own "
+            "network: a store they cannot reach from there fails the run at its start "
+            "(--host-network runs them on this machine's)"
+        )
     if job.checkpoint is not None and job.checkpoint.claim_name:
         notes.append(
             f"checkpoint claim {job.checkpoint.claim_name} is replaced by {checkpoint_dir}"

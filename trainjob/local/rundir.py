@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import IO, Any, Final, TextIO
 
 from trainjob.console import logfilter, outcome, view
-from trainjob.core import naming
+from trainjob.core import naming, storage
 from trainjob.core.naming import ReplicaKey
 from trainjob.local import plan
 from trainjob.local.supervisor import ProcessRecord
@@ -196,7 +196,8 @@ class Recorder:
         self._written_processes: dict[str, dict[str, Any]] | None = None
 
     def make_dirs(self) -> None:
-        os.makedirs(self._plan.checkpoint_dir, exist_ok=True)
+        if not storage.is_url(self._plan.checkpoint_dir):  # s3:// and gs:// are the runtime's
+            os.makedirs(self._plan.checkpoint_dir, exist_ok=True)
         os.makedirs(self._plan.log_dir, exist_ok=True)
 
     def open_log(self, process: plan.ProcessPlan, attempt: int, stamp: str) -> IO[bytes]:

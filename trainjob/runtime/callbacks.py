@@ -250,6 +250,18 @@ class BackupCallback(tf.keras.callbacks.BackupAndRestore):  # type: ignore[misc]
         if self._batch_hooks:
             super().on_train_batch_begin(batch, logs)
 
+    def _backup(self, epoch: int, batch: int = 0) -> None:
+        super()._backup(epoch, batch)
+        if self.save_freq != "epoch":
+            # Every N steps (the progress callback announces epoch backups): a checkpoint dir
+            # on object storage uploads each one as it is announced.
+            self._emitter.emit(
+                "checkpoint",
+                epoch=epoch,
+                step=int(self.model.optimizer.iterations.numpy()),
+                checkpoint=self._backup_path,
+            )
+
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if self._batch_hooks:
             super().on_train_batch_end(batch, logs)

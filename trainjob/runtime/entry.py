@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import importlib
 import logging
@@ -20,7 +21,7 @@ import traceback
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
-from trainjob.core import constants
+from trainjob.core import constants, storage
 from trainjob.core import progress as core_progress
 from trainjob.runtime import data, devices, exitcodes, progress, reporter, summaries
 from trainjob.runtime import settings as settings_mod
@@ -39,6 +40,14 @@ def prepare_process_env(env: MutableMapping[str, str], settings: RuntimeSettings
         # Keras 3 fit fails under multi-worker strategies; tf-keras is what `tf.keras` must be.
         env.setdefault("TF_USE_LEGACY_KERAS", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if settings.checkpoint_dir and settings.checkpoint_dir.startswith(f"{storage.GS}://"):
+        from trainjob.runtime import objectstore
+
+        key = objectstore.google_credentials(env)
+        if key is not None:
+            # The job's credentials Secret; else TensorFlow's application default credentials
+            # (GOOGLE_APPLICATION_CREDENTIALS, gcloud's file, Workload Identity's metadata).
+            env.setdefault("GOOGLE_APPLICATION_CREDENTIALS", key)
     if settings.data_dir:
         # tensorflow-datasets reads it when imported: an unchanged tfds.load("mnist") of the
         # tutorials then finds the offline data the image or `trainjob run` prepared.
@@ -66,6 +75,37 @@ def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
+def _role(settings: RuntimeSettings) -> str:
+    return settings_mod.task_role(
+        settings_mod.PARAMETER_SERVER if settings.cluster.get(constants.PS) else settings.strategy,
+        settings.task_type,
+    )
+
+
+def open_checkpoint_store(
+    settings: RuntimeSettings, env: Mapping[str, str]
+) -> tuple[RuntimeSettings, Any]:
+    """A checkpoint dir on ``s3://``: restore its newest complete checkpoint into a local
+    staging dir, which the replica then trains against (see trainjob.runtime.objectstore);
+    returns the settings with that dir and the mirror (``None`` for any other location)."""
+    path = settings.checkpoint_dir
+    if not path or not storage.is_url(path):
+        return settings, None
+    try:
+        url = storage.parse(path)
+    except storage.InvalidStoreURL as exc:
+        raise exitcodes.ConfigError(f"{constants.ENV_CHECKPOINT_DIR}: {exc}") from None
+    if url.scheme != storage.S3:
+        return settings, None  # TensorFlow's own filesystem (gs://): checked once it is imported
+    if _role(settings) == settings_mod.ROLE_SERVE:
+        # ps tasks (and a ParameterServer job's workers) hold no checkpoint of their own.
+        return dataclasses.replace(settings, checkpoint_dir=None), None
+    from trainjob.runtime import objectstore
+
+    mirror = objectstore.open_mirror(url, env, writer=settings.is_chief)
+    return dataclasses.replace(settings, checkpoint_dir=mirror.staging), mirror
+
+
 def _run(
     settings: RuntimeSettings, emitter: progress.Emitter, watcher: StopWatcher
 ) -> dict[str, Any]:
@@ -78,10 +118,13 @@ def _run(
     seen = strategy_mod.check_gpus(tf, os.environ, settings.config)
     emitter.start_fields["devices"] = seen.event_fields()
     checkpoint_dir = settings.checkpoint_dir or tempfile.mkdtemp(prefix="trainjob-")
-    role = settings_mod.task_role(
-        settings_mod.PARAMETER_SERVER if settings.cluster.get(constants.PS) else settings.strategy,
-        settings.task_type,
-    )
+    role = _role(settings)
+    if storage.is_url(checkpoint_dir) and role != settings_mod.ROLE_SERVE:
+        from trainjob.runtime import objectstore
+
+        objectstore.check_tensorflow_location(
+            tf, checkpoint_dir, writer=settings.is_chief, replica=settings.replica
+        )
     if settings.framework == settings_mod.ESTIMATOR:
         from trainjob.runtime import estimator_runner
 
@@ -138,6 +181,10 @@ def train_main(argv: list[str]) -> int:
         reporter.write_termination_error(os.environ, exc)
         return exitcodes.exit_code(FailureKind.INVALID_CONFIG)
 
+    try:
+        settings, mirror = open_checkpoint_store(settings, os.environ)
+    except (exitcodes.CheckpointStorageError, exitcodes.ConfigError) as exc:
+        return _failed_before_start(settings, exc)
     prepare_process_env(os.environ, settings)
     emitter = progress.Emitter(
         replica=settings.replica,
@@ -148,6 +195,34 @@ def train_main(argv: list[str]) -> int:
         # The other replicas say once, when they start, which devices they train on.
         announce=None if settings.is_chief else functools.partial(reporter.announce, os.environ),
     )
+    if mirror is not None:
+        emitter.publish = functools.partial(_publish, mirror)
+    try:
+        return _train(settings, emitter, mirror)
+    finally:
+        if mirror is not None:
+            mirror.close()
+
+
+def _publish(mirror: Any, fields: Mapping[str, Any]) -> str | None:
+    """A checkpoint on disk: the chief uploads it; the event names it in the store."""
+    step = fields.get("step")
+    where: str | None = mirror.publish(step if isinstance(step, int) else None)
+    return where if mirror.writer else mirror.remote(fields.get("checkpoint"))
+
+
+def _failed_before_start(settings: RuntimeSettings, exc: BaseException) -> int:
+    """The checkpoint store refused before training: one line, no traceback."""
+    kind = exitcodes.classify_exception(exc, default=FailureKind.CHECKPOINT_STORAGE)
+    code = exitcodes.exit_code(kind)
+    line = reporter.exception_line(exc)
+    log.error("Replica %s failed (%s, exit %d): %s", settings.replica, kind.value, code, line)
+    print(line, file=sys.stderr, flush=True)  # local mode's summary quotes the last line
+    reporter.write_termination_error(os.environ, exc)
+    return code
+
+
+def _train(settings: RuntimeSettings, emitter: progress.Emitter, mirror: Any) -> int:
 
     def _on_stop(code: int) -> None:
         emitter.emit("end", status=FailureKind.PREEMPTED.value, exit_code=code)
@@ -160,13 +235,16 @@ def train_main(argv: list[str]) -> int:
     watcher.start()
     try:
         end = _run(settings, emitter, watcher)
+        if mirror is not None:
+            mirror.finish()
+            end = {k: mirror.remote(v) if k == "export" else v for k, v in end.items()}
     except BaseException as exc:
         kind = exitcodes.classify_exception(exc, default=FailureKind.USER_CODE_ERROR)
         code = exitcodes.exit_code(kind)
         hint = data.offline_size_hint(str(exc))
         if hint is not None:
             exc.add_note(f"trainjob: {hint}")  # printed right under the error's own line
-        verdict = kind is FailureKind.NON_FINITE_LOSS
+        verdict = kind in exitcodes.VERDICTS
         log.error(
             "Replica %s failed (%s, exit %d): %s",
             settings.replica,

@@ -8,9 +8,9 @@ NaN/Inf loss is :mod:`trainjob.runtime.losscheck`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
-import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -206,14 +206,18 @@ def export(
         replica=settings.replica,
         export_format=export_format,
     )
-    if settings.is_chief and os.path.exists(path):
+    import tensorflow as tf  # imported already; gfile also writes a gs:// checkpoint dir
+
+    gfile = tf.io.gfile
+    if settings.is_chief and gfile.exists(path):
         # A restarted chief that had exported already: replace, never leave a half-mixed dir.
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    os.makedirs(os.path.dirname(path) if export_format == "keras" else path, exist_ok=True)
+        gfile.rmtree(path) if gfile.isdir(path) else gfile.remove(path)
+    gfile.makedirs(os.path.dirname(path) if export_format == "keras" else path)
     model.save(path)
     if settings.is_chief:
         return path
-    shutil.rmtree(layout.scratch_dir(checkpoint_dir, settings.replica), ignore_errors=True)
+    with contextlib.suppress(tf.errors.OpError):
+        gfile.rmtree(layout.scratch_dir(checkpoint_dir, settings.replica))
     return None
 
 

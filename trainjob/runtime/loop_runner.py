@@ -23,9 +23,9 @@ them got the signal (see :mod:`trainjob.runtime.preemption`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -353,7 +353,8 @@ class LoopRunner:
         path = self.write_manager.save(checkpoint_number=step)
         if self.write_manager is not self.read_manager:
             # A worker's copy is only its part in a collective save: never kept.
-            shutil.rmtree(os.path.dirname(self.write_dir), ignore_errors=True)
+            with contextlib.suppress(self.tf.errors.OpError):
+                self.tf.io.gfile.rmtree(os.path.dirname(self.write_dir))
             path = None
         extra = {"reason": reason} if reason else {}
         self.emitter.emit(
@@ -455,16 +456,16 @@ class LoopRunner:
             replica=self.settings.replica,
             export_format="savedmodel",
         )
-        if os.path.exists(path):
+        gfile = self.tf.io.gfile  # a gs:// checkpoint dir is TensorFlow's to write, not os's
+        if gfile.exists(path):
             # A restarted chief that had exported already: replace, never mix two exports.
-            shutil.rmtree(path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+            gfile.rmtree(path)
+        gfile.makedirs(os.path.dirname(path))
         export_fn(self.state, path)
         if self.settings.is_chief:
             return path
-        shutil.rmtree(
-            layout.scratch_dir(self.checkpoint_dir, self.settings.replica), ignore_errors=True
-        )
+        with contextlib.suppress(self.tf.errors.OpError):
+            gfile.rmtree(layout.scratch_dir(self.checkpoint_dir, self.settings.replica))
         return None
 
 

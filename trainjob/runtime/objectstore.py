@@ -64,6 +64,15 @@ _S3_CAUSES: Final[Mapping[str, str]] = {
 }
 
 
+# curl's words in TensorFlow's GCS errors for a store it could not reach.
+_UNREACHABLE_MARKERS: Final = (
+    "Could not connect",
+    "Could not resolve",
+    "Timeout was reached",
+    "Connection refused",
+)
+
+
 def s3_cause(code: str, status: int | None) -> str:
     """The words for an S3 error code (pure); unknown codes keep their own name."""
     if code in _S3_CAUSES:
@@ -97,8 +106,14 @@ class S3Store:
     """The few S3 calls the mirror needs, each turning the client's errors into one line."""
 
     def __init__(self, url: storage.StoreURL, env: Mapping[str, str]) -> None:
-        import boto3  # type: ignore[import-untyped]
-        from botocore.config import Config  # type: ignore[import-untyped]
+        try:
+            import boto3  # type: ignore[import-untyped]
+            from botocore.config import Config  # type: ignore[import-untyped]
+        except ImportError:
+            raise CheckpointStorageError(
+                f"cannot open {url.url()}: s3:// needs boto3 (pip install 'trainjob[s3]'; the "
+                "trainjob image has it)"
+            ) from None
 
         self.url = url
         self.endpoint = endpoint(env)
@@ -198,8 +213,15 @@ class S3Store:
                 ),
             )
 
-    def check_bucket(self) -> None:
-        self._call("open", "", lambda: self.client.head_bucket(Bucket=self.url.bucket))
+    def check_readable(self) -> None:
+        """One listing call: a GET, whose error names its cause (a HEAD's has no body)."""
+        self._call(
+            "read",
+            self.url.key(),
+            lambda: self.client.list_objects_v2(
+                Bucket=self.url.bucket, Prefix=self.url.key(), MaxKeys=1
+            ),
+        )
 
 
 def _files(directory: str) -> dict[str, int]:
@@ -279,8 +301,9 @@ class Mirror:
         return restored
 
     def check_writable(self) -> None:
-        """Write and delete a small object: a refused write ends the replica before training."""
-        self.store.check_bucket()
+        """List, then write and delete a small object: a missing bucket or a refused write
+        ends the replica before training (some stores create a bucket on a first write)."""
+        self.store.check_readable()
         key = self.url.key(PROBE)
         self.store.write(key, b"trainjob checks that it may write here\n")
         self.store.delete([key])
@@ -425,7 +448,7 @@ def open_mirror(url: storage.StoreURL, env: Mapping[str, str], *, writer: bool) 
         if writer:
             mirror.check_writable()
         else:
-            mirror.store.check_bucket()
+            mirror.store.check_readable()
         mirror.restore()
     except BaseException:
         mirror.close()
@@ -458,6 +481,12 @@ def _tf_errors(doing: str, where: str) -> Iterator[None]:
         ) from None
     except tf.errors.OpError as exc:
         line = str(exc.message).splitlines()[0] if exc.message else type(exc).__name__
+        if any(marker in line for marker in _UNREACHABLE_MARKERS):
+            # TensorFlow's GCS client wraps curl's connection errors in AbortedError once its
+            # retries are spent.
+            raise StorageUnreachableError(
+                f"cannot {doing} {where}: the store is unreachable ({line})"
+            ) from None
         raise CheckpointStorageError(f"cannot {doing} {where}: {line}") from None
 
 
@@ -465,7 +494,13 @@ def check_tensorflow_location(tf: Any, location: str, *, writer: bool, replica: 
     """A location TensorFlow writes itself (``gs://``): the chief writes and deletes a probe
     file, every other replica lists it, so a missing bucket or refused write ends the replica
     before training with one line."""
-    with _tf_errors("write" if writer else "read", location):
+    doing = "write" if writer else "read"
+    url = storage.parse(location)
+    with _tf_errors(doing, location):
+        # First: TensorFlow 2.21's makedirs under a missing GCS bucket asks for the bucket
+        # again and again, for ever (measured against fake-gcs-server).
+        if not tf.io.gfile.exists(f"{url.scheme}://{url.bucket}"):
+            raise CheckpointStorageError(f"cannot {doing} {location}: the bucket does not exist")
         if writer:
             tf.io.gfile.makedirs(location)
             probe = f"{location.rstrip('/')}/{PROBE}-{replica}"

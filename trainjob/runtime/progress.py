@@ -62,6 +62,10 @@ class Emitter:
     # A replica without a reporter: sends the report of its devices when training starts
     # (``reporter.announce`` in a Pod), so the job's status shows every replica's devices.
     announce: Callable[[core_progress.Report], object] | None = None
+    # Sees each ``checkpoint`` event before it is written, once the checkpoint is on disk: a
+    # checkpoint dir on object storage uploads it there (the chief) and returns where it is
+    # now, which the event then names (trainjob.runtime.objectstore.Mirror).
+    publish: Callable[[Mapping[str, Any]], str | None] | None = None
 
     def tick(self, step: int) -> None:
         """The global step just completed (cheap: call it every step)."""
@@ -84,6 +88,8 @@ class Emitter:
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         if event == "start":
             fields = {**self.start_fields, **fields}
+        if event == "checkpoint" and self.publish is not None:
+            fields = {**fields, "checkpoint": self.publish(fields)}
         record = make_event(
             event, replica=self.replica, chief=self.chief, now=time.time(), **fields
         )

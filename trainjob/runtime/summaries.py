@@ -120,7 +120,7 @@ class SummaryWriter:
 
         now = time.time()
         if self._writer is None:
-            os.makedirs(self.directory, exist_ok=True)
+            tf.io.gfile.makedirs(self.directory)  # gs:: TensorFlow writes it, not os
             # TensorBoard reads every file with "tfevents" in its name; a restarted chief
             # starts a file of its own (time, host and pid differ).
             name = f"events.out.tfevents.{now:.0f}.{socket.gethostname()}.{os.getpid()}.trainjob"
