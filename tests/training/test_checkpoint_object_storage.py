@@ -6,7 +6,6 @@ before it. A store that refuses ends the replica with one line and its own exit 
 from __future__ import annotations
 
 import json
-import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,18 +98,17 @@ def _start(
 
 
 def _uploading(s3: objectstore.S3Server, bucket: str, area: str) -> int | None:
-    """The number of a backup snapshot being uploaded right now (files or a multipart upload
-    under it, no marker yet), once an earlier one is complete."""
+    """The number of a backup snapshot half uploaded right now, once an earlier one is
+    complete: its index files are there (uploaded first), its data is not, nor its marker."""
     listing = snapshots.read_listing(area, s3.keys(bucket, area + "/").items())
     if not listing.markers:
         return None
-    uploads = s3.client().list_multipart_uploads(Bucket=bucket, Prefix=area + "/")
-    for upload in uploads.get("Uploads", []):
-        match = re.match(rf"^{re.escape(area)}/(\d{{10}})/", upload["Key"])
-        if match and int(match.group(1)) not in listing.markers:
-            return int(match.group(1))
     half = sorted(set(listing.files) - listing.markers)
-    return half[-1] if half and half[-1] > max(listing.markers) else None
+    if not half or half[-1] < max(listing.markers):
+        return None
+    files = listing.files[half[-1]]
+    has_index = any(p.endswith("/checkpoint") for p in files)
+    return half[-1] if has_index and not any(".data-" in p for p in files) else None
 
 
 def test_killed_during_an_upload_the_job_resumes_from_the_previous_complete_checkpoint(
@@ -132,7 +130,9 @@ def test_killed_during_an_upload_the_job_resumes_from_the_previous_complete_chec
     assert codes["run1-worker-0"] == -signal.SIGKILL
     assert policy.retryable_exit_code(codes["run1-worker-1"]), harness.dump_logs(first)
     listing = snapshots.read_listing(area, s3.keys(bucket, area + "/").items())
-    assert half not in listing.markers  # the killed upload never completed
+    # The killed upload never completed: its index is there, naming data that is not.
+    assert half not in listing.markers
+    assert any(p.endswith("/checkpoint") for p in listing.files[half])
     complete = max(listing.markers)
     assert complete < half
     marker = s3.client().get_object(Bucket=bucket, Key=snapshots.marker_key(area, complete))

@@ -168,10 +168,11 @@ def test_old_and_half_snapshots_are_pruned_but_never_newer_ones() -> None:
     assert snapshots.stale(listing, 6, keep=1) == [3, 4, 5]
 
 
-def test_the_checkpoint_index_is_uploaded_last() -> None:
-    order = snapshots.upload_order(FILES)
-    assert order[-1] == "chief/checkpoint"
-    assert set(order) == set(FILES)
+def test_the_data_is_uploaded_after_the_index_files() -> None:
+    files = {**FILES, "chief/ckpt-3.data-00000-of-00001": 64 << 20}
+    order = snapshots.upload_order(files)
+    assert order[-1] == "chief/ckpt-3.data-00000-of-00001"
+    assert set(order) == set(files)
 
 
 @pytest.mark.parametrize(

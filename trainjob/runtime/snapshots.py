@@ -153,7 +153,9 @@ def local_manifest(number: int, files: Mapping[str, int], step: int | None) -> M
 
 
 def upload_order(files: Mapping[str, int]) -> list[str]:
-    """Files in the order they are uploaded: TensorFlow's ``checkpoint`` index last, as
-    TensorFlow itself writes it last (a reader of the files alone then never sees an index
-    naming data that is not there yet); the marker comes after all of them."""
-    return sorted(files, key=lambda path: (path.rsplit("/", 1)[-1] == "checkpoint", path))
+    """Files in the order they are uploaded: smallest first, TensorFlow's index files before
+    its data. Only the marker, written after all of them, makes a snapshot complete, so the
+    order is free; this one leaves the longest stretch of an upload (the data) with files
+    already visible and no marker, the state the half-upload test kills a replica in: a
+    reader that trusted the files would find an index naming data not there yet."""
+    return sorted(files, key=lambda path: (files[path], path))
