@@ -25,6 +25,22 @@ def test_store_urls_are_accepted(
     assert created["spec"]["checkpoint"]["path"] == path
 
 
+def test_a_credentials_secret_goes_with_a_store_url_only(
+    custom_objects: k8s.CustomObjectsApi, namespace: str
+) -> None:
+    body = minimal_trainjob("with-secret")
+    body["spec"]["checkpoint"] = {"path": "s3://ckpt/x", "credentialsSecret": "store-keys"}
+    created = create_trainjob(custom_objects, namespace, body)
+    assert created["spec"]["checkpoint"]["credentialsSecret"] == "store-keys"
+    body = minimal_trainjob("claim-secret")
+    body["spec"]["checkpoint"] = {"path": "/checkpoints", "credentialsSecret": "store-keys"}
+    with pytest.raises(ApiException) as refused:
+        create_trainjob(custom_objects, namespace, body)
+    assert "spec.checkpoint.credentialsSecret: is only for an s3:// or gs:// path" in (
+        server_message(refused.value)
+    )
+
+
 @pytest.mark.parametrize("path", ["hdfs://nn/ckpt", "s3://Bad_Bucket/x", "az://c/x", "s3:///x"])
 def test_other_urls_are_refused_naming_the_field(
     custom_objects: k8s.CustomObjectsApi, namespace: str, path: str

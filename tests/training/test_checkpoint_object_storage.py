@@ -195,6 +195,8 @@ def _one_replica(
         ("denied write", 7, "access denied"),
         ("wrong credentials", 7, "wrong credentials"),
         ("unreachable endpoint", 192, "is unreachable"),
+        # The job's credentials Secret (its files) wins over the environment's keys.
+        ("secret's reader keys", 7, "access denied"),
     ],
 )
 def test_a_store_that_refuses_ends_the_replica_with_one_line_and_its_exit_code(
@@ -205,13 +207,19 @@ def test_a_store_that_refuses_ends_the_replica_with_one_line_and_its_exit_code(
     code: int,
     words: str,
 ) -> None:
-    bucket = s3.make_bucket(f"ckpt-{case.split(maxsplit=1)[0]}")
+    bucket = s3.make_bucket(f"ckpt-{case.split(maxsplit=1)[0].replace(chr(39), '')}")
     url = f"s3://{bucket}/job"
     store = s3.env()
     if case == "missing bucket":
         url = "s3://no-such-bucket/job"
     elif case == "denied write":
         store = s3.env(s3.reader)
+    elif case == "secret's reader keys":
+        mounted = tmp_path / "secret"
+        mounted.mkdir()
+        (mounted / "AWS_ACCESS_KEY_ID").write_text(s3.reader.access_key)
+        (mounted / "AWS_SECRET_ACCESS_KEY").write_text(s3.reader.secret_key)
+        store = {**store, constants.ENV_CHECKPOINT_CREDENTIALS_DIR: str(mounted)}
     elif case == "wrong credentials":
         store = {**store, "AWS_SECRET_ACCESS_KEY": "not-" + s3.admin.secret_key}
     else:
@@ -224,8 +232,8 @@ def test_a_store_that_refuses_ends_the_replica_with_one_line_and_its_exit_code(
     lines = [line for line in log.splitlines() if line.strip()]
     assert words in lines[-1], log
     assert "Traceback" not in log
-    for secret in (s3.admin.secret_key, s3.reader.secret_key):
-        assert secret not in log
+    for key in (s3.admin.secret_key, s3.reader.secret_key):
+        assert key not in log
     assert "CheckpointStorageError" in lines[-1] or "StorageUnreachableError" in lines[-1]
     # Before TensorFlow was imported: nothing was trained, no progress was written.
     assert not (tmp_path / "worker-0.jsonl").exists() or "start" not in json.dumps(

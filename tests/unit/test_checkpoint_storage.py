@@ -201,3 +201,63 @@ def test_store_failures_have_their_own_exit_codes() -> None:
         FailureKind.STORAGE_UNREACHABLE
     )
     assert exit_code(FailureKind.STORAGE_UNREACHABLE) == 192  # retryable under ExitCode
+
+
+def _with_secret(path: str, secret: str) -> dict[str, object]:
+    job = _job(path)
+    checkpoint = job["spec"]["checkpoint"]  # type: ignore[index]
+    checkpoint["credentialsSecret"] = secret
+    return job
+
+
+def test_the_credentials_secret_is_mounted_never_copied() -> None:
+    from trainjob.core import constants, render
+
+    job = spec.parse(_with_secret("s3://ckpt/mnist", "store-keys"))
+    options = render.RenderOptions(namespace="team-a")
+    pod = render.render_pod(job, "worker", 1, 0, options, None)
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["secret"]["secretName"] == "store-keys"]
+    (container,) = pod["spec"]["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+    assert mount == {
+        "name": constants.CHECKPOINT_CREDENTIALS_VOLUME_NAME,
+        "mountPath": constants.CHECKPOINT_CREDENTIALS_MOUNT_PATH,
+        "readOnly": True,
+    }
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[constants.ENV_CHECKPOINT_CREDENTIALS_DIR] == mount["mountPath"]
+    assert env[constants.ENV_CHECKPOINT_DIR] == "s3://ckpt/mnist"
+    assert not [e for e in container["env"] if "valueFrom" in e or e["name"].startswith("AWS_")]
+
+
+@pytest.mark.parametrize(
+    ("path", "secret", "words"),
+    [
+        ("/checkpoints", "store-keys", "is only for an s3:// or gs:// path"),
+        ("s3://ckpt/x", "Store_Keys", "is not a valid Secret name"),
+    ],
+)
+def test_a_credentials_secret_where_none_can_be_used_is_refused(
+    path: str, secret: str, words: str
+) -> None:
+    with pytest.raises(spec.SpecError) as bad:
+        spec.parse(_with_secret(path, secret))
+    assert "spec.checkpoint.credentialsSecret" in str(bad.value)
+    assert words in str(bad.value)
+
+
+def test_the_runtime_reads_keys_from_the_mounted_secret(tmp_path: object) -> None:
+    from pathlib import Path
+
+    directory = Path(str(tmp_path))
+    (directory / "AWS_ACCESS_KEY_ID").write_text("AKIDEXAMPLE\n")
+    (directory / "AWS_SECRET_ACCESS_KEY").write_text("s3cr3t\n")
+    (directory / "credentials.json").write_text("{}")
+    assert objectstore.read_credentials_dir(str(directory)) == {
+        "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3t",
+    }
+    env = {objectstore.ENV_CREDENTIALS_DIR: str(directory)}
+    assert objectstore.google_credentials(env) == str(directory / "credentials.json")
+    assert objectstore.read_credentials_dir(str(directory / "missing")) == {}
+    assert objectstore.google_credentials({}) is None

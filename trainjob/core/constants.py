@@ -83,6 +83,11 @@ EXIT_CODE_NON_FINITE_LOSS: Final = 6
 PROGRESS_LINE_PREFIX: Final = "TRAINJOB_PROGRESS "
 
 CHECKPOINT_VOLUME_NAME: Final = "trainjob-checkpoint"
+# spec.checkpoint.credentialsSecret, mounted read-only into every TensorFlow container: the
+# runtime reads an object store's keys there (never in env, spec or status).
+CHECKPOINT_CREDENTIALS_VOLUME_NAME: Final = "trainjob-checkpoint-credentials"
+CHECKPOINT_CREDENTIALS_MOUNT_PATH: Final = "/var/run/secrets/trainjob.dev/checkpoint"
+ENV_CHECKPOINT_CREDENTIALS_DIR: Final = "TRAINJOB_CHECKPOINT_CREDENTIALS_DIR"
 # The projected volume with the progress token (audience: the job) and the operator's CA.
 PROGRESS_VOLUME_NAME: Final = "trainjob-progress"
 PROGRESS_MOUNT_PATH: Final = "/var/run/secrets/trainjob.dev/progress"

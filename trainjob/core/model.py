@@ -101,6 +101,8 @@ class CheckpointSpec:
     path: str
     claim_name: str | None
     sub_path: str | None
+    # A Secret with an object store's keys (s3:// or gs:// paths only): its name, never its data.
+    credentials_secret: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -137,6 +137,17 @@ def render_pod(
                 }
             )
         pod_spec["volumes"] = volumes
+    secret = job.checkpoint.credentials_secret if job.checkpoint is not None else None
+    if secret is not None:
+        volumes = list(pod_spec.get("volumes") or [])
+        if not any(v.get("name") == constants.CHECKPOINT_CREDENTIALS_VOLUME_NAME for v in volumes):
+            volumes.append(
+                {
+                    "name": constants.CHECKPOINT_CREDENTIALS_VOLUME_NAME,
+                    "secret": {"secretName": secret},
+                }
+            )
+        pod_spec["volumes"] = volumes
     if options.progress is not None:
         _add_progress_volume(job, pod_spec, options)
     if options.scheduler_name and "schedulerName" not in pod_spec:
@@ -407,6 +418,17 @@ def _tf_container(
             if job.checkpoint.sub_path:
                 mount["subPath"] = job.checkpoint.sub_path
             mounts.append(mount)
+        result["volumeMounts"] = mounts
+    if job.checkpoint is not None and job.checkpoint.credentials_secret is not None:
+        mounts = list(result.get("volumeMounts") or [])
+        if not any(m.get("name") == constants.CHECKPOINT_CREDENTIALS_VOLUME_NAME for m in mounts):
+            mounts.append(
+                {
+                    "name": constants.CHECKPOINT_CREDENTIALS_VOLUME_NAME,
+                    "mountPath": constants.CHECKPOINT_CREDENTIALS_MOUNT_PATH,
+                    "readOnly": True,
+                }
+            )
         result["volumeMounts"] = mounts
     if options.progress is not None:
         mounts = list(result.get("volumeMounts") or [])

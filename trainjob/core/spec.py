@@ -67,6 +67,10 @@ __all__ = [
 
 _DNS_1035: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _ENTRYPOINT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
+# A Secret's name: a DNS-1123 subdomain.
+_SECRET_NAME: Final = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 
 
 def _kubeflow_hint(obj: Mapping[str, Any]) -> Problem | None:
@@ -263,7 +267,7 @@ def _parse_checkpoint(c: Collector, value: object) -> CheckpointSpec | None:
         return None
     path = "spec.checkpoint"
     raw = c.mapping(value, path)
-    c.unknown_keys(raw, path, ("path", "claimName", "subPath"))
+    c.unknown_keys(raw, path, ("path", "claimName", "subPath", "credentialsSecret"))
     ckpt_path = c.string(raw.get("path"), f"{path}.path") or constants.DEFAULT_CHECKPOINT_PATH
     claim_name = c.string(raw.get("claimName"), f"{path}.claimName")
     sub_path = c.string(raw.get("subPath"), f"{path}.subPath")
@@ -274,7 +278,14 @@ def _parse_checkpoint(c: Collector, value: object) -> CheckpointSpec | None:
         c.add(f"{path}.path", f"must be an absolute path when claimName is set, got {ckpt_path!r}")
     if sub_path is not None and claim_name is None:
         c.add(f"{path}.subPath", "needs claimName (it is a sub-path inside that volume)")
-    return CheckpointSpec(path=ckpt_path, claim_name=claim_name, sub_path=sub_path)
+    secret = c.string(raw.get("credentialsSecret"), f"{path}.credentialsSecret")
+    if secret is not None and not storage.is_url(ckpt_path):
+        c.add(f"{path}.credentialsSecret", "is only for an s3:// or gs:// path")
+    if secret is not None and not _SECRET_NAME.match(secret):
+        c.add(f"{path}.credentialsSecret", f"{secret!r} is not a valid Secret name")
+    return CheckpointSpec(
+        path=ckpt_path, claim_name=claim_name, sub_path=sub_path, credentials_secret=secret
+    )
 
 
 def _parse_run_policy(c: Collector, value: object) -> RunPolicy:

@@ -109,6 +109,8 @@ def replica_env(
             env[constants.ENV_WORKER_GPUS] = str(fewest)
     if checkpoint_dir is not None:
         env[constants.ENV_CHECKPOINT_DIR] = checkpoint_dir
+    if job.checkpoint is not None and job.checkpoint.credentials_secret is not None:
+        env[constants.ENV_CHECKPOINT_CREDENTIALS_DIR] = constants.CHECKPOINT_CREDENTIALS_MOUNT_PATH
     return env
 
 

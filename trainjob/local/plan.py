@@ -211,6 +211,11 @@ def make_plan(
             "network: a store they cannot reach from there fails the run at its start "
             "(--host-network runs them on this machine's)"
         )
+    if job.checkpoint is not None and job.checkpoint.credentials_secret:
+        notes.append(
+            f"checkpoint credentialsSecret {job.checkpoint.credentials_secret} is a cluster's "
+            "Secret: here the replicas use this shell's credentials"
+        )
     if job.checkpoint is not None and job.checkpoint.claim_name:
         notes.append(
             f"checkpoint claim {job.checkpoint.claim_name} is replaced by {checkpoint_dir}"

@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, TypeVar
 
-from trainjob.core import storage
+from trainjob.core import constants, storage
 from trainjob.runtime import layout, snapshots
 from trainjob.runtime.exitcodes import CheckpointStorageError, StorageUnreachableError
 
@@ -40,7 +40,7 @@ T = TypeVar("T")
 AREAS: Final = (layout.BACKUP, layout.LOOP, layout.ESTIMATOR)
 ENDPOINT_ENV: Final = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 # Where the job's credentials Secret is mounted (the executors set it), and the keys read there.
-ENV_CREDENTIALS_DIR: Final = "TRAINJOB_CHECKPOINT_CREDENTIALS_DIR"
+ENV_CREDENTIALS_DIR: Final = constants.ENV_CHECKPOINT_CREDENTIALS_DIR
 CREDENTIALS_FILES: Final = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 GOOGLE_KEY_FILE: Final = "credentials.json"
 PROBE: Final = ".trainjob-probe"
