@@ -168,46 +168,6 @@ def test_tmux_redraws_leave_nothing_in_the_scrollback(tmp_path: Path) -> None:
             _assert_table_at_the_bottom(tmux.screen(), rows)
 
 
-# A table that fits its window: 120 columns (lines up to 79 wide) down to 60 and back.
-FITTING_WORKERS = 3
-FITTING_RESIZES = [(60, 30), (200, 40), (60, 20), (100, 30), (60, 30), (200, 30), (60, 30)]
-
-
-def _table_rows(lines: list[str]) -> list[str]:
-    return [line for line in lines if line.startswith((table_driver.JOB_LINE, "  worker-"))]
-
-
-@pytest.mark.parametrize("logs", [False, True], ids=["table", "table-and-logs"])
-def test_tmux_resizes_leave_nothing_of_a_fitting_table_in_the_scrollback(
-    tmp_path: Path, logs: bool
-) -> None:
-    """Made narrower, tmux re-wraps the table and makes room for the rows it gains by moving
-    as many rows from the top of the window into its scrollback: a table drawn on the top row
-    went there (before: 3 rows of the 120-column table after a resize to 60). The table keeps
-    enough rows above it, so only blank rows or log lines go there, and the redraw after each
-    resize fits the window."""
-    counter = tmp_path / "draws"
-    command = [
-        sys.executable, "-m", "tests.local.table_driver", str(FITTING_WORKERS), str(counter),
-        *(["--logs"] if logs else []),
-    ]  # fmt: skip
-    with _tmux(tmp_path, 120, 30, command) as tmux:
-        _wait_draws(counter, 3, "at 120x30")
-        for columns, rows in FITTING_RESIZES:
-            tmux.resize(columns, rows)
-            _wait_draws(counter, 10, f"after the resize to {columns}x{rows}")
-            history = tmux.history()
-            assert _table_rows(history) == [], (
-                f"the table in the scrollback after the resize to {columns}x{rows}:\n"
-                + "\n".join(history)
-            )
-            shown = tmux.screen()
-            table = _table_rows(shown)
-            assert len(table) == 1 + FITTING_WORKERS, "\n".join(shown)
-            assert all(len(line) <= columns - 1 for line in table), "\n".join(shown)
-            assert all(len(line) <= columns for line in shown), "\n".join(shown)
-
-
 def test_tmux_log_lines_scroll_into_the_scrollback_and_the_table_does_not(tmp_path: Path) -> None:
     counter = tmp_path / "draws"
     with _tmux(tmp_path, 100, 30, _driver_command(counter, "--logs")) as tmux:
