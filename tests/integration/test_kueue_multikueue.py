@@ -20,6 +20,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from tests.controlplane import trainer
 from tests.controlplane.cluster import ControlPlane, ControlPlaneError
 from tests.controlplane.kueue import KUEUE_NAMESPACE, Kueue, start_kueue
 from tests.integration.conftest import TFJOB_CRD, started_control_plane
@@ -36,9 +37,10 @@ MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 @pytest.fixture(scope="module")
 def worker_plane() -> Iterator[ControlPlane]:
     for plane in started_control_plane():
-        # The manager's Kueue has Kueue's own TFJob integration on (conftest.kueue): MultiKueue
-        # counts a worker Active only when it serves every enabled kind, TFJob included.
-        plane.apply_crds([TFJOB_CRD])
+        # The manager's Kueue has Kueue's own TFJob and Kubeflow Trainer integrations on
+        # (conftest.kueue): MultiKueue counts a worker Active only when it serves every enabled
+        # kind, TFJob and Trainer's TrainJob (with its JobSet) included.
+        plane.apply_crds([TFJOB_CRD, *trainer.crd_files()])
         yield plane
 
 
