@@ -31,6 +31,7 @@ import pyte
 import pytest
 
 from tests.local import table_driver
+from tests.support import tmux as tmux_support
 
 from .conftest import REPO_ROOT, cli_env, wait_until
 
@@ -74,58 +75,13 @@ def _wait_draws(counter: Path, more: int, what: str) -> None:
     wait_until(lambda: _draws(counter) >= target, DEADLINE_S, f"{more} draws {what}")
 
 
-class Tmux:
-    """One tmux server of our own (its own socket, no configuration file: default settings)."""
-
-    def __init__(self, tmp_path: Path, columns: int, rows: int, command: list[str]) -> None:
-        self.tmux = _tool("tmux")
-        self.socket = str(tmp_path / "tmux.sock")
-        env = {**cli_env(), "PYTHONPATH": str(REPO_ROOT)}
-        # new-session -x/-y fix the window's size (no client is attached to resize it).
-        self.run(
-            "new-session", "-d", "-s", "t", "-x", str(columns), "-y", str(rows),
-            "-c", str(REPO_ROOT),
-            *[item for key, value in env.items() for item in ("-e", f"{key}={value}")],
-            *command,
-        )  # fmt: skip
-
-    def run(self, *args: str) -> str:
-        done = subprocess.run(
-            [self.tmux, "-S", self.socket, "-f", "/dev/null", *args],
-            capture_output=True,
-            text=True,
-            timeout=DEADLINE_S,
-            check=True,
-        )
-        return done.stdout
-
-    def history_size(self) -> int:
-        return int(self.run("display-message", "-p", "-t", "t", "#{history_size}"))
-
-    def history(self) -> list[str]:
-        """The lines in the scrollback (above the visible screen)."""
-        if not self.history_size():
-            return []
-        return self.run("capture-pane", "-p", "-J", "-t", "t", "-S", "-", "-E", "-1").splitlines()
-
-    def screen(self) -> list[str]:
-        return self.run("capture-pane", "-p", "-t", "t").splitlines()
-
-    def resize(self, columns: int, rows: int) -> None:
-        self.run("resize-window", "-t", "t", "-x", str(columns), "-y", str(rows))
-
-    def close(self) -> None:
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            self.run("kill-server")
-
-
 @contextlib.contextmanager
-def _tmux(tmp_path: Path, columns: int, rows: int, command: list[str]) -> Iterator[Tmux]:
-    server = Tmux(tmp_path, columns, rows, command)
-    try:
+def _tmux(
+    tmp_path: Path, columns: int, rows: int, command: list[str]
+) -> Iterator[tmux_support.Tmux]:
+    env = {**cli_env(), "PYTHONPATH": str(REPO_ROOT)}
+    with tmux_support.running(tmp_path, columns, rows, command, cwd=REPO_ROOT, env=env) as server:
         yield server
-    finally:
-        server.close()
 
 
 def _tables(lines: list[str]) -> int:
