@@ -175,3 +175,31 @@ def test_fail_the_failed_condition_quotes_the_termination_message(cluster: Clust
     # In status, not only in the Pod: cleanPodPolicy All deleting it loses nothing.
     index = (cluster.job("cause") or {})["status"]["replicaStatuses"]["worker"]["indexes"][0]
     assert index["message"] == "ValueError: learning rate must be > 0"
+
+
+def test_fail_a_store_that_refuses_is_named_in_status_event_and_column(
+    cluster: Cluster, control_plane: ControlPlane
+) -> None:
+    """Exit 7 is the runtime's verdict on the checkpoint store: the reason says so, the message
+    says what to check, and the replica's own line (its termination message) names the bucket."""
+    cluster.create_job(trainjob("store", chief=0, workers=1))
+    cluster.run_all("store", {"store-worker-0"})
+    cluster.wait_condition("store", "Running")
+    line = "CheckpointStorageError: cannot write s3://ckpt/job: access denied (AccessDenied)"
+    terminated = {"exitCode": 7, "reason": "Error", "message": f'{{"trainjobError": "{line}"}}'}
+    container = kubelet.container_status({"terminated": terminated}, image=TEST_IMAGE, ready=False)
+    cluster.core.patch_namespaced_pod_status(
+        "store-worker-0", cluster.namespace, kubelet.pod_status("Failed", container)
+    )
+    failed = cluster.wait_condition("store", "Failed")
+    assert failed["reason"] == "CheckpointStorageRefused"
+    assert "the bucket of spec.checkpoint.path exists" in failed["message"]
+    assert "spec.checkpoint.credentialsSecret" in failed["message"]
+    assert failed["message"].endswith(f"; cause: worker-0: {line}")
+    events = waits.wait_until(
+        lambda: [e for e in cluster.events("store") if e.reason == "CheckpointStorageRefused"],
+        timeout=T,
+        what="a CheckpointStorageRefused Event",
+    )
+    assert events[0].type == "Warning" and line in (events[0].message or "")
+    assert printed_reason(control_plane, cluster.namespace, "store") == "CheckpointStorageRefused"

@@ -78,6 +78,11 @@ ENV_TERMINATION_MESSAGE_PATH: Final = "TRAINJOB_TERMINATION_MESSAGE_PATH"
 # the policy names the job's failure by it (reason NonFiniteLoss). Here, not in the policy, so the
 # runtime reads it without loading the policy engine.
 EXIT_CODE_NON_FINITE_LOSS: Final = 6
+# The runtime's exit codes for a checkpoint store that refused (no such bucket, access denied,
+# credentials missing or wrong: permanent) and for one that could not be reached (>= 128:
+# retryable). The policy names the job's failure by them, with what a user should check.
+EXIT_CODE_CHECKPOINT_STORAGE: Final = 7
+EXIT_CODE_STORAGE_UNREACHABLE: Final = 192
 
 # Progress events the runtime prints on stdout, one JSON object per line after this prefix.
 PROGRESS_LINE_PREFIX: Final = "TRAINJOB_PROGRESS "

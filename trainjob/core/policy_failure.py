@@ -8,14 +8,17 @@ Failed condition's reason, the replica's last words.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Final
 
 from trainjob.core import constants, policy_disruption, policy_success, spec
 from trainjob.core.policy_terms import (
     DELETED,
+    REASON_CHECKPOINT_STORAGE,
     REASON_FAILED,
     REASON_NON_FINITE_LOSS,
     REASON_PREEMPTED,
+    REASON_STORAGE_UNREACHABLE,
     Failure,
 )
 
@@ -23,6 +26,31 @@ from trainjob.core.policy_terms import (
 FIRST_SIGNAL_EXIT_CODE: Final = 128
 # The runtime's exit code for a training loss that became NaN or +/-Inf (permanent: 1-127).
 EXIT_CODE_NON_FINITE_LOSS: Final = constants.EXIT_CODE_NON_FINITE_LOSS
+# The runtime's verdicts on the checkpoint store: refused (permanent) and unreachable (>= 128,
+# retried under ExitCode).
+EXIT_CODE_CHECKPOINT_STORAGE: Final = constants.EXIT_CODE_CHECKPOINT_STORAGE
+EXIT_CODE_STORAGE_UNREACHABLE: Final = constants.EXIT_CODE_STORAGE_UNREACHABLE
+
+# The exit codes by which the runtime names why it gave up: the Failed condition's reason.
+VERDICT_REASONS: Final[Mapping[int, str]] = {
+    EXIT_CODE_NON_FINITE_LOSS: REASON_NON_FINITE_LOSS,
+    EXIT_CODE_CHECKPOINT_STORAGE: REASON_CHECKPOINT_STORAGE,
+    EXIT_CODE_STORAGE_UNREACHABLE: REASON_STORAGE_UNREACHABLE,
+}
+# What a user checks when a replica exits with one of these codes, said beside the code in the
+# condition and the Event. The replica's own line (``; cause: ...``) names the bucket and the
+# store's answer; this says where in the job to look, since the code alone says nothing.
+EXIT_CODE_ADVICE: Final[Mapping[int, str]] = {
+    EXIT_CODE_CHECKPOINT_STORAGE: (
+        "the checkpoint store refused it: check that the bucket of spec.checkpoint.path "
+        "exists and that the job's credentials (spec.checkpoint.credentialsSecret, else the "
+        "Pods' workload identity) may read and write there"
+    ),
+    EXIT_CODE_STORAGE_UNREACHABLE: (
+        "the checkpoint store could not be reached: check the store's endpoint "
+        "(AWS_ENDPOINT_URL_S3 for an S3-compatible store) and that the Pods' network reaches it"
+    ),
+}
 
 
 class Fate(enum.Enum):
@@ -67,10 +95,11 @@ def retryable_exit_code(code: int | None) -> bool:
 
 def failed_reason(failure: Failure) -> str:
     """The Failed condition's reason for a replica failure no policy retries: the runtime's
-    own verdict where its exit code names one (a diverged loss), else ReplicaFailed."""
-    if failure.exit_code == EXIT_CODE_NON_FINITE_LOSS and not failure.disrupted:
-        return REASON_NON_FINITE_LOSS
-    return REASON_FAILED
+    own verdict where its exit code names one (a diverged loss, a checkpoint store that refused
+    or could not be reached), else ReplicaFailed."""
+    if failure.disrupted or failure.exit_code is None:
+        return REASON_FAILED
+    return VERDICT_REASONS.get(failure.exit_code, REASON_FAILED)
 
 
 def describe(failure: Failure) -> str:
@@ -87,6 +116,9 @@ def describe(failure: Failure) -> str:
     if failure.exit_code is None:
         return f"{rtype} {index} failed ({failure.reason or 'no exit code'})"
     detail = f", {failure.reason}" if failure.reason else ""
+    advice = EXIT_CODE_ADVICE.get(failure.exit_code)
+    if advice is not None:
+        detail += f" ({advice})"
     return f"{rtype} {index} exited with code {failure.exit_code}{detail}"
 
 

@@ -46,6 +46,10 @@ REASON_STALLED: Final = "Stalled"
 # The runtime's verdict on a training loss that became NaN or +/-Inf (its exit code:
 # policy_failure.EXIT_CODE_NON_FINITE_LOSS).
 REASON_NON_FINITE_LOSS: Final = "NonFiniteLoss"
+# The runtime's verdicts on the checkpoint store (its exit codes: constants
+# EXIT_CODE_CHECKPOINT_STORAGE, EXIT_CODE_STORAGE_UNREACHABLE).
+REASON_CHECKPOINT_STORAGE: Final = "CheckpointStorageRefused"
+REASON_STORAGE_UNREACHABLE: Final = "CheckpointStorageUnreachable"
 # The node a replica's Pod runs on is lost (its Ready condition Unknown: the kubelet stopped
 # reporting) or not ready (False). Kubernetes, not the operator, decides the Pod's end (taint
 # eviction after tolerationSeconds, the pod GC once the Node is deleted): until then the

@@ -63,12 +63,13 @@ EXIT_CODES: Final[Mapping[FailureKind, int]] = {
     FailureKind.INVALID_ENTRYPOINT: 3,
     FailureKind.UNSUPPORTED: 4,
     FailureKind.RESOURCE_EXHAUSTED: 5,
-    # The core's constant: the policy names a job's failure by it (reason NonFiniteLoss).
+    # The core's constants: the policy names a job's failure by them (reason NonFiniteLoss,
+    # CheckpointStorageRefused, CheckpointStorageUnreachable).
     FailureKind.NON_FINITE_LOSS: constants.EXIT_CODE_NON_FINITE_LOSS,
-    FailureKind.CHECKPOINT_STORAGE: 7,
+    FailureKind.CHECKPOINT_STORAGE: constants.EXIT_CODE_CHECKPOINT_STORAGE,
     FailureKind.PEER_UNAVAILABLE: 190,
     FailureKind.COLLECTIVE_TIMEOUT: 191,
-    FailureKind.STORAGE_UNREACHABLE: 192,
+    FailureKind.STORAGE_UNREACHABLE: constants.EXIT_CODE_STORAGE_UNREACHABLE,
     FailureKind.PREEMPTED: 143,
 }
 
