@@ -109,6 +109,9 @@ class Requeue:
     waiting: set[JobKey] = dataclasses.field(default_factory=set)
     owed: dict[JobKey, int] = dataclasses.field(default_factory=dict)
     touched_at: dict[JobKey, float] = dataclasses.field(default_factory=dict)
+    # Gangs whose PodGroup the operator just changed (its minMember): touched like a waiting
+    # gang, whatever the job's status says (see group_changed).
+    changed: set[JobKey] = dataclasses.field(default_factory=set)
 
     def room_appeared(self) -> None:
         """Room for a waiting gang may have appeared: each one asks its scheduler again."""
@@ -122,7 +125,18 @@ class Requeue:
         if phase in gang.DONE_PHASES or (body.get("metadata") or {}).get("deletionTimestamp"):
             self.room_appeared()
 
+    def group_changed(self, key: JobKey) -> None:
+        """The operator just changed the job's PodGroup (schedulingPolicy.minAvailable was
+        lowered). The change's own event requeues the gang's Pods, but Coscheduling reads
+        the group from a cache of its own, which may not hold the change yet when it looks:
+        the gang is then rejected with the old minMember and waits for the next event. The
+        touches that follow (now, and REQUEUE_INTERVAL_SECONDS later) are such events."""
+        self.changed.add(key)
+        self.owed[key] = gang.REQUEUES_PER_ROOM
+        self.wake(key)
+
     def forget(self, key: JobKey) -> None:
+        self.changed.discard(key)
         self.waiting.discard(key)
         self.owed.pop(key, None)
         self.touched_at.pop(key, None)
@@ -134,13 +148,17 @@ class Requeue:
         appeared since it was rejected, touch its PodGroup so that the scheduler tries it
         again, at most once per gang.REQUEUE_INTERVAL_SECONDS. Returns when to look again,
         if a touch is due later."""
-        if not gang.waits_for_room(decision.status) or group is None:
+        waits = gang.waits_for_room(decision.status)
+        if group is None or decision.status.finished or not (waits or key in self.changed):
+            self.changed.discard(key)
             self.waiting.discard(key)
             self.owed.pop(key, None)
             return None
-        self.waiting.add(key)
+        if waits:
+            self.waiting.add(key)
         owed = self.owed.get(key, 0)
         if owed <= 0:
+            self.changed.discard(key)
             return None
         clock = time.monotonic()
         wait = self.touched_at.get(key, -math.inf) + gang.REQUEUE_INTERVAL_SECONDS - clock

@@ -223,6 +223,7 @@ class _GangRun(PhaseRun):
             await gang_sync.update_pod_group(
                 ctx.kube, ctx.settings, work.job, work.namespace, work.options, group
             )
+            ctx.gangs.group_changed(work.key)
         if self.plan.delete and await pods_left.gone(
             ctx.kube, work.namespace, work.name, work.uid, work.pods
         ):

@@ -42,6 +42,7 @@ PREFIX = "test-gang"
 POOL_LABEL = "trainjob.dev/test-pool"
 PRIORITY_HIGH = "trainjob-test-gang-high"
 PRIORITY_LOW = "trainjob-test-gang-low"
+REQUEUE_ANNOTATION = "trainjob.dev/room-appeared-at"
 
 
 @pytest.fixture(scope="module")
@@ -456,3 +457,34 @@ def test_gang_a_refused_podgroup_is_told_in_status_then_created_when_allowed(
     cluster.core.delete_namespaced_resource_quota("no-podgroups", cluster.namespace)
     waits.wait_until(lambda: pod_group(cluster, "quota"), timeout=90, what="the PodGroup made")
     waits.wait_until(lambda: bound(cluster, "quota") == (2, 2), timeout=60, what="the gang bound")
+
+
+def test_gang_whose_min_available_is_lowered_is_placed_without_waiting_for_the_flush(
+    cluster: Cluster, pool: Pool
+) -> None:
+    """A gang asking for more Pods than the job has (minAvailable 5 of 2) is rejected;
+    lowering minAvailable to 2 places it at once, not at the scheduler's periodic flush of
+    unschedulable Pods (5 minutes): upstream Kubeflow's gang e2e does exactly this. The
+    operator touches the changed PodGroup again (gang_sync.Requeue.group_changed), so that
+    Coscheduling, whose own cache may not hold the new minMember when the change's event
+    requeues the Pods, gets another look."""
+    pool.add(1, cpu=4)
+    body = gang_job("lowered", pool, workers=1, cpu="1", run=None)
+    body["spec"]["runPolicy"] = {"schedulingPolicy": {"minAvailable": 5}}
+    cluster.create_job(body)
+    waits.wait_until(
+        waiting_for_room(cluster, "lowered"), timeout=60, what="the gang waiting for room"
+    )
+    # Past the scheduler's longest Pod backoff (10 s), a Pod that an event requeues is tried
+    # at once: the moment that the PodGroup's new minMember may not have reached
+    # Coscheduling's own cache yet.
+    time.sleep(11)
+    assert bound(cluster, "lowered")[0] == 0
+    cluster.patch_job("lowered", {"spec": {"runPolicy": {"schedulingPolicy": {"minAvailable": 2}}}})
+    waits.wait_until(
+        lambda: bound(cluster, "lowered") == (2, 2), timeout=45, what="the lowered gang bound"
+    )
+    group = pod_group(cluster, "lowered") or {}
+    assert group["spec"]["minMember"] == 2
+    annotations = group["metadata"].get("annotations") or {}
+    assert REQUEUE_ANNOTATION in annotations, group["metadata"]
