@@ -147,3 +147,39 @@ def test_tutorial_model_fn_without_params_trains(tmp_path: Path, mnist_data_dir:
     assert codes == {"worker-0": 0}, harness.dump_logs([replica])
     (end,) = harness.events_of(harness.read_events(tmp_path / "progress.jsonl"), "worker-0", "end")
     assert end["step"] == 5
+
+
+def test_an_s3_checkpoint_dir_is_refused_before_training_with_one_line(
+    tmp_path: Path, mnist_data_dir: Path
+) -> None:
+    """s3:// is not for Estimator (trainjob.core.storage.framework_problem; the spec's
+    validation refuses it first, naming spec.checkpoint.path): a replica given one anyway ends
+    at once, before TensorFlow is imported, with exit 2 (InvalidConfig) and one line."""
+    python = legacy_python()
+    env = harness.replica_env(
+        {},
+        "worker",
+        0,
+        entrypoint="trainjob.samples.mnist_estimator:build",
+        config={"max_steps": 10, "data_dir": str(mnist_data_dir)},
+        checkpoint_dir=tmp_path / "unused",
+        progress_file=tmp_path / "progress.jsonl",
+        framework="Estimator",
+    )
+    env.pop("TF_CONFIG", None)
+    env["TRAINJOB_CHECKPOINT_DIR"] = "s3://ckpt/estimator"
+    replica = harness.start(
+        "est-s3", env, tmp_path, command=[str(python), "-m", "trainjob.runtime", "train"]
+    )
+    try:
+        codes = harness.wait_exit([replica], 60)
+    finally:
+        harness.stop_all([replica])
+    assert codes == {"est-s3": 2}, replica.log
+    lines = [line for line in replica.log.splitlines() if line.strip()]
+    assert "s3:// does not work with framework Estimator" in lines[-1], replica.log
+    assert "Traceback" not in replica.log
+    assert (
+        not (tmp_path / "progress.jsonl").exists()
+        or "start" not in (tmp_path / "progress.jsonl").read_text()
+    )

@@ -88,6 +88,24 @@ def test_the_spec_accepts_store_urls_and_names_the_field_of_a_bad_one() -> None:
         spec.parse(_job("s3://ckpt/mnist", claim="shared"))
 
 
+def test_estimator_is_refused_s3_with_a_message_naming_the_field() -> None:
+    """Estimator's evaluator reads new checkpoints while training runs: a staging dir
+    downloaded once at start cannot give them (storage.framework_problem)."""
+    manifest = _job("s3://ckpt/mnist")
+    manifest["spec"]["runtime"]["framework"] = "Estimator"  # type: ignore[index]
+    with pytest.raises(spec.SpecError) as bad:
+        spec.parse(manifest)
+    assert str(bad.value).count("spec.checkpoint.path") == 1
+    assert "s3:// does not work with framework Estimator" in str(bad.value)
+    assert "claimName" in str(bad.value)
+    on_volume = _job("/checkpoints", claim="shared")
+    on_volume["spec"]["runtime"]["framework"] = "Estimator"  # type: ignore[index]
+    assert spec.parse(on_volume).checkpoint is not None
+    assert storage.framework_problem("s3://ckpt/x", "Keras") is None
+    assert storage.framework_problem("gs://ckpt/x", "Estimator") is None
+    assert storage.framework_problem("/checkpoints", "Estimator") is None
+
+
 AREA = "jobs/m/backup"
 
 

@@ -162,6 +162,7 @@ def parse(manifest: object, *, require_images: bool = True) -> TrainJob:
         network_isolation=network_isolation,
     )
     _check_topology(c, job)
+    _check_checkpoint_framework(c, job)
     if require_images:
         _check_images(c, job)
     if c.problems:
@@ -429,6 +430,15 @@ def _check_topology(c: Collector, job: TrainJob) -> None:
     ):
         # TF 2.15 refuses such a cluster on every task ('it must have one "chief" node').
         c.add(f"{path}.chief", "Estimator with an evaluator needs a chief replica")
+
+
+def _check_checkpoint_framework(c: Collector, job: TrainJob) -> None:
+    """A checkpoint location the runtime's framework can use (storage.framework_problem)."""
+    if job.checkpoint is None or job.runtime is None:
+        return
+    problem = storage.framework_problem(job.checkpoint.path, job.runtime.framework)
+    if problem is not None:
+        c.add("spec.checkpoint.path", problem)
 
 
 def _check_images(c: Collector, job: TrainJob) -> None:

@@ -96,3 +96,29 @@ def problem(path: str) -> str | None:
     except InvalidStoreURL as exc:
         return str(exc)
     return None
+
+
+ESTIMATOR: Final = "Estimator"
+
+
+def framework_problem(path: str, framework: str) -> str | None:
+    """Why ``path`` cannot hold the checkpoints of ``framework``, or ``None``.
+
+    ``s3://`` is refused for Estimator: Estimator (TensorFlow 2.15, the legacy image) writes its
+    model_dir itself, and an evaluator reads each new checkpoint there while the others train.
+    An ``s3://`` location is a staging directory that the chief uploads and every replica
+    downloads once, at its start, so an evaluator would never see a new checkpoint and wait for
+    ever; TensorFlow 2.15 has no ``s3://`` filesystem of its own either."""
+    if framework != ESTIMATOR or not is_url(path):
+        return None
+    try:
+        url = parse(path)
+    except InvalidStoreURL:
+        return None  # problem() says why
+    if url.scheme != S3:
+        return None
+    return (
+        "s3:// does not work with framework Estimator (its evaluator reads each new checkpoint "
+        "from the model_dir while training runs, and TensorFlow 2.15 has no s3:// filesystem): "
+        "put an Estimator job's checkpoints on a volume (claimName and a path)"
+    )

@@ -97,6 +97,9 @@ def open_checkpoint_store(
         raise exitcodes.ConfigError(f"{constants.ENV_CHECKPOINT_DIR}: {exc}") from None
     if url.scheme != storage.S3:
         return settings, None  # TensorFlow's own filesystem (gs://): checked once it is imported
+    refused = storage.framework_problem(path, settings.framework)
+    if refused is not None:  # the spec's validation says it first; a hand-made env lands here
+        raise exitcodes.ConfigError(f"{constants.ENV_CHECKPOINT_DIR}: {refused}")
     if _role(settings) == settings_mod.ROLE_SERVE:
         # ps tasks (and a ParameterServer job's workers) hold no checkpoint of their own.
         return dataclasses.replace(settings, checkpoint_dir=None), None
