@@ -4,7 +4,7 @@
 # servers: a local HTTP server that answers or misbehaves, and the test control plane with a
 # kwok node serving a Pod's log. The release and what it needs are installed into a folder of
 # their own (cached under the tools folder by the constraints' hash), put first on PYTHONPATH,
-# so the venv keeps the newest. Run by tests/run before the tiers; alone:
+# so the venv keeps the newest. Run by tests/run beside the tiers; alone:
 #   bash tests/constraints/run-lowest.sh [pytest arguments]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
