@@ -128,11 +128,24 @@ def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
-def report(timings: Sequence[TestTiming], phases: Sequence[tuple[str, float]]) -> str:
+@dataclass(frozen=True)
+class Phase:
+    """One phase of tests/run: its wall time and, when measured, the share of the machine's
+    CPU time that was busy during it (100: every core busy throughout; a phase that mostly
+    waits shows a low share, one that more workers would only slow down a high one)."""
+
+    name: str
+    seconds: float
+    cpu_busy_percent: int | None = None
+
+
+def report(timings: Sequence[TestTiming], phases: Sequence[Phase]) -> str:
     rows = ["", "== where the time went =="]
     if phases:
-        rows.append(f"{'phase':<34}{'wall':>8}")
-        rows += [f"{name:<34}{minutes(seconds):>8}" for name, seconds in phases]
+        rows.append(f"{'phase':<50}{'wall':>8}{'cpu busy':>10}")
+        for p in phases:
+            busy = "" if p.cpu_busy_percent is None else f"{p.cpu_busy_percent}%"
+            rows.append(f"{p.name:<50}{minutes(p.seconds):>8}{busy:>10}")
         rows.append("")
     rows.append(f"{'tier':<14}{'tests':>7}{'wall':>9}{'test time':>11}")
     for fig in tier_figures(timings):
@@ -147,14 +160,16 @@ def report(timings: Sequence[TestTiming], phases: Sequence[tuple[str, float]]) -
     return "\n".join(rows)
 
 
-def read_phases(path: Path | None) -> list[tuple[str, float]]:
+def read_phases(path: Path | None) -> list[Phase]:
+    """tests/run's lines: NAME, seconds and the CPU's busy share ("-": not measured), tab
+    separated."""
     if path is None or not path.exists():
         return []
     phases = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        name, _, seconds = line.rpartition(" ")
-        if name:
-            phases.append((name, float(seconds)))
+        name, seconds, busy = [*line.split("\t"), "", ""][:3]
+        if name and seconds:
+            phases.append(Phase(name, float(seconds), int(busy) if busy.isdigit() else None))
     return phases
 
 

@@ -60,8 +60,14 @@ def test_the_report_reads_back_what_the_plugin_wrote(tmp_path: Path) -> None:
         '{"nodeid": "t::b", "tier": "e2e", "outcome": "failed", "start": 1.0, "seconds": 9.0}',
     ]
     phases = tmp_path / "phases"
-    phases.write_text("set-up (tools, images) 65\ne2e tier 600.5\n", encoding="utf-8")
-    text = timing.report(timing.read_timings(lines), timing.read_phases(phases))
-    assert "set-up (tools, images)" in text and "10:00" in text
+    # tests/run's phase lines: name, seconds, the CPU's busy share ("-": not measured).
+    phases.write_text("set-up (tools, images)\t65\t38\ne2e tier\t600.5\t-\n", encoding="utf-8")
+    read = timing.read_phases(phases)
+    assert read == [
+        timing.Phase("set-up (tools, images)", 65.0, 38),
+        timing.Phase("e2e tier", 600.5, None),
+    ]
+    text = timing.report(timing.read_timings(lines), read)
+    assert "set-up (tools, images)" in text and "10:00" in text and "38%" in text
     assert text.index("t::b") < text.index("t::a")  # slowest first
     assert "1 failed" in text
