@@ -658,8 +658,9 @@ def test_cli_attach_in_tmux_fits_every_resize_and_leaves_no_table_behind(
 
 
 def _readme_commands(section: str) -> list[list[str]]:
-    """The `trainjob` commands of a README section's sh block, one argv each."""
-    text = (REPO_ROOT / "README.md").read_text()
+    """The `trainjob` commands of a section's sh block in the docs' "On a cluster" page, one
+    argv each."""
+    text = (REPO_ROOT / "docs" / "content" / "getting-started" / "cluster.md").read_text()
     body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
     block = body.split("```sh\n", 1)[1].split("```", 1)[0]
     commands = []
@@ -672,8 +673,9 @@ def _readme_commands(section: str) -> list[list[str]]:
 
 
 def test_cli_the_readme_commands_work(cluster: Cluster, kubeconfig: Path) -> None:
-    """README "From your laptop", in its order, with the kubelet played meanwhile: the
-    example's two workers run, report progress, and worker 0 finishes while submit follows."""
+    """The docs' "From your laptop" (getting-started/cluster.md), in its order, with the
+    kubelet played meanwhile: the example's two workers run, report progress, and worker 0
+    finishes while submit follows."""
     ns = cluster.namespace
     commands = [[ns if arg == "team-a" else arg for arg in argv] for argv in _readme_commands(
         "From your laptop")]  # fmt: skip
