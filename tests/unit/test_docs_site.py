@@ -128,3 +128,14 @@ def test_docs_rbac_page_explains_every_rule_of_the_chart() -> None:
     assert not missing, f"rules of the chart that {RBAC_PAGE.name} does not explain: {missing}"
     stale = sorted(page - chart, key=str)
     assert not stale, f"rules in {RBAC_PAGE.name} that the chart no longer has: {stale}"
+
+
+def test_docs_every_example_is_used_by_a_guide() -> None:
+    """Each file of examples/ is named by a page of Getting started or the Guides, which says
+    what it shows and how to run it."""
+    guides = [markdown.CONTENT_DIR / "getting-started", markdown.CONTENT_DIR / "guides"]
+    text = "\n".join(page.read_text() for folder in guides for page in folder.rglob("*.md"))
+    examples = sorted((markdown.REPO_ROOT / "examples").glob("*.yaml"))
+    assert examples
+    unused = [path.name for path in examples if f"examples/{path.name}" not in text]
+    assert not unused, f"examples no guide uses: {unused}"
