@@ -32,7 +32,7 @@ import fractions
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from trainjob.core import constants, naming, policy, quantity, render, spec
+from trainjob.core import constants, naming, policy, quantity, reasons, render, spec
 from trainjob.core import status as st
 from trainjob_operator import children, config
 
@@ -310,7 +310,7 @@ def bypass_events(job: spec.TrainJob, settings: config.Settings) -> list[policy.
     return [
         policy.Event(
             "Warning",
-            "GangBypassed",
+            reasons.EVENT_GANG_BYPASSED,
             f"spec.replicaSpecs.{rtype}.template sets schedulerName {own}: its Pods are "
             f"not placed with the gang by {wanted_name} (remove it to place them as one)",
         )

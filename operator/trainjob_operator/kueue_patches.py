@@ -15,7 +15,7 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from trainjob.core import policy, times
+from trainjob.core import policy, reasons, times
 from trainjob.core import status as st
 from trainjob_operator import kueue_workload as kw
 
@@ -475,25 +475,26 @@ def held_decision(
         ):
             kueue_event = policy.Event(
                 "Warning" if reason != kw.JOB_REASON_QUEUED else "Normal",
-                {kw.JOB_REASON_QUEUED: "Queued", kw.JOB_REASON_EVICTED: "Evicted"}.get(
-                    reason, "WorkloadFinished"
-                ),
+                {
+                    kw.JOB_REASON_QUEUED: reasons.EVENT_QUEUED,
+                    kw.JOB_REASON_EVICTED: reasons.EVENT_EVICTED_BY_KUEUE,
+                }.get(reason, reasons.EVENT_WORKLOAD_FINISHED),
                 message,
             )
-            suspended = [i for i, e in enumerate(events) if e.reason == "Suspended"]
+            suspended = [i for i, e in enumerate(events) if e.reason == reasons.EVENT_SUSPENDED]
             if suspended:
                 events[suspended[0]] = kueue_event
             else:
                 events.append(kueue_event)
     elif hold is None and workload is not None and old.is_true(st.SUSPENDED):
-        resumed = [i for i, e in enumerate(events) if e.reason == "Resumed"]
+        resumed = [i for i, e in enumerate(events) if e.reason == reasons.EVENT_RESUMED]
         if resumed:
             name = (workload.get("metadata") or {}).get("name")
             admission = (workload.get("status") or {}).get("admission") or {}
             queue = admission.get("clusterQueue")
             events[resumed[0]] = policy.Event(
                 "Normal",
-                "Admitted",
+                reasons.EVENT_ADMITTED,
                 f"Admitted by Kueue: Workload {name} in ClusterQueue {queue}; "
                 "creating its replicas",
             )

@@ -20,7 +20,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from trainjob.core import constants, naming, render, spec
+from trainjob.core import constants, naming, reasons, render, spec
 from trainjob.core import status as st
 
 GROUP: Final = "kueue.x-k8s.io"
@@ -76,7 +76,7 @@ REASON_OUT_OF_SYNC: Final = "OutOfSync"
 # The TrainJob's own condition reasons while Kueue holds it (Suspended=True).
 JOB_REASON_QUEUED: Final = st.REASON_QUEUED
 JOB_REASON_EVICTED: Final = st.REASON_EVICTED_BY_QUEUE
-JOB_REASON_WORKLOAD_FINISHED: Final = "WorkloadFinished"
+JOB_REASON_WORKLOAD_FINISHED: Final = reasons.REASON_WORKLOAD_FINISHED
 
 # PodSets in TFJob's order (kubeflowjob: Chief, Master, PS, Worker, Evaluator).
 PODSET_ORDER: Final = (constants.CHIEF, constants.PS, constants.WORKER, constants.EVALUATOR)

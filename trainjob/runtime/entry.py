@@ -155,8 +155,8 @@ def _run(
     )
 
 
-def train_main(argv: list[str]) -> int:
-    """``trainjob train``: run this replica; return its exit code."""
+def train_parser() -> argparse.ArgumentParser:
+    """``trainjob train``'s command line (a function: the CLI reference is generated from it)."""
     parser = argparse.ArgumentParser(
         prog="trainjob train",
         description="Run one TrainJob replica from TF_CONFIG and TRAINJOB_* env vars.",
@@ -165,7 +165,12 @@ def train_main(argv: list[str]) -> int:
     parser.add_argument("--strategy", help=f"overrides {constants.ENV_STRATEGY}")
     parser.add_argument("--framework", help=f"overrides {constants.ENV_FRAMEWORK}")
     parser.add_argument("--config", help=f"overrides {constants.ENV_CONFIG} (JSON object)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def train_main(argv: list[str]) -> int:
+    """``trainjob train``: run this replica; return its exit code."""
+    args = train_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
     env = dict(os.environ)
@@ -304,8 +309,8 @@ def _reporter(
     return reporter.ProgressReporter(tracker, env)
 
 
-def data_main(argv: list[str]) -> int:
-    """``trainjob data prepare mnist --data-dir D``: write offline datasets for tfds."""
+def data_parser() -> argparse.ArgumentParser:
+    """``trainjob data``'s command line (a function: the CLI reference is generated from it)."""
     parser = argparse.ArgumentParser(prog="trainjob data", description="Offline datasets.")
     sub = parser.add_subparsers(dest="command", required=True)
     prepare = sub.add_parser("prepare", help="write a dataset in tfds format under --data-dir")
@@ -315,7 +320,12 @@ def data_main(argv: list[str]) -> int:
         required=True,
         help="tfds data_dir; afterwards tfds.load(name, data_dir=...) works",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def data_main(argv: list[str]) -> int:
+    """``trainjob data prepare mnist --data-dir D``: write offline datasets for tfds."""
+    args = data_parser().parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         path = data.prepare_mnist(args.data_dir)
