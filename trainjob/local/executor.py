@@ -228,8 +228,8 @@ class Executor:
             self.emit(
                 "warning: the replicas run on this machine's network: a network of their own "
                 f"cannot be made here ({problem}). Their TensorFlow ports listen on every "
-                "interface, and whoever reaches one can run code as you (README, Security; "
-                "--host-network chooses this and silences the warning)"
+                "interface, and whoever reaches one can run code as you (the docs' Security "
+                "guide; --host-network chooses this and silences the warning)"
             )
 
     def _hint_network(self, cause: outcome.Cause) -> None:
