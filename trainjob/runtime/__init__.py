@@ -1,6 +1,6 @@
 """The trainjob runtime: what runs inside every training replica (pod or local process).
 
-User contract (details in the README, section "The runtime: your code in each replica")::
+User contract (details in docs/content/guides/training-code.md, "Your code in each replica")::
 
     # my_pkg/train.py                      TRAINJOB_ENTRYPOINT=my_pkg.train:build
     import tensorflow as tf                # tf.keras is tf-keras: the runtime sets
