@@ -5,6 +5,7 @@ docs/content/) and their fenced code blocks, for the tests that hold the docs to
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
 import subprocess
@@ -42,6 +43,8 @@ def build_site(config: Path, site_dir: Path) -> subprocess.CompletedProcess[str]
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config)]
     return subprocess.run(
         [*command, "--site-dir", str(site_dir)],
+        # Material's banner about MkDocs 2.0 on every build would bury a failure's own lines.
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "true"},
         capture_output=True,
         text=True,
         timeout=120,
