@@ -1,4 +1,4 @@
-"""`trainjob run` with its checkpoints on a real S3 server (SeaweedFS, built from its Go
+"""`trainjob run` with its checkpoints on a real S3 server (versitygw, built from its Go
 module): the replicas restore from and upload to the bucket with the shell's credentials, and
 `--dry-run` says where they write and refuses a location the runtime cannot write."""
 
@@ -25,7 +25,7 @@ EXAMPLE = REPO_ROOT / "examples" / "mnist-multiworker.yaml"
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[objectstore.S3Server]:
-    with objectstore.seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
+    with objectstore.s3_server(tmp_path_factory.mktemp("s3")) as server:
         yield server
 
 

@@ -1,4 +1,4 @@
-"""Checkpoints on a real S3 server (SeaweedFS, built from its Go module): a 2-worker
+"""Checkpoints on a real S3 server (versitygw, built from its Go module): a 2-worker
 MultiWorkerMirrored ``fit`` uploads each checkpoint as a snapshot with its completion marker
 last; the chief is killed while a snapshot uploads, and the restarted job resumes from the one
 before it. A store that refuses ends the replica with one line and its own exit code."""
@@ -26,7 +26,7 @@ BALLAST_MB = 64
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[objectstore.S3Server]:
-    with objectstore.seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
+    with objectstore.s3_server(tmp_path_factory.mktemp("s3")) as server:
         yield server
 
 
