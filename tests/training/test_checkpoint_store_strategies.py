@@ -3,9 +3,10 @@ leaves out (it covers MultiWorkerMirrored ``fit``): a custom training loop and P
 ``fit``. Each is stopped by SIGTERM, saves at once, and the rerun resumes from the store alone
 (a fresh staging dir: nothing local survives between the runs, as between two Pods).
 
-DTensor is not here: the runtime keeps no checkpoint of a DTensor job (its ``train_fn`` owns
-the loop). Estimator refuses ``s3://`` (trainjob.core.storage.framework_problem; tested in
-test_estimator_legacy.py)."""
+DTensor: the runtime keeps no checkpoint of a DTensor job (its ``train_fn`` owns the loop, and
+nothing is resumed), so with ``s3://`` it trains against the staging dir and what the runtime
+writes there, the chief's TensorBoard scalars, reaches the store. Estimator refuses ``s3://``
+(trainjob.core.storage.framework_problem; tested in test_estimator_legacy.py)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,12 @@ def _start(
                 strategy=strategy,
             )
             env[constants.ENV_CHECKPOINT_DIR] = url
+            if strategy == "DTensor":
+                # What the executors render for DTensor, from the same cluster as TF_CONFIG.
+                env[constants.ENV_DTENSOR_CLIENT_ID] = str(i)
+                env[constants.ENV_DTENSOR_NUM_CLIENTS] = str(len(cluster[role]))
+                env[constants.ENV_DTENSOR_JOB_NAME] = role
+                env[constants.ENV_DTENSOR_JOBS] = ",".join(cluster[role])
             replicas[f"{role}-{i}"] = harness.start(f"{run}-{role}-{i}", {**env, **store}, tmp)
     return replicas, progress
 
@@ -200,3 +207,38 @@ def test_parameter_server_fit_saves_to_the_store_on_preemption_and_resumes(
     keys = s3.keys(bucket, "jobs/ps/")
     assert "jobs/ps/export/saved_model.pb" in keys
     assert any(k.startswith("jobs/ps/tensorboard/") for k in keys)
+
+
+def test_dtensor_trains_with_an_s3_location_and_its_logs_reach_the_store(
+    tmp_path: Path, mnist_data_dir: Path, s3: objectstore.S3Server
+) -> None:
+    bucket = s3.make_bucket("ckpt-dtensor")
+    url = f"s3://{bucket}/jobs/dtensor"
+    config = {
+        "steps": 40,
+        "batch_size": 64,
+        "progress_every_steps": 10,
+        "data_dir": str(mnist_data_dir),
+    }
+    replicas, progress = _start(
+        tmp_path,
+        "dt",
+        {"worker": 2},
+        entrypoint="trainjob.samples.mnist_dtensor:build",
+        config=config,
+        url=url,
+        store=s3.env(),
+        strategy="DTensor",
+    )
+    try:
+        codes = harness.wait_exit(list(replicas.values()), 150)
+    finally:
+        harness.stop_all(list(replicas.values()))
+    print("dtensor:", harness.report(list(replicas.values())))
+    assert codes == {"dt-worker-0": 0, "dt-worker-1": 0}, harness.dump_logs(list(replicas.values()))
+    (end,) = harness.events_of(harness.read_events(progress), "worker-0", "end")
+    assert end["step"] == 40
+    keys = s3.keys(bucket, "jobs/dtensor/")
+    assert any(k.startswith("jobs/dtensor/tensorboard/") for k in keys), keys
+    # No checkpoint of its own: nothing under the snapshot areas.
+    assert not [k for k in keys if k.startswith(("jobs/dtensor/backup/", "jobs/dtensor/loop/"))]
