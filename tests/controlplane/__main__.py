@@ -170,7 +170,7 @@ def _up_node(workdir: Path | None) -> int:
 
 
 def _start_kind() -> int:
-    from tests.controlplane.e2e_cluster import KIND_IMAGES, KIND_ONE_WORKER_IMAGES
+    from tests.controlplane.e2e_cluster import KIND_IMAGES
     from tests.controlplane.kind import start_kind
 
     started = time.monotonic()
@@ -180,7 +180,7 @@ def _start_kind() -> int:
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        start_kind(KIND_IMAGES, KIND_ONE_WORKER_IMAGES)
+        start_kind(KIND_IMAGES)
     except (
         ToolsMissingError,
         ControlPlaneError,

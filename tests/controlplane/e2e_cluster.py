@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -69,14 +69,6 @@ class Cluster:
     # The node's control plane (None on another cluster): host processes such as Kueue
     # start against it.
     plane: ControlPlane | None = None
-    # Image reference -> the one node that holds it, for images not on every node (kind's
-    # one-worker images): a Pod that runs one must be placed there (node_selector).
-    image_nodes: Mapping[str, str] = field(default_factory=dict)
-
-    def node_selector(self, image: str) -> dict[str, str]:
-        """The nodeSelector a Pod that runs `image` needs: none where every node holds it."""
-        node = self.image_nodes.get(qualified_image(image))
-        return {"kubernetes.io/hostname": node} if node else {}
 
     def run(
         self, *argv: str | Path, check: bool = True, stdin: str | None = None, timeout: float = 600
@@ -213,20 +205,17 @@ def qualified_image(image: str) -> str:
 
 
 CLUSTER_KINDS: Final = ("node", "kind", "current")
-# What a kind cluster loads into both workers: every image of the e2e tier but the CUDA one.
-# Kubeflow's test image is the runtime image plus two small layers, which containerd stores
-# once.
+# What a kind cluster loads into both workers: every image the e2e tier's Pods run. Not the
+# CUDA image (7 GB, twice that while it unpacks): its tests run it from buildah's store on this
+# machine (tests/e2e/buildah_pods.py), and the GPU example's workers, which name it, wait for
+# nvidia.com/gpu and never pull it. Kubeflow's test image is the runtime image plus two small
+# layers, which containerd stores once.
 KIND_IMAGES: Final = (
     "docker.io/trainjob/trainjob-operator:{version}",
     "docker.io/trainjob/trainjob:{version}",
     "docker.io/trainjob/trainjob-legacy:{version}",
     "gcr.io/kubeflow-ci/tf-mnist-with-summaries:1.0",
 )
-# Too big for both workers' disks (7 GB, twice that while it unpacks): the CUDA image is
-# loaded into one worker (kind.IMAGE_WORKER), where its tests pin their Pods
-# (Cluster.node_selector). It loads last, in about 3.5 min, before any test runs, so that no
-# test shares the machine's disk with 14 GB of writes.
-KIND_ONE_WORKER_IMAGES: Final = ("docker.io/trainjob/trainjob:{version}-gpu",)
 
 
 def cluster_kind() -> str:
@@ -246,15 +235,11 @@ def open_cluster(workdir: Path | None = None) -> Iterator[Cluster]:
         yield Cluster("current", kubectl, helm, dict(os.environ))
         return
     if cluster_kind() == "kind":
-        from tests.controlplane.kind import IMAGE_WORKER, running_kind
-        from tests.controlplane.node import image_refs
+        from tests.controlplane.kind import running_kind
 
         keep = os.environ.get(KIND_KEEP_ENV, "") == "1"
-        with running_kind(KIND_IMAGES, KIND_ONE_WORKER_IMAGES, keep=keep) as kind:
-            pinned = dict.fromkeys(image_refs(KIND_ONE_WORKER_IMAGES), IMAGE_WORKER)
-            yield Cluster(
-                "kind", str(kind.tools.kubectl), str(kind.tools.helm), kind.env, image_nodes=pinned
-            )
+        with running_kind(KIND_IMAGES, keep=keep) as kind:
+            yield Cluster("kind", str(kind.tools.kubectl), str(kind.tools.helm), kind.env)
         return
     from tests.controlplane.node import running_node
 

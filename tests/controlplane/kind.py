@@ -100,9 +100,6 @@ SHARED_VOLUMES: Final = 40  # one per claim of the tier, which keeps them (Retai
 SHARED_MOUNT: Final = "/shared"
 WORKERS: Final = (f"{CLUSTER_NAME}-worker", f"{CLUSTER_NAME}-worker2")
 CONTROL_PLANE: Final = f"{CLUSTER_NAME}-control-plane"
-# The worker that alone holds the images too big for both workers' disks
-# (e2e_cluster.KIND_ONE_WORKER_IMAGES): the tests pin the Pods that run them there.
-IMAGE_WORKER: Final = WORKERS[-1]
 INSTALL_COMMAND: Final = "bash tests/controlplane/install.sh --kind"
 RUNTIME_WRAPPER: Final = HERE / "kind" / "runc-nosysres"
 NETPOL_NAME: Final = "kube-network-policies"  # its install.yaml's DaemonSet, in kube-system
@@ -672,17 +669,16 @@ def leftovers() -> list[str]:
 READY: Final = STATE_DIR / "ready"  # written last by start_kind: what the cluster holds
 
 
-def ready_marker(images: Sequence[str], one_worker_images: Sequence[str]) -> str:
+def ready_marker(images: Sequence[str]) -> str:
     """What a started cluster's READY file says: the images it was given, so that a run that
     adopts it knows it holds what that run needs."""
-    return json.dumps({"images": list(images), "one_worker_images": list(one_worker_images)})
+    return json.dumps({"images": list(images)})
 
 
-def start_kind(images: Sequence[str] = (), one_worker_images: Sequence[str] = ()) -> KindCluster:
-    """A 3-node kind cluster with `images` loaded into both workers and `one_worker_images`
-    into IMAGE_WORKER only, Kueue and the gang scheduler installed; left running, with READY
-    written last. Starting it removes what a killed run left; a failed start removes what it
-    made."""
+def start_kind(images: Sequence[str] = ()) -> KindCluster:
+    """A 3-node kind cluster with `images` loaded into both workers, Kueue and the gang
+    scheduler installed; left running, with READY written last. Starting it removes what a
+    killed run left; a failed start removes what it made."""
     cluster = KindCluster(KindTools.locate().require())
     try:
         try:
@@ -696,23 +692,19 @@ def start_kind(images: Sequence[str] = (), one_worker_images: Sequence[str] = ()
         cluster.install_network_policies()
 
         # The images load (disk) while the charts install (mostly waiting for their Pods)
-        def load() -> None:
-            cluster.load_images(image_refs(images))
-            cluster.load_images(image_refs(one_worker_images), [IMAGE_WORKER])
-
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            loading = pool.submit(load)
+            loading = pool.submit(cluster.load_images, image_refs(images))
             cluster.install_gang_scheduler()
             cluster.install_kueue()
             loading.result()
     except BaseException:
         cluster.stop()
         raise
-    READY.write_text(ready_marker(images, one_worker_images), encoding="utf-8")
+    READY.write_text(ready_marker(images), encoding="utf-8")
     return cluster
 
 
-def started_earlier(images: Sequence[str], one_worker_images: Sequence[str]) -> KindCluster | None:
+def started_earlier(images: Sequence[str]) -> KindCluster | None:
     """The cluster `start_kind` left running with these images (``python -m tests.controlplane
     kind-start``, which ``bash tests/run`` starts beside the other tiers), if its dockerd still
     runs and its nodes answer; else None."""
@@ -721,7 +713,7 @@ def started_earlier(images: Sequence[str], one_worker_images: Sequence[str]) -> 
     except OSError:
         return None
     pid = _dockerd_pid()
-    if marker != ready_marker(images, one_worker_images) or pid is None or not _alive(pid):
+    if marker != ready_marker(images) or pid is None or not _alive(pid):
         return None
     cluster = KindCluster(KindTools.locate().require())
     try:
@@ -732,18 +724,16 @@ def started_earlier(images: Sequence[str], one_worker_images: Sequence[str]) -> 
 
 
 @contextlib.contextmanager
-def running_kind(
-    images: Sequence[str] = (), one_worker_images: Sequence[str] = (), *, keep: bool = False
-) -> Iterator[KindCluster]:
-    """A 3-node kind cluster with `images` loaded into both workers and `one_worker_images`
-    into IMAGE_WORKER only: the one started earlier for these images (started_earlier), else
-    a new one; deleted on exit, with everything it made (also when starting fails half-way).
+def running_kind(images: Sequence[str] = (), *, keep: bool = False) -> Iterator[KindCluster]:
+    """A 3-node kind cluster with `images` loaded into both workers: the one started earlier
+    for these images (started_earlier), else a new one; deleted on exit, with everything it
+    made (also when starting fails half-way).
 
     With `keep`, the cluster must have been started earlier and is left running on exit: the
     e2e tier's sessions share it (``bash tests/run`` runs the tests that may run side by side
     in one session of several workers, then the others in a second) and ``python -m
     tests.controlplane kind-stop`` deletes it after the last."""
-    cluster = started_earlier(images, one_worker_images)
+    cluster = started_earlier(images)
     if keep:
         if cluster is None:
             raise ControlPlaneError(
@@ -755,7 +745,7 @@ def running_kind(
     if cluster is not None:
         print("kind cluster: the one started beside the other tiers")
     else:
-        cluster = start_kind(images, one_worker_images)
+        cluster = start_kind(images)
     try:
         yield cluster
     finally:

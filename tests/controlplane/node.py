@@ -328,12 +328,16 @@ class NodeImages:
             self.buildah("rm", container)
 
 
+def image_store_flags() -> list[str]:
+    """buildah's flags for the store images/build.sh builds into."""
+    return _run(["bash", REPO_ROOT / "images" / "build.sh", "--storage-flags"]).split()
+
+
 def image_store_buildah(
     *args: str | Path, timeout: float = 900.0, buildah: Path = Path("/usr/bin/buildah")
 ) -> str:
     """buildah on the store images/build.sh builds into."""
-    flags = _run(["bash", REPO_ROOT / "images" / "build.sh", "--storage-flags"]).split()
-    return _run([buildah, *flags, *args], timeout=timeout)
+    return _run([buildah, *image_store_flags(), *args], timeout=timeout)
 
 
 def image_refs(images: Sequence[str]) -> list[str]:

@@ -96,8 +96,7 @@ def namespace(cluster: Cluster, operator: str, request: pytest.FixtureRequest) -
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests marked ``kind`` (several nodes) are deselected on the one-node cluster:
     deselected, not skipped, unless ``-m`` names that marker (the command line chose). Those
-    marked ``loses_a_node`` run last: the node they stop is gone for the rest of the session,
-    and with it what only it held (on kind, the CUDA image: e2e_cluster.open_cluster)."""
+    marked ``loses_a_node`` run last: the node they stop is gone for the rest of the session."""
     from tests.controlplane.e2e_cluster import cluster_kind
 
     def marked(item: pytest.Item, marker: str) -> bool:

@@ -1,8 +1,18 @@
-"""The CUDA image (`trainjob:<version>-gpu`) on a real node without a GPU: it is TensorFlow's
+"""The CUDA image (`trainjob:<version>-gpu`) on a machine without a GPU: it is TensorFlow's
 CUDA build with every NVIDIA library on the loader's path, it trains the 2-worker example on
-the CPU and says so, a replica given GPUs that its TensorFlow cannot use fails at once with
-the missing library in status, and the GPU example waits with the scheduler's words for
-`nvidia.com/gpu` in status.
+the CPU and says so, a replica given GPUs that its TensorFlow cannot use fails at once naming
+the missing library, and the GPU example waits with the scheduler's words for `nvidia.com/gpu`
+in status.
+
+What the image does by itself needs no cluster: those tests run the Pods the operator renders
+as containers from buildah's image store on this machine (tests/e2e/buildah_pods.py), so the
+kind cluster never loads the 7 GB image. What the operator makes of a replica's report is
+the same for every image and is tested with the CPU image and on a real API server: the
+devices in status and the DEVICES column (tests/e2e/test_trainjob.py, tests/integration/
+test_progress.py, tests/unit/test_progress_devices.py), a termination message and exit code
+in the Failed condition and replicaStatuses (tests/integration/test_failures_operator.py,
+tests/unit/test_policy.py). Only the wait for GPUs needs the scheduler: it runs on the
+cluster, whose workers never pull the image (they stay Pending).
 
 No GPU here: what needs one (NCCL, memory growth, throughput) is measured by
 bench/gpu_check.py on a GPU host (README "GPUs")."""
@@ -10,22 +20,27 @@ bench/gpu_check.py on a GPU host (README "GPUs")."""
 from __future__ import annotations
 
 import json
-from typing import Any, Final
+from pathlib import Path
+from typing import Final
 
 import pytest
 
 from tests.controlplane.e2e_cluster import Cluster, wait_until
+from tests.e2e import buildah_pods
 from tests.e2e.conftest import IMAGE_TAG
-from tests.e2e.test_failures import condition, mnist, waiting_because
-from tests.e2e.test_images import run_pod
-from tests.e2e.test_trainjob import JOB_TIMEOUT, example
+from tests.e2e.test_failures import mnist, waiting_because
+from tests.e2e.test_images import RESTRICTED_CONTAINER
+from tests.e2e.test_trainjob import example
+from trainjob.core import termination
 
-# On kind, one worker alone holds the 7 GB image (e2e_cluster.KIND_ONE_WORKER_IMAGES): the
-# Pods that run it are placed there (Cluster.node_selector). The marker lets a cluster
-# without room for it leave these out (.github/workflows/e2e.yaml).
-pytestmark = [pytest.mark.e2e, pytest.mark.cuda_image]
+pytestmark = pytest.mark.e2e
+# The tests that run the image, from buildah's store (root, `bash images/build.sh`): left out
+# where the images are built elsewhere (.github/workflows/e2e.yaml builds them with Docker).
+cuda_image = pytest.mark.cuda_image
 
 GPU_IMAGE: Final = f"trainjob/trainjob:{IMAGE_TAG}-gpu"
+# Loaded cores: TensorFlow imports in ~4 s per process; the 2-worker job took ~20 s alone.
+REPLICAS_TIMEOUT: Final = 150.0
 
 # Run inside the image: what TensorFlow was built with and which CUDA libraries the loader
 # finds, asked the way the runtime asks before it lets a replica given GPUs train.
@@ -56,23 +71,29 @@ print("PROBE " + json.dumps({
 """
 
 
-def with_devices_of(
-    cluster: Cluster, namespace: str, job: str, replicas: set[str]
-) -> dict[str, Any] | None:
-    """The job's status.progress once it holds the devices of every replica named."""
-    status = cluster.get_json("trainjob", job, "-n", namespace).get("status") or {}
-    progress: dict[str, Any] = status.get("progress") or {}
-    return progress if set(progress.get("replicaDevices") or {}) >= replicas else None
-
-
+@cuda_image
 def test_gpu_image_is_tensorflows_cuda_build_with_its_libraries_on_the_loader_path(
-    cluster: Cluster, namespace: str
+    tmp_path: Path,
 ) -> None:
-    phase, log = run_pod(
-        cluster, namespace, "gpu-probe", GPU_IMAGE, command=["python", "-c", PROBE]
-    )
-    assert phase == "Succeeded", log
-    lines = [line for line in log.splitlines() if line.startswith("PROBE ")]
+    pod = {
+        "metadata": {"name": "gpu-probe"},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": GPU_IMAGE,
+                    "securityContext": RESTRICTED_CONTAINER,
+                    "command": ["python", "-c", PROBE],
+                }
+            ],
+        },
+    }
+    (exited,) = buildah_pods.run_pods([pod], tmp_path, REPLICAS_TIMEOUT)
+    log = exited.log()
+    assert exited.exit_code == 0, log
+    lines = [line for line in exited.stdout.splitlines() if line.startswith("PROBE ")]
     assert lines, log
     probe = json.loads(lines[-1].removeprefix("PROBE "))
     assert probe["cuda_build"] is True, probe
@@ -89,72 +110,67 @@ def test_gpu_image_is_tensorflows_cuda_build_with_its_libraries_on_the_loader_pa
     assert probe["cuda_cache"] == "/cuda-cache" and probe["cuda_cache_writable"], probe
 
 
+@cuda_image
 def test_gpu_image_trains_the_two_worker_example_without_a_gpu_and_says_so(
-    cluster: Cluster, namespace: str
+    tmp_path: Path,
 ) -> None:
-    """No GPU was asked for, so none is expected: the CUDA build trains on the CPU, and its
-    start event says which devices it saw (a CPU run is said, never silent)."""
+    """No GPU was asked for, so none is expected: the CUDA build trains on the CPU, and each
+    worker's start event says which devices it saw (a CPU run is said, never silent): what the
+    operator puts in status.progress.replicaDevices and the DEVICES column."""
     manifest = mnist("gpu-image-cpu", 2, epochs=2)
     manifest["spec"]["image"] = GPU_IMAGE
-    manifest["spec"]["replicaSpecs"]["worker"]["template"] = {
-        "spec": {"nodeSelector": cluster.node_selector(GPU_IMAGE)}
-    }
-    cluster.apply(namespace, json.dumps(manifest))
-    assert cluster.wait_finished(namespace, "gpu-image-cpu", JOB_TIMEOUT) == "Succeeded"
-    # Worker 0's log (worker 1's Pod may be cleaned up already: cleanPodPolicy Running).
-    starts = [
-        e for e in cluster.progress(namespace, "gpu-image-cpu-worker-0") if e["event"] == "start"
+    pods = buildah_pods.rendered_pods(manifest)
+    assert [p["metadata"]["name"] for p in pods] == [
+        "gpu-image-cpu-worker-0",
+        "gpu-image-cpu-worker-1",
     ]
-    assert starts, "worker-0 logged no start event"
-    devices = starts[-1]["devices"]
-    assert devices["cuda_build"] is True and devices["gpus"] == 0, starts[-1]
-    # Every replica's devices in status, and the DEVICES column says CPU.
-    progress = wait_until(
-        lambda: with_devices_of(cluster, namespace, "gpu-image-cpu", {"worker-0", "worker-1"}),
-        timeout=60,
-        what="both workers' devices in status",
-    )
-    assert progress["deviceSummary"] == "CPU", progress
-    for replica, seen in progress["replicaDevices"].items():
-        assert seen["gpus"] == 0 and seen["cudaBuild"] is True, (replica, seen)
-    table = cluster.kubectl("get", "tj", "gpu-image-cpu", "-n", namespace)
-    assert "DEVICES" in table and " CPU " in table, table
+    exited = buildah_pods.run_pods(pods, tmp_path, REPLICAS_TIMEOUT)
+    logs = "\n".join(e.log() for e in exited)
+    assert [e.exit_code for e in exited] == [0, 0], logs
+    for worker in exited:
+        starts = [e for e in worker.events() if e["event"] == "start"]
+        assert starts, f"{worker.pod} logged no start event\n{logs}"
+        devices = starts[-1]["devices"]
+        assert devices["cuda_build"] is True and devices["gpus"] == 0, (worker.pod, starts[-1])
+    # Worker 0 trained every step of both epochs (a 2-worker collective: worker 1 did too).
+    end = [e for e in exited[0].events() if e["event"] == "end"]
+    assert end and end[-1]["status"] == "succeeded" and end[-1]["step"] == 2 * 40, end
 
 
+@cuda_image
 def test_a_replica_given_a_gpu_its_tensorflow_cannot_use_fails_naming_the_driver_library(
-    cluster: Cluster, namespace: str
+    tmp_path: Path,
 ) -> None:
     """NVIDIA_VISIBLE_DEVICES naming a device is what the device plugin gives a container that
     asked for nvidia.com/gpu; on a node whose containers get no driver, the replica stops at
-    once (exit 4, permanent) instead of training on its CPU, and the job's status says why."""
+    once (exit 4, permanent under ExitCode) instead of training on its CPU, and its termination
+    message says why: the cause the job's Failed condition quotes."""
     manifest = mnist("gpu-no-driver", 1, epochs=1)
     manifest["spec"]["image"] = GPU_IMAGE
     manifest["spec"]["replicaSpecs"]["worker"]["template"] = {
         "spec": {
-            "nodeSelector": cluster.node_selector(GPU_IMAGE),
             "containers": [
                 {"name": "tensorflow", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"}]}
             ],
         }
     }
-    cluster.apply(namespace, json.dumps(manifest))
-    assert cluster.wait_finished(namespace, "gpu-no-driver", JOB_TIMEOUT) == "Failed"
-    failed = condition(cluster, namespace, "gpu-no-driver", "Failed")
-    assert failed is not None
-    message = failed.get("message", "")
-    assert "NVIDIA_VISIBLE_DEVICES=0" in message and "libcuda.so.1" in message, failed
-    status: dict[str, Any] = cluster.get_json("trainjob", "gpu-no-driver", "-n", namespace)[
-        "status"
-    ]
-    worker = status["replicaStatuses"]["worker"]
-    assert [entry.get("exitCode") for entry in worker["indexes"]] == [4], worker
+    (exited,) = buildah_pods.run_pods(
+        buildah_pods.rendered_pods(manifest), tmp_path, REPLICAS_TIMEOUT
+    )
+    log = exited.log()
+    assert exited.exit_code == 4, log
+    assert not [e for e in exited.events() if e["event"] in ("start", "step")], log
+    cause = termination.read(exited.termination_message).cause
+    assert cause is not None, (exited.termination_message, log)
+    assert "NVIDIA_VISIBLE_DEVICES=0" in cause and "libcuda.so.1" in cause, cause
 
 
 def test_the_gpu_example_waits_for_nvidia_gpus_with_the_schedulers_words(
     cluster: Cluster, namespace: str
 ) -> None:
     """The node advertises no nvidia.com/gpu: the workers stay Pending and status quotes the
-    scheduler, naming the resource (the chief and the ps, which ask for none, are placed)."""
+    scheduler, naming the resource (the chief and the ps, which ask for none, are placed). The
+    workers name the CUDA image, which no node holds: a Pod never placed pulls nothing."""
     manifest = example("mnist-gpu-parameter-server.yaml")
     name = manifest["metadata"]["name"]
     cluster.apply(namespace, json.dumps(manifest))

@@ -29,8 +29,7 @@ def run_pod(
     command: list[str] | None = None,
     env: dict[str, str] | None = None,
 ) -> tuple[str, str]:
-    """Run a pod to completion with the image's own user, on a node that holds the image;
-    returns (phase, log)."""
+    """Run a pod to completion with the image's own user; returns (phase, log)."""
     container: dict[str, Any] = {
         "name": "main",
         "image": image,
@@ -47,7 +46,6 @@ def run_pod(
             "restartPolicy": "Never",
             "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [container],
-            "nodeSelector": cluster.node_selector(image),
         },
     }
     cluster.apply(namespace, json.dumps(pod))
