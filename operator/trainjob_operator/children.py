@@ -78,6 +78,37 @@ class ChildPodGroup:
     deleting: bool = False
 
 
+@dataclasses.dataclass(frozen=True, order=True, slots=True)
+class Identity:
+    """A job as its loop knows it (controller.py), ordered by what decides which of two
+    same-named jobs of two kinds keeps the name: the one created first; within the same
+    second, the one that has started (its children may exist); then by kind."""
+
+    # metadata.creationTimestamp as the API server writes it (RFC 3339 in UTC, to the
+    # second): ordered as text.
+    created: str
+    # No status.startTime yet (both kinds' status has one once its Pods may be created).
+    pending: bool
+    kind: str
+    uid: str
+
+    @classmethod
+    def of(cls, kind: str, raw: Mapping[str, Any]) -> Identity:
+        metadata = raw.get("metadata") or {}
+        status = raw.get("status")
+        started = isinstance(status, Mapping) and bool(status.get("startTime"))
+        created = str(metadata.get("creationTimestamp") or "")
+        return cls(created, not started, kind, str(metadata.get("uid") or ""))
+
+
+def name_holder(me: Identity, namesakes: Iterable[Identity]) -> Identity | None:
+    """The job of another kind, same namespace and name, that holds the name before `me`;
+    None: `me` keeps it. Their children would have the same names (<name>-<type>-<index>,
+    which a TFJob keeps as training-operator names them), so only the first is run."""
+    first = min((n for n in namesakes if n.kind != me.kind), default=None)
+    return first if first is not None and first < me else None
+
+
 def controller_uid(metadata: Mapping[str, Any]) -> str | None:
     for ref in metadata.get("ownerReferences") or []:
         if isinstance(ref, Mapping) and ref.get("controller"):
@@ -99,8 +130,9 @@ def job_of(body: Mapping[str, Any]) -> tuple[JobKey, str] | None:
 
 
 def index_pod(body: Mapping[str, Any]) -> ChildPod | None:
-    """What the policy engine needs of a Pod; None for a Pod without replica labels."""
-    found = observe.observe_pod(body)
+    """What the policy engine needs of a Pod; None for a Pod without replica labels (ours,
+    or training-operator's on a TFJob's children it made)."""
+    found = observe.observe_pod(body, tfjob.replica_key)
     if found is None:
         return None
     metadata = body.get("metadata") or {}
@@ -119,7 +151,7 @@ def holds_resources(pod: ChildPod) -> bool:
 
 def index_service(body: Mapping[str, Any]) -> ChildService | None:
     metadata = body.get("metadata") or {}
-    key = observe.replica_key(metadata.get("labels") or {})
+    key = tfjob.replica_key(metadata.get("labels") or {})
     if key is None:
         return None
     return ChildService(key, str(metadata.get("uid") or ""), controller_uid(metadata))

@@ -57,11 +57,17 @@ class Wakes:
     def has_loop(self, key: JobKey) -> bool:
         return any(loop.knows(key) for loop in self._loops)
 
+    def namesakes(self, key: JobKey) -> list[children.Identity]:
+        """The jobs of every kind known under `key` (one per kind at most)."""
+        return [found for loop in self._loops if (found := loop.identity(key)) is not None]
+
 
 class JobLoop(Protocol):
     def wake(self, key: JobKey) -> None: ...
 
     def knows(self, key: JobKey) -> bool: ...
+
+    def identity(self, key: JobKey) -> children.Identity | None: ...
 
 
 @dataclasses.dataclass(frozen=True)

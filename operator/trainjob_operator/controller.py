@@ -40,7 +40,7 @@ from trainjob_operator import children, context, kube, leader, reconciler, workq
 
 JobKey = children.JobKey
 
-logger = logging.getLogger("trainjob_operator")
+logger = logging.getLogger(__name__)
 
 BACKOFF_FIRST: Final = 0.5
 BACKOFF_MAX: Final = 60.0
@@ -124,8 +124,10 @@ class Controller:
         self.workers = workers
         self.queue: workqueue.WorkQueue[JobKey] = workqueue.WorkQueue()
         self.leadership = leadership if leadership is not None else leader.Alone()
-        # Every TrainJob seen and not deleted: its uid.
+        # Every job seen and not deleted: its uid, and who it is beside same-named jobs of
+        # other kinds (children.name_holder).
         self.known: dict[JobKey, str] = {}
+        self.identities: dict[JobKey, children.Identity] = {}
         # Active jobs' latest watched TrainJob, and their loop memory.
         self.bodies: dict[JobKey, dict[str, Any]] = {}
         self.states: dict[JobKey, JobState] = {}
@@ -162,10 +164,11 @@ class Controller:
         elif self.known[key] != uid:
             self._drop(key)  # deleted and made again under the same name: a new job
         self.known[key] = uid
+        self.identities[key] = children.Identity.of(self.kind, raw)
         if metadata.get("deletionTimestamp"):
             self.ctx.watchdog.forget(key)  # going: its loop ends, or never needs to start
         else:
-            self.ctx.watchdog.saw(key)
+            self.ctx.watchdog.saw(key, self.kind)
         if key not in self.states and self._parks_at_sight(key, uid, raw):
             return
         self.bodies[key] = slim(raw)
@@ -197,6 +200,9 @@ class Controller:
     def knows(self, key: JobKey) -> bool:
         """Whether this loop serves the job (it exists and was not deleted)."""
         return key in self.known
+
+    def identity(self, key: JobKey) -> children.Identity | None:
+        return self.identities.get(key)
 
     # -- the workers ------------------------------------------------------------------
 
@@ -296,6 +302,7 @@ class Controller:
 
     def _gone(self, key: JobKey) -> None:
         uid = self.known.pop(key, None)
+        self.identities.pop(key, None)
         if uid is None:
             return
         self._drop(key)

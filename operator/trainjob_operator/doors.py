@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, Protocol
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
-from trainjob.core import constants, convert, spec, tfjob, tfjob_status
+from trainjob.core import constants, convert, policy, render, spec, tfjob, tfjob_status
 from trainjob.core import status as st
 from trainjob_operator import children, kube, writes
 
@@ -29,58 +29,35 @@ from trainjob_operator import children, kube, writes
 TFJOB_KEY: Final = "tfjob"
 
 
-class Door(Protocol):
-    @property
-    def kind(self) -> str: ...
+class Door:
+    """What the engine asks of a job's kind (each door is a frozen dataclass that says what
+    its kind is); as is, the answers for a TrainJob, which a door of another kind overrides
+    where its kind differs."""
 
-    @property
-    def own_kueue(self) -> bool:
-        """Whether the operator's own Kueue integration (our Workloads) applies: a TFJob's
-        Workloads are Kueue's own TFJob integration's, which needs only runPolicy.suspend."""
-        ...
+    kind: str
+    api_version: str
+    # Whether the operator's own Kueue integration (our Workloads) applies: a TFJob's
+    # Workloads are Kueue's own TFJob integration's, which needs only runPolicy.suspend.
+    own_kueue: bool
+    # Whether the job's Pods report progress to the operator (a TFJob's Pods are left as
+    # training-operator makes them: no projected token, no extra volume).
+    reports_progress: bool
+    # A finalizer an earlier release put on this kind's jobs, which nothing needs: a job
+    # keeping it could never be deleted (None: none).
+    stale_finalizer: str | None
 
-    @property
-    def reports_progress(self) -> bool:
-        """Whether the job's Pods report progress to the operator (a TFJob's Pods are left
-        as training-operator makes them: no projected token, no extra volume)."""
-        ...
-
-    def accepts(self, raw: Mapping[str, Any]) -> bool: ...
-
-    async def current(
-        self,
-        api: kube.Kube,
-        namespace: str,
-        name: str,
-        live: Mapping[str, Any] | None,
-        seen: writes.Seen,
-    ) -> dict[str, Any] | None: ...
-
-    def parse(self, raw: Mapping[str, Any]) -> spec.TrainJob: ...
-
-    def recorder(self, api: kube.Kube, raw: Mapping[str, Any]) -> writes.JobWrites: ...
-
-    def kubeflow_types(self, raw: Mapping[str, Any]) -> Mapping[str, str] | None: ...
-
-    async def publish(
-        self,
-        api: kube.Kube,
-        raw: Mapping[str, Any],
-        engine: st.JobStatus,
-        pods: Iterable[children.ChildPod],
-        now: datetime.datetime,
-        seen: writes.Seen,
-    ) -> None: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainJobDoor:
-    kind: str = "TrainJob"
-    own_kueue: bool = True
-    reports_progress: bool = True
+    def view(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """The engine's reading of a job of this kind as watched or read."""
+        return dict(raw)
 
     def accepts(self, raw: Mapping[str, Any]) -> bool:
         return True
+
+    def owner(self, raw: Mapping[str, Any]) -> render.Owner:
+        """The controller reference every child of the job carries: the job, of its kind."""
+        metadata = raw.get("metadata") or {}
+        name, uid = str(metadata.get("name") or ""), str(metadata.get("uid") or "")
+        return render.Owner(name=name, uid=uid, api_version=self.api_version, kind=self.kind)
 
     async def current(
         self,
@@ -90,7 +67,9 @@ class TrainJobDoor:
         live: Mapping[str, Any] | None,
         seen: writes.Seen,
     ) -> dict[str, Any] | None:
-        return await writes.current_trainjob(api, namespace, name, live, seen)
+        reader = self.recorder(api, {})
+        watched = self.view(live) if live is not None else None
+        return await writes.current_trainjob(reader, namespace, name, watched, seen)
 
     def parse(self, raw: Mapping[str, Any]) -> spec.TrainJob:
         return spec.parse(raw)
@@ -98,7 +77,8 @@ class TrainJobDoor:
     def recorder(self, api: kube.Kube, raw: Mapping[str, Any]) -> writes.JobWrites:
         return api
 
-    def kubeflow_types(self, raw: Mapping[str, Any]) -> Mapping[str, str] | None:
+    def kind_labels(self, raw: Mapping[str, Any]) -> render.KindLabels | None:
+        """The kind's own labels on the job's children, beside ours (None: ours alone)."""
         return None
 
     async def publish(
@@ -111,6 +91,15 @@ class TrainJobDoor:
         seen: writes.Seen,
     ) -> None:
         return None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainJobDoor(Door):
+    kind: str = constants.KIND
+    api_version: str = constants.API_VERSION
+    own_kueue: bool = True
+    reports_progress: bool = True
+    stale_finalizer: str | None = constants.FINALIZER
 
 
 TRAINJOB: Final = TrainJobDoor()
@@ -206,32 +195,17 @@ class TFJobWrites:
     async def post_event(
         self,
         job: dict[str, Any],
-        event_type: str,
-        reason: str,
-        message: str,
+        event: policy.Event,
         now: datetime.datetime,
         event_id: str | None = None,
     ) -> str | None:
-        # The engine's TrainJob* reasons read as training-operator's (TFJobSucceeded, ...).
-        if reason.startswith("TrainJob"):
-            reason = tfjob.KIND + reason.removeprefix("TrainJob")
-        return await self.api.post_event(
-            dict(tfjob_of(job) or job), event_type, reason, message, now, event_id
-        )
+        # On the TFJob, in training-operator's vocabulary (TFJobRestarting, TFJobSucceeded, ...).
+        reason = tfjob_status.event_reason(event.reason)
+        told = dataclasses.replace(event, reason=reason)
+        return await self.api.post_event(dict(tfjob_of(job) or job), told, now, event_id)
 
     async def withdraw_events(self, namespace: str, names: Iterable[str]) -> None:
         await self.api.withdraw_events(namespace, names)
-
-    async def create(
-        self, kind: str, namespace: str, name: str, render: Callable[[], dict[str, Any]]
-    ) -> bool:
-        return await self.api.create(kind, namespace, name, render)
-
-    async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
-        await self.api.delete_pod(namespace, name, uid)
-
-    async def delete_service(self, namespace: str, name: str, uid: str | None = None) -> None:
-        await self.api.delete_service(namespace, name, uid)
 
     async def delete_trainjob(self, namespace: str, name: str, uid: str) -> None:
         await self.api.delete_object(tfjob.GROUP, tfjob.VERSION, namespace, tfjob.PLURAL, name, uid)
@@ -250,31 +224,20 @@ def _apply_merge_patch(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dic
 
 
 @dataclasses.dataclass(frozen=True)
-class TFJobDoor:
+class TFJobDoor(Door):
     # takeover or coexist (trainjob.core.tfjob.served)
     mode: str = tfjob.TAKEOVER
     kind: str = tfjob.KIND
+    api_version: str = tfjob.API_VERSION
     own_kueue: bool = False
     reports_progress: bool = False
+    stale_finalizer: str | None = None
+
+    def view(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        return tfjob_view(raw)
 
     def accepts(self, raw: Mapping[str, Any]) -> bool:
         return tfjob.served(tfjob.managed_by(tfjob_of(raw) or raw), self.mode)
-
-    async def current(
-        self,
-        api: kube.Kube,
-        namespace: str,
-        name: str,
-        live: Mapping[str, Any] | None,
-        seen: writes.Seen,
-    ) -> dict[str, Any] | None:
-        return await writes.current_trainjob(
-            TFJobWrites(api, {}),
-            namespace,
-            name,
-            tfjob_view(live) if live is not None else None,
-            seen,
-        )
 
     def parse(self, raw: Mapping[str, Any]) -> spec.TrainJob:
         source = tfjob_of(raw)
@@ -287,7 +250,9 @@ class TFJobDoor:
             # In the TFJob's own field names (the view left its spec empty).
             path, _, words = str(exc).partition(": ")
             raise spec.SpecError([spec.Problem(path, words or str(exc))]) from exc
-        job = spec.parse({k: v for k, v in raw.items() if k != TFJOB_KEY})
+        job = dataclasses.replace(
+            spec.parse({k: v for k, v in raw.items() if k != TFJOB_KEY}), kind=self.kind
+        )
         if tfjob.replica_types(source).get(constants.CHIEF) == "Master":
             # Its Pods are <job>-master-<i>, its TF_CONFIG task "master", as upstream.
             return dataclasses.replace(job, chief_name="master")
@@ -296,8 +261,8 @@ class TFJobDoor:
     def recorder(self, api: kube.Kube, raw: Mapping[str, Any]) -> writes.JobWrites:
         return TFJobWrites(api, raw)
 
-    def kubeflow_types(self, raw: Mapping[str, Any]) -> Mapping[str, str] | None:
-        return tfjob.replica_types(tfjob_of(raw))
+    def kind_labels(self, raw: Mapping[str, Any]) -> render.KindLabels | None:
+        return tfjob.KubeflowLabels(tfjob.replica_types(tfjob_of(raw)))
 
     async def publish(
         self,

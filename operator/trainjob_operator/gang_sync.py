@@ -20,7 +20,7 @@ from typing import Any
 from trainjob.core import policy, render, spec, times
 from trainjob_operator import children, config, gang, informer, kube
 
-logger = logging.getLogger("trainjob_operator.gang")
+logger = logging.getLogger(__name__)
 
 JobKey = children.JobKey
 

@@ -57,7 +57,7 @@ LOST_KEY: Final = "trainjob_lost_lease"
 # The flag kopf.run stops on (__main__ passes it); without it (`kopf run`) a SIGTERM stops it.
 STOP_KEY: Final = "trainjob_stop"
 BACKOFF_FIRST: Final = 0.5
-logger = logging.getLogger("trainjob_operator")
+logger = logging.getLogger(__name__)
 
 
 def identity() -> str:

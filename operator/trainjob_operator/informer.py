@@ -30,7 +30,7 @@ from typing import Any, Final, Protocol
 from trainjob.core import constants, tfjob
 from trainjob_operator import children, config, gang, kube
 
-logger = logging.getLogger("trainjob_operator.informer")
+logger = logging.getLogger(__name__)
 
 SELECTOR: Final = constants.LABEL_JOB_NAME
 

@@ -41,9 +41,9 @@ from urllib.parse import quote
 import aiohttp
 import kopf
 
-from trainjob.core import constants
+from trainjob.core import constants, policy
 
-logger = logging.getLogger("trainjob_operator.kube")
+logger = logging.getLogger(__name__)
 
 REPORTING_COMPONENT: Final = "trainjob.dev/operator"
 SOURCE_COMPONENT: Final = "trainjob-operator"
@@ -745,23 +745,20 @@ class Kube:
     # -- events ---------------------------------------------------------------------------
 
     async def post_event(
-        self,
-        job: Obj,
-        event_type: str,
-        reason: str,
-        message: str,
-        now: datetime.datetime,
-        event_id: str | None = None,
+        self, job: Obj, event: policy.Event, now: datetime.datetime, event_id: str | None = None
     ) -> str | None:
-        """A core/v1 Event on the TrainJob, so `kubectl describe tj` tells the story; returns
+        """A core/v1 Event on the job (a TrainJob, or a TFJob), so `kubectl describe` tells
+        its story; returns
         its name when this call created it (None: it was there already, or refused).
         `event_id` makes its name deterministic (`<job>.<event_id>`), so a decision posted
         again after a crash posts its Events once (409 = already posted).
         An Event the API server refuses (4xx) is logged and dropped; an unreachable or failing
         API server raises TransientError, so the reconcile is retried before any status write."""
+        event_type, reason, message = event.type, event.reason, event.message
         metadata = job.get("metadata") or {}
         namespace = str(metadata.get("namespace"))
         name = str(metadata.get("name"))
+        kind = str(job.get("kind") or constants.KIND)
         stamp = now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         micro = now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         body = {
@@ -776,7 +773,7 @@ class Kube:
                 # The job's own kind: a TrainJob, or a TFJob (the SDK's get_job_logs reads
                 # the Events whose involvedObject.kind is TFJob).
                 "apiVersion": job.get("apiVersion") or constants.API_VERSION,
-                "kind": job.get("kind") or constants.KIND,
+                "kind": kind,
                 "name": name,
                 "namespace": namespace,
                 "uid": metadata.get("uid"),
@@ -811,9 +808,9 @@ class Kube:
                 # is not recorded yet, so it is made again later and its Events with it,
                 # rather than going on to write the status and losing the Event for good.
                 raise
-            self._event_refused(reason, namespace, name, exc)
+            self._event_refused(reason, kind, namespace, name, exc)
         except RejectedError as exc:
-            self._event_refused(reason, namespace, name, exc)
+            self._event_refused(reason, kind, namespace, name, exc)
         return None
 
     async def withdraw_events(self, namespace: str, names: Iterable[str]) -> None:
@@ -832,11 +829,11 @@ class Kube:
                 logger.info("Could not withdraw Event %s/%s: %s", namespace, name, exc)
 
     @staticmethod
-    def _event_refused(reason: str, namespace: str, name: str, exc: Exception) -> None:
+    def _event_refused(reason: str, kind: str, namespace: str, name: str, exc: Exception) -> None:
         """An Event the API server will not take (no RBAC for Events, the namespace is
         terminating, a malformed Event): the job's story loses a line, the job goes on."""
         logger.warning(
-            "Could not post Event %s on TrainJob %s/%s: %s", reason, namespace, name, exc
+            "Could not post Event %s on %s %s/%s: %s", reason, kind, namespace, name, exc
         )
 
     # -- any object (Kueue's Workloads, ResourceFlavors, priority classes) ------------------

@@ -49,7 +49,7 @@ from trainjob_operator import children, config, kube, pods_left
 from trainjob_operator import kueue_patches as kp
 from trainjob_operator import kueue_workload as kw
 
-logger = logging.getLogger("trainjob_operator.kueue")
+logger = logging.getLogger(__name__)
 
 # Tries to finish and release a deleted job's Workload while Kueue keeps changing it.
 FINALIZE_ATTEMPTS: Final = 5

@@ -24,7 +24,7 @@ from typing import Final
 from trainjob.core import lastwords, naming, policy, render, spec
 from trainjob_operator import children, kube
 
-logger = logging.getLogger("trainjob_operator.log_causes")
+logger = logging.getLogger(__name__)
 
 # `kubectl logs --tail=100`: a traceback (10-60 lines, chained ones more) and the progress
 # bar after it. A line is one entry of the container runtime's log (a line longer than 16 KiB

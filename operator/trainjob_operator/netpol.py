@@ -17,7 +17,7 @@ import logging
 from trainjob.core import isolation, render, spec
 from trainjob_operator import config, kube
 
-logger = logging.getLogger("trainjob_operator.netpol")
+logger = logging.getLogger(__name__)
 
 
 def wanted(settings: config.Settings, job: spec.TrainJob) -> bool:

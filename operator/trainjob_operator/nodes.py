@@ -24,7 +24,7 @@ from typing import Any, Final
 from trainjob.core import policy, times
 from trainjob_operator import informer, kube
 
-logger = logging.getLogger("trainjob_operator.nodes")
+logger = logging.getLogger(__name__)
 
 READY_UNKNOWN: Final = "Unknown"
 READY_FALSE: Final = "False"

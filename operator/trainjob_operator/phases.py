@@ -281,18 +281,10 @@ def render_options(
 ) -> render.RenderOptions:
     progress = ctx.progress_endpoint() if door.reports_progress else None
     options = gang.render_options(job, ctx.settings, namespace, progress)
-    types = door.kubeflow_types(raw)
-    return options if types is None else dataclasses.replace(options, kubeflow_types=types)
+    labels = door.kind_labels(raw)
+    return options if labels is None else dataclasses.replace(options, kind_labels=labels)
 
 
 def owner(work: Reconciling) -> render.Owner:
     """The controller reference every child carries: the job, of the kind it came in by."""
-    source = doors.tfjob_of(work.raw)
-    if source:
-        return render.Owner(
-            name=work.name,
-            uid=work.uid,
-            api_version=str(source.get("apiVersion")),
-            kind=work.door.kind,
-        )
-    return render.Owner(name=work.name, uid=work.uid)
+    return work.door.owner(work.raw)

@@ -52,7 +52,7 @@ from trainjob_operator import (
     progress_status,
 )
 
-logger = logging.getLogger("trainjob_operator.progress")
+logger = logging.getLogger(__name__)
 
 CERT_FILE: Final = "tls.crt"
 KEY_FILE: Final = "tls.key"

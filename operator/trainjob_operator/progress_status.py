@@ -36,7 +36,7 @@ import prometheus_client
 from trainjob.core import containers, progress, termination
 from trainjob_operator import children, kube, leader
 
-logger = logging.getLogger("trainjob_operator.progress")
+logger = logging.getLogger(__name__)
 
 JobKey = children.JobKey
 

@@ -47,7 +47,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
-from trainjob.core import constants, naming, policy, render, spec
+from trainjob.core import naming, policy, policy_terms, render, spec
 from trainjob.core import status as st
 from trainjob_operator import children, doors, kube, log_causes, phases, writes
 from trainjob_operator.context import OperatorContext
@@ -55,7 +55,7 @@ from trainjob_operator.phases import Reconciling
 
 JobKey = children.JobKey
 
-logger = logging.getLogger("trainjob_operator.reconciler")
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +173,7 @@ async def reconcile(
     except kube.RejectedError as exc:
         # The API server refused what the spec renders to (e.g. an invalid Pod template that
         # the CRD schema cannot check): the job can never run as written.
-        await _mark_invalid(
+        await _mark_failed(
             ctx,
             door,
             work.raw,
@@ -204,10 +204,10 @@ async def _read(ctx: OperatorContext, request: Request, door: doors.Door) -> Rec
         return Outcome(None, done=True)
     metadata = raw.get("metadata") or {}
     finalizers = metadata.get("finalizers") or []
-    if door.kind == constants.KIND and constants.FINALIZER in finalizers:
+    if door.stale_finalizer is not None and door.stale_finalizer in finalizers:
         # An earlier release put it there and nothing needs it: a job keeping it could never
         # be deleted. Its change wakes the job again.
-        kept = [f for f in finalizers if f != constants.FINALIZER]
+        kept = [f for f in finalizers if f != door.stale_finalizer]
         version = metadata.get("resourceVersion")
         await ctx.kube.patch_trainjob(
             namespace, name, {"metadata": {"finalizers": kept}}, str(version or "") or None
@@ -224,11 +224,32 @@ async def _read(ctx: OperatorContext, request: Request, door: doors.Door) -> Rec
     old = st.from_dict(raw_status)
     pods = [p for p in ctx.child_index.pods(request.key) if p.owner_uid in (uid, None)]
     services = [s for s in ctx.child_index.services(request.key) if s.owner_uid in (uid, None)]
+    # Jobs of two kinds under one name: the first keeps it (children.name_holder), as every
+    # loop sees them from its watch.
+    namesakes = ctx.wakes.namesakes(request.key)
+    me = next((n for n in namesakes if n.kind == door.kind and n.uid == uid), None)
+    holder = children.name_holder(me, namesakes) if me is not None else None
+    if holder is not None:
+        message = name_in_use(door.kind, holder.kind, name)
+        await _mark_failed(
+            ctx,
+            door,
+            raw,
+            raw_status,
+            old,
+            None,
+            message,
+            request.now,
+            seen,
+            pods,
+            policy_terms.REASON_NAME_IN_USE,
+        )
+        return Outcome(None, at_rest=writes.settled(seen))
     try:
         job = door.parse(raw)
     except spec.SpecError as exc:
         message = "; ".join(str(problem) for problem in exc.problems)
-        await _mark_invalid(ctx, door, raw, raw_status, old, None, message, request.now, seen, pods)
+        await _mark_failed(ctx, door, raw, raw_status, old, None, message, request.now, seen, pods)
         return Outcome(None, at_rest=writes.settled(seen))
     return Reconciling(
         key=request.key,
@@ -243,6 +264,15 @@ async def _read(ctx: OperatorContext, request: Request, door: doors.Door) -> Rec
         options=phases.render_options(ctx, door, raw, job, namespace),
         pods=pods,
         services=services,
+    )
+
+
+def name_in_use(kind: str, holder_kind: str, name: str) -> str:
+    """Why a job is refused: a job of another kind was there first under its name."""
+    return (
+        f"{holder_kind} {name} in this namespace was created first: its Pods and Services are "
+        f"named {name}-<type>-<index>, as this {kind}'s would be. Delete this {kind} and "
+        "create it under another name"
     )
 
 
@@ -367,7 +397,7 @@ async def _all(calls: Iterable[Coroutine[Any, Any, Any]]) -> None:
         raise errors[0]
 
 
-async def _mark_invalid(
+async def _mark_failed(
     ctx: OperatorContext,
     door: doors.Door,
     raw: Mapping[str, Any],
@@ -378,7 +408,9 @@ async def _mark_invalid(
     now: datetime.datetime,
     seen: writes.Seen,
     pods: Iterable[children.ChildPod],
+    reason: str = policy.REASON_INVALID,
 ) -> None:
+    """Fail a job the operator cannot run (InvalidSpec, or `reason`), saying why."""
     metadata = raw.get("metadata") or {}
     namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
     uid = str(metadata.get("uid") or "")
@@ -386,7 +418,7 @@ async def _mark_invalid(
         return  # a finished job stays as it ended; a later spec problem changes nothing
     generation = metadata.get("generation")
     new = policy.invalid_spec(
-        old, message, now, generation if isinstance(generation, int) else None
+        old, message, now, generation if isinstance(generation, int) else None, reason
     )
     wanted = st.to_dict(job, new) if job is not None else writes.invalid_status_dict(new)
     patch = writes.status_diff(raw_status, wanted)
@@ -395,13 +427,13 @@ async def _mark_invalid(
     written = await writes.record_decision(
         door.recorder(ctx.kube, raw),
         raw,
-        [policy.Event("Warning", policy.REASON_INVALID, message)],
+        [policy.Event("Warning", reason, message)],
         patch,
         now,
         seen,
     )
     if written is not None:
         await door.publish(ctx.kube, written, new, pods, now, seen)
-    logger.warning("Marked %s %s/%s Failed (InvalidSpec): %s", door.kind, namespace, name, message)
+    logger.warning("Marked %s %s/%s Failed (%s): %s", door.kind, namespace, name, reason, message)
     ctx.metrics.transition(namespace, old, new)
     ctx.metrics.set_state(uid, namespace, st.state_of(new))

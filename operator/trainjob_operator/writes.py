@@ -20,7 +20,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from trainjob.core import policy, times
@@ -60,22 +60,12 @@ class JobWrites(Protocol):
     async def post_event(
         self,
         job: dict[str, Any],
-        event_type: str,
-        reason: str,
-        message: str,
+        event: policy.Event,
         now: datetime.datetime,
         event_id: str | None = None,
     ) -> str | None: ...
 
     async def withdraw_events(self, namespace: str, names: Iterable[str]) -> None: ...
-
-    async def create(
-        self, kind: str, namespace: str, name: str, render: Callable[[], dict[str, Any]]
-    ) -> bool: ...
-
-    async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None: ...
-
-    async def delete_service(self, namespace: str, name: str, uid: str | None = None) -> None: ...
 
     async def delete_trainjob(self, namespace: str, name: str, uid: str) -> None: ...
 
@@ -218,7 +208,7 @@ async def post_events(
     for event in events:
         suffix = event_id(uid, fingerprint, seen_before[event], event)
         seen_before[event] += 1
-        name = await api.post_event(dict(raw), event.type, event.reason, event.message, now, suffix)
+        name = await api.post_event(dict(raw), event, now, suffix)
         names.append(kube.event_name(job_name, suffix))
         if name is not None:
             created.append(name)

@@ -83,7 +83,7 @@ class FakeWatchdog:
     def __init__(self) -> None:
         self.seen: set[JobKey] = set()
 
-    def saw(self, key: JobKey) -> None:
+    def saw(self, key: JobKey, kind: str = "TrainJob") -> None:
         self.seen.add(key)
 
     def forget(self, key: JobKey) -> None:

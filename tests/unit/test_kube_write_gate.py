@@ -14,6 +14,7 @@ from typing import Any
 import kopf
 import pytest
 
+from trainjob.core import policy
 from trainjob_operator import kube
 
 
@@ -54,7 +55,7 @@ WRITES: dict[str, Callable[[kube.Kube], Awaitable[Any]]] = {
     "patch status": lambda api: api.patch_status("ns", "job", {"state": "Running"}),
     "patch object": lambda api: api.patch_object("", "v1", "ns", "pods", "p", {}),
     "create object": lambda api: api.create_object(pod(), "pods"),
-    "event": lambda api: api.post_event(pod(), "Normal", "Created", "m", NOW),
+    "event": lambda api: api.post_event(pod(), policy.Event("Normal", "Created", "m"), NOW),
 }
 
 

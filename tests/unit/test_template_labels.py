@@ -93,7 +93,9 @@ def rendered(manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[
 
 def tfjob_rendered(raw: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     job = doors.TFJobDoor().parse(doors.tfjob_view(raw))
-    options = render.RenderOptions(namespace="team-a", kubeflow_types=tfjob.replica_types(raw))
+    options = render.RenderOptions(
+        namespace="team-a", kind_labels=tfjob.KubeflowLabels(tfjob.replica_types(raw))
+    )
     owner = render.Owner("labelled", "u1", tfjob.API_VERSION, tfjob.KIND)
     objects = render.render_all(job, options, owner)
     return [o for o in objects if o["kind"] == "Pod"], [

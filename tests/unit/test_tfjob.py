@@ -140,7 +140,9 @@ def test_the_webhooks_checks_name_the_field_as_training_operator_does() -> None:
 
 def children_of(raw: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     job = parsed(raw)
-    options = render.RenderOptions(namespace="team-a", kubeflow_types=tfjob.replica_types(raw))
+    options = render.RenderOptions(
+        namespace="team-a", kind_labels=tfjob.KubeflowLabels(tfjob.replica_types(raw))
+    )
     owner = render.Owner("mnist", "u1", tfjob.API_VERSION, tfjob.KIND)
     rendered = render.render_all(job, options, owner)
     return [r for r in rendered if r["kind"] == "Pod"], [
@@ -213,7 +215,9 @@ def test_tf_config_only_in_the_tensorflow_container_and_nothing_else_of_ours() -
 def test_a_master_keeps_its_name_in_pods_and_tf_config() -> None:
     raw = manifest({"Master": 1, "Worker": 1})
     job = tfjob_door_parse(raw)
-    options = render.RenderOptions(namespace="team-a", kubeflow_types=tfjob.replica_types(raw))
+    options = render.RenderOptions(
+        namespace="team-a", kind_labels=tfjob.KubeflowLabels(tfjob.replica_types(raw))
+    )
     pods = [r for r in render.render_all(job, options, None) if r["kind"] == "Pod"]
     assert sorted(p["metadata"]["name"] for p in pods) == ["mnist-master-0", "mnist-worker-0"]
     config = json.loads(env_of(pods[0])["TF_CONFIG"])

@@ -18,7 +18,16 @@ def test_a_watch_failing_past_the_deadline_is_a_problem_and_a_short_outage_is_no
 
 
 def test_jobs_waiting_for_a_first_reconcile_are_named() -> None:
-    waiting = [("ns", f"job-{i}") for i in range(7)]
+    waiting = [("TrainJob", ("ns", f"job-{i}")) for i in range(7)]
     (problem,) = watchdog.unhealthy([], waiting, now=0.0, deadline=30.0)
     assert problem.startswith("7 TrainJob(s) waited more than 30s for a first reconcile: ns/job-0")
     assert problem.endswith("and 2 more")
+
+
+def test_waiting_jobs_are_named_in_their_own_kinds_words() -> None:
+    waiting = [("TFJob", ("ns", "words")), ("TrainJob", ("ns", "mnist"))]
+    problems = watchdog.unhealthy([], waiting, now=0.0, deadline=30.0)
+    assert problems == [
+        "1 TFJob(s) waited more than 30s for a first reconcile: ns/words",
+        "1 TrainJob(s) waited more than 30s for a first reconcile: ns/mnist",
+    ]

@@ -71,14 +71,12 @@ class Recorder:
     async def post_event(
         self,
         job: dict[str, Any],
-        event_type: str,
-        reason: str,
-        message: str,
+        event: policy.Event,
         now: datetime.datetime,
         event_id: str | None = None,
     ) -> str | None:
-        self.calls.append(("event", reason))
-        return event_id or reason
+        self.calls.append(("event", event.reason))
+        return event_id or event.reason
 
     async def withdraw_events(self, namespace: str, names: Iterable[str]) -> None:
         self.calls.extend(("withdraw", name) for name in names)

@@ -33,6 +33,9 @@ STRATEGIES: Final = (
 FRAMEWORKS: Final = ("Keras", "Estimator")
 
 DEFAULT_BACKOFF_LIMIT: Final = 6  # the same default as a Kubernetes batch/v1 Job
+# The backoffLimit of a job whose kind leaves it unset for "no limit" (a TFJob's): the
+# engine counts against a number, and its words say "no limit" for this one.
+UNLIMITED_BACKOFF: Final = 2**31 - 1
 DEFAULT_STARTUP_DEADLINE_SECONDS: Final = 600
 # Restarts after a preemption or eviction (not counted toward backoffLimit): a bound of their
 # own, so a job preempted in a loop still ends.
@@ -154,6 +157,9 @@ class TrainJob:
     # What the chief is called in its children's names and in TF_CONFIG: "master" for a
     # Kubeflow TFJob's Master replica (trainjob.core.tfjob), as training-operator names it.
     chief_name: str = constants.CHIEF
+    # The kind the job came in by, as every word about it names it ("TrainJob", or "TFJob"
+    # for a Kubeflow TFJob: trainjob.core.tfjob), in conditions, Events and logs.
+    kind: str = constants.KIND
 
     def task_type(self, replica_type: str) -> str:
         """A replica type as its Pods' names and TF_CONFIG spell it."""

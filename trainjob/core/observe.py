@@ -6,10 +6,10 @@ data."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from trainjob.core import constants, containers, lastwords, policy, termination, tfjob, times
+from trainjob.core import constants, containers, lastwords, policy, termination, times
 
 # The scheduler's PodScheduled=False reason for a Pod that fits no node.
 REASON_UNSCHEDULABLE: Final = policy.REASON_UNSCHEDULABLE
@@ -30,32 +30,31 @@ GANG_ECHOES: Final = (
 )
 
 
-# training-operator's replica-type label values (a TFJob's children it made before a
-# takeover carry only its labels) as TF task types.
-_KUBEFLOW_TYPES: Final = {
-    "chief": constants.CHIEF,
-    "master": constants.CHIEF,
-    "ps": constants.PS,
-    "worker": constants.WORKER,
-    "evaluator": constants.EVALUATOR,
-}
+# Which replica a child is, from its labels (None: not a replica).
+KeyOf = Callable[[Mapping[str, Any]], "tuple[str, int] | None"]
 
 
 def replica_key(labels: Mapping[str, Any]) -> tuple[str, int] | None:
-    rtype = labels.get(constants.LABEL_REPLICA_TYPE)
-    index = labels.get(constants.LABEL_REPLICA_INDEX)
-    if rtype is None and index is None:
-        rtype = _KUBEFLOW_TYPES.get(str(labels.get(tfjob.LABEL_REPLICA_TYPE)))
-        index = labels.get(tfjob.LABEL_REPLICA_INDEX)
+    """Which replica our labels say a child is (a TFJob's children made by training-operator
+    carry only its labels: trainjob.core.tfjob.replica_key reads those)."""
+    return labelled_key(
+        labels.get(constants.LABEL_REPLICA_TYPE), labels.get(constants.LABEL_REPLICA_INDEX)
+    )
+
+
+def labelled_key(rtype: object, index: object) -> tuple[str, int] | None:
+    """(type, index) from a replica type and an index as labels spell them, if valid."""
     if rtype not in constants.REPLICA_TYPES or not isinstance(index, str) or not index.isdigit():
         return None
     return str(rtype), int(index)
 
 
-def observe_pod(pod: Mapping[str, Any]) -> tuple[tuple[str, int], policy.ObservedReplica] | None:
-    """None for a Pod that is not a TrainJob replica (labels missing or foreign)."""
+def observe_pod(
+    pod: Mapping[str, Any], key_of: KeyOf = replica_key
+) -> tuple[tuple[str, int], policy.ObservedReplica] | None:
+    """None for a Pod that is not a replica (`key_of` finds no key in its labels)."""
     metadata = pod.get("metadata") or {}
-    key = replica_key(metadata.get("labels") or {})
+    key = key_of(metadata.get("labels") or {})
     if key is None:
         return None
     annotations = metadata.get("annotations") or {}

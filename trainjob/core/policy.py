@@ -40,6 +40,7 @@ from trainjob.core import (
     policy_restart,
     policy_success,
     policy_waiting,
+    reasons,
     spec,
 )
 from trainjob.core import status as st
@@ -155,16 +156,18 @@ def reconcile(
     # TFJob say), and its first decision is the same whatever the spec says by then, so an
     # Event posted for it before a crash is the one posted again after the spec changed.
     if not status.finished and not draft.is_true(st.CREATED):
-        draft.condition(st.CREATED, True, REASON_CREATED, f"TrainJob {job.name} is created")
-        draft.event("Normal", "Created", f"Created TrainJob {job.name}")
+        draft.condition(st.CREATED, True, REASON_CREATED, f"{job.kind} {job.name} is created")
+        draft.event("Normal", reasons.EVENT_CREATED, f"Created {job.kind} {job.name}")
 
     if not status.finished and job.run_policy.suspend:
         return _suspend(draft, pods, existing_services)
 
     if not status.finished:
         if status.is_true(st.SUSPENDED):
-            draft.condition(st.SUSPENDED, False, REASON_RESUMED, "TrainJob resumed")
-            draft.event("Normal", "Resumed", "Resumed TrainJob: recreating its replicas")
+            draft.condition(st.SUSPENDED, False, REASON_RESUMED, f"{job.kind} resumed")
+            draft.event(
+                "Normal", reasons.EVENT_RESUMED, f"Resumed {job.kind}: recreating its replicas"
+            )
             start_time = attempt_start = now
         if start_time is None:
             start_time = attempt_start = now
@@ -303,12 +306,15 @@ def _suspend(
             for key, record in draft.replicas.items():
                 if record.state != st.STATE_SUCCEEDED:
                     draft.replicas[key] = record.next_attempt()
-        draft.condition(st.SUSPENDED, True, REASON_SUSPENDED, "TrainJob is suspended")
+        suspended = f"{draft.job.kind} is suspended"
+        draft.condition(st.SUSPENDED, True, REASON_SUSPENDED, suspended)
         if draft.is_true(st.RUNNING):
-            draft.condition(st.RUNNING, False, REASON_SUSPENDED, "TrainJob is suspended")
+            draft.condition(st.RUNNING, False, REASON_SUSPENDED, suspended)
         if draft.is_true(st.RESTARTING):
-            draft.condition(st.RESTARTING, False, REASON_SUSPENDED, "TrainJob is suspended")
-        draft.event("Normal", "Suspended", _suspended_message(never_started))
+            draft.condition(st.RESTARTING, False, REASON_SUSPENDED, suspended)
+        draft.event(
+            "Normal", reasons.EVENT_SUSPENDED, _suspended_message(draft.job.kind, never_started)
+        )
     delete_pods = tuple(key for key, pod in pods.items() if not pod.deleting)
     new_status = dataclasses.replace(
         draft.status,
@@ -324,18 +330,23 @@ def _suspend(
     )
 
 
-def _suspended_message(never_started: bool) -> str:
+def _suspended_message(kind: str, never_started: bool) -> str:
     """The Suspended Event's words: what suspending did."""
     if never_started:
-        return "Suspended TrainJob before it started: no Pod or Service was created"
-    return "Suspended TrainJob: deleted its Pods and Services"
+        return f"Suspended {kind} before it started: no Pod or Service was created"
+    return f"Suspended {kind}: deleted its Pods and Services"
 
 
 def invalid_spec(
-    status: st.JobStatus, message: str, now: datetime.datetime, generation: int | None
+    status: st.JobStatus,
+    message: str,
+    now: datetime.datetime,
+    generation: int | None,
+    reason: str = REASON_INVALID,
 ) -> st.JobStatus:
-    """The status of a TrainJob the operator cannot run: Failed, reason InvalidSpec."""
-    conditions = st.set_condition(status.conditions, st.FAILED, True, REASON_INVALID, message, now)
+    """The status of a TrainJob the operator cannot run: Failed, reason InvalidSpec (or
+    `reason`: NameInUse)."""
+    conditions = st.set_condition(status.conditions, st.FAILED, True, reason, message, now)
     return dataclasses.replace(
         status,
         conditions=conditions,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 from typing import Final
 
-from trainjob.core import spec
+from trainjob.core import model, spec
 from trainjob.core import status as st
 from trainjob.core.policy_terms import REASON_BACKOFF, DecisionDraft
 
@@ -36,6 +36,14 @@ def delay_remaining(
         return 0.0
     ready_at = attempt_start + datetime.timedelta(seconds=restart_delay(restart_count))
     return (ready_at - draft.now).total_seconds()
+
+
+def restart_words(job: spec.TrainJob, restart_count: int) -> str:
+    """How a restart Event counts restart `restart_count` against backoffLimit."""
+    limit = job.run_policy.backoff_limit
+    if limit >= model.UNLIMITED_BACKOFF:
+        return f"restart {restart_count}; backoffLimit unset: no limit"
+    return f"restart {restart_count} of backoffLimit {limit}"
 
 
 def exceeds_backoff_limit(job: spec.TrainJob, restart_count: int, restarts: int) -> bool:

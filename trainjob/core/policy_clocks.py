@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable
 
-from trainjob.core import policy_backoff, policy_restart, policy_success, spec
+from trainjob.core import policy_backoff, policy_restart, policy_success, reasons, spec
 from trainjob.core import status as st
 from trainjob.core.policy_terms import (
     REASON_DEADLINE,
@@ -34,7 +34,7 @@ def fail_past_active_deadline(draft: DecisionDraft, start_time: datetime.datetim
     draft.finish(
         st.FAILED,
         REASON_DEADLINE,
-        f"TrainJob {job.name} ran longer than activeDeadlineSeconds={deadline}",
+        f"{job.kind} {job.name} ran longer than activeDeadlineSeconds={deadline}",
     )
     return True
 
@@ -94,9 +94,9 @@ def _stalled(draft: DecisionDraft, restart_count: int, disruption_count: int) ->
     names = ", ".join(f"{t} {i}" for t, i in restarted)
     draft.event(
         "Warning",
-        "Restarting",
+        reasons.EVENT_RESTARTING,
         f"Restarting {names} from the last checkpoint after {what} "
-        f"(restart {restart_count} of backoffLimit {job.run_policy.backoff_limit})",
+        f"({policy_backoff.restart_words(job, restart_count)})",
     )
     draft.condition(st.RESTARTING, True, REASON_STALLED, f"Restarting after {what}")
     draft.condition(st.RUNNING, False, REASON_STALLED, f"Restarting after {what}")

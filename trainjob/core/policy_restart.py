@@ -10,7 +10,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
-from trainjob.core import constants, policy_backoff, policy_disruption, policy_failure, spec
+from trainjob.core import (
+    constants,
+    policy_backoff,
+    policy_disruption,
+    policy_failure,
+    reasons,
+    spec,
+)
 from trainjob.core import status as st
 from trainjob.core.policy_failure import Fate
 from trainjob.core.policy_terms import (
@@ -118,9 +125,9 @@ def restart_or_fail(
         restart_count += 1
         draft.event(
             "Warning",
-            "Restarting",
+            reasons.EVENT_RESTARTING,
             f"Restarting {names} after {what} "
-            f"(restart {restart_count} of backoffLimit {job.run_policy.backoff_limit})"
+            f"({policy_backoff.restart_words(job, restart_count)})"
             + policy_failure.last_words(cause, failures),
         )
     message = "; ".join(policy_failure.describe(c) for c in causes)

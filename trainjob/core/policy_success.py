@@ -35,5 +35,5 @@ def finish_if_succeeded(draft: DecisionDraft) -> bool:
     if not is_success(job, draft.replicas):
         return False
     deciders = ", ".join(f"{t} {i}" for t, i in success_deciders(job))
-    draft.finish(st.SUCCEEDED, REASON_SUCCEEDED, f"TrainJob {job.name} succeeded ({deciders})")
+    draft.finish(st.SUCCEEDED, REASON_SUCCEEDED, f"{job.kind} {job.name} succeeded ({deciders})")
     return True

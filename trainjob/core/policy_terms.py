@@ -38,6 +38,9 @@ REASON_STARTUP: Final = "StartupDeadlineExceeded"
 REASON_SUSPENDED: Final = "TrainJobSuspended"
 REASON_RESUMED: Final = "TrainJobResumed"
 REASON_INVALID: Final = "InvalidSpec"
+# A job of another kind with the same namespace and name was there first: this one's Pods
+# and Services would take its children's names, so it is refused (operator only).
+REASON_NAME_IN_USE: Final = "NameInUse"
 REASON_STARTING: Final = "ReplicasStarting"
 REASON_PREEMPTED: Final = "Preempted"
 REASON_EVICTED: Final = "Evicted"

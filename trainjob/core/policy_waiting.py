@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from trainjob.core import reasons
 from trainjob.core import status as st
 from trainjob.core.policy_terms import (
     NODE_REASONS,
@@ -88,7 +89,9 @@ def update_running(draft: DecisionDraft) -> None:
         draft.condition(st.RUNNING, True, REASON_RUNNING, "All replicas are running")
         if draft.is_true(st.RESTARTING):
             draft.condition(st.RESTARTING, False, REASON_RUNNING, "All replicas are running again")
-        draft.event("Normal", "Running", f"TrainJob {draft.job.name} is running")
+        draft.event(
+            "Normal", reasons.EVENT_RUNNING, f"{draft.job.kind} {draft.job.name} is running"
+        )
 
 
 def _show_waiting(draft: DecisionDraft) -> None:

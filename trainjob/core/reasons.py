@@ -116,6 +116,12 @@ TRAINJOB_REASONS: Final[tuple[Reason, ...]] = (
         "names the field).",
     ),
     _failed(
+        terms.REASON_NAME_IN_USE,
+        "A job of the other kind (a TFJob beside a TrainJob) with the same namespace and name "
+        "was there first: this one's Pods and Services would take its names, so the operator "
+        "refuses it.",
+    ),
+    _failed(
         terms.REASON_DISRUPTION_LIMIT,
         "Preemptions and evictions restarted replicas more than runPolicy.disruptionLimit times.",
     ),

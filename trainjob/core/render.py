@@ -9,9 +9,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from trainjob.core import constants, naming, progress, spec, tfconfig, tfjob
+from trainjob.core import constants, naming, progress, spec, tfconfig
 
 # The user the runtime images (images/trainjob*, `USER 1000`) run as, and its group.
 RUNTIME_IMAGE_UID = 1000
@@ -41,6 +41,18 @@ class ProgressEndpoint:
     interval_seconds: float = 5.0
 
 
+class KindLabels(Protocol):
+    """A job kind's own labels on its children, beside ours: a TFJob's are training-operator's
+    (trainjob.core.tfjob.KubeflowLabels, given by its door). The engine renders them without
+    knowing the kind."""
+
+    def pod_labels(self, job_name: str, replica_type: str, index: int) -> dict[str, str]: ...
+
+    def service_selector(self, job_name: str, replica_type: str, index: int) -> dict[str, str]:
+        """The labels a replica's Service selects its Pod by (and carries)."""
+        ...
+
+
 @dataclasses.dataclass(frozen=True)
 class RenderOptions:
     namespace: str
@@ -54,11 +66,11 @@ class RenderOptions:
     # image (runAsNonRoot with a non-root user, no privilege escalation, no capabilities), so
     # bring-your-own images run in restricted namespaces (an operator flag, off by default).
     restricted_defaults: bool = False
-    # The Kubeflow profile, for a TFJob's children (trainjob.core.tfjob): the TFJob's replica
-    # types by engine type (Chief or Master, PS, Worker, Evaluator). Its Pods are what
-    # training-operator v1.9.4 makes of the same template: its labels beside ours, TF_CONFIG
-    # only in the `tensorflow` container, and no defaults of ours in the template.
-    kubeflow_types: Mapping[str, str] | None = None
+    # The Kubeflow profile, for a TFJob's children: its labels (given by the TFJob's door).
+    # Its Pods are what training-operator v1.9.4 makes of the same template: its labels beside
+    # ours, TF_CONFIG only in the `tensorflow` container, and no defaults of ours in the
+    # template. None: a TrainJob's children.
+    kind_labels: KindLabels | None = None
 
 
 def owner_reference(owner: Owner) -> dict[str, Any]:
@@ -112,7 +124,7 @@ def render_pod(
         containers = [{"name": constants.DEFAULT_CONTAINER_NAME}]
     tf_index = _tf_container_index(containers)
     port = spec.tf_port(replica.template)
-    kubeflow = options.kubeflow_types
+    kubeflow = options.kind_labels
     if kubeflow is not None:
         containers[tf_index] = _kubeflow_tf_container(containers[tf_index], env, port)
     else:
@@ -165,11 +177,11 @@ def render_pod(
     template_labels = dict(meta.get("labels") or {})
     if kubeflow is not None:
         # As training-operator v1.9.4 makes them: the template's labels and its own (which
-        # a TFJob's template cannot set: tfjob.template_problems), no recommended labels.
+        # a TFJob's template cannot set: its door refuses them), no recommended labels.
         labels = {
             **template_labels,
             **naming.replica_selector(job.name, replica_type, index),
-            **tfjob.kubeflow_labels(job.name, kubeflow, replica_type, index),
+            **kubeflow.pod_labels(job.name, replica_type, index),
         }
     else:
         labels = naming.child_labels(job.name, replica_type, index, template_labels)
@@ -482,9 +494,9 @@ def render_service(
     template = job.replica_specs[replica_type].template
     port = spec.tf_port(template)
     selector = naming.replica_selector(job.name, replica_type, index)
-    if options.kubeflow_types is not None:
+    if options.kind_labels is not None:
         # training-operator's Service selects by its own four labels and carries only them.
-        kubeflow = tfjob.replica_selector(job.name, options.kubeflow_types, replica_type, index)
+        kubeflow = options.kind_labels.service_selector(job.name, replica_type, index)
         labels = {**selector, **kubeflow}
         selector = kubeflow
     else:

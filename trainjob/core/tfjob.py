@@ -16,12 +16,13 @@ single replica. Facts: Kubeflow training-operator v1.9.4, pkg/controller.v1/tens
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from trainjob.core import constants, convert, fieldcheck
+from trainjob.core import constants, convert, fieldcheck, model, observe
 from trainjob.core.model import Problem
 
 GROUP: Final = "kubeflow.org"
@@ -65,7 +66,7 @@ ENGINE_TYPE: Final = {
 # training-operator defaults a TFJob in memory; these are its values where ours differ.
 DEFAULT_CLEAN_POD_POLICY: Final = "None"
 # Unset backoffLimit is unlimited in training-operator; a 32-bit int is as far as the CRD goes.
-UNLIMITED_BACKOFF: Final = 2**31 - 1
+UNLIMITED_BACKOFF: Final = model.UNLIMITED_BACKOFF
 # training-operator has no start-up deadline: a TFJob waits for its Pods as long as it takes.
 NO_STARTUP_DEADLINE: Final = 10 * 365 * 24 * 3600
 
@@ -324,6 +325,41 @@ def is_master_role(types: Mapping[str, str], engine_type: str, index: int) -> bo
     if engine_type == constants.CHIEF:
         return True
     return engine_type == constants.WORKER and index == 0 and constants.CHIEF not in types
+
+
+# training-operator's replica-type label values as TF task types.
+_LABELLED_TYPES: Final = {
+    "chief": constants.CHIEF,
+    "master": constants.CHIEF,
+    "ps": constants.PS,
+    "worker": constants.WORKER,
+    "evaluator": constants.EVALUATOR,
+}
+
+
+def replica_key(labels: Mapping[str, Any]) -> tuple[str, int] | None:
+    """Which replica a child is: by our labels, else by training-operator's (a TFJob's
+    children it made before a takeover carry only its own)."""
+    ours = observe.replica_key(labels)
+    labelled = constants.LABEL_REPLICA_TYPE in labels or constants.LABEL_REPLICA_INDEX in labels
+    if ours is not None or labelled:
+        return ours
+    rtype = _LABELLED_TYPES.get(str(labels.get(LABEL_REPLICA_TYPE)))
+    return observe.labelled_key(rtype, labels.get(LABEL_REPLICA_INDEX))
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeflowLabels:
+    """render.KindLabels of a TFJob whose replica types are `types` (engine type -> TFJob's):
+    training-operator's labels on its children."""
+
+    types: Mapping[str, str]
+
+    def pod_labels(self, job_name: str, replica_type: str, index: int) -> dict[str, str]:
+        return kubeflow_labels(job_name, self.types, replica_type, index)
+
+    def service_selector(self, job_name: str, replica_type: str, index: int) -> dict[str, str]:
+        return replica_selector(job_name, self.types, replica_type, index)
 
 
 def kubeflow_labels(

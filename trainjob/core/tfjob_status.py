@@ -26,16 +26,55 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from trainjob.core import constants, policy, times
+from trainjob.core import constants, policy, policy_failure, policy_terms, reasons, times
 from trainjob.core import status as st
 
-REASON_CREATED: Final = "TFJobCreated"
-REASON_RUNNING: Final = "TFJobRunning"
-REASON_RESTARTING: Final = "TFJobRestarting"
-REASON_SUCCEEDED: Final = "TFJobSucceeded"
-REASON_FAILED: Final = "TFJobFailed"
-REASON_SUSPENDED: Final = "TFJobSuspended"
-REASON_RESUMED: Final = "TFJobResumed"
+REASON_CREATED: Final = reasons.TFJOB_REASON_CREATED
+REASON_RUNNING: Final = reasons.TFJOB_REASON_RUNNING
+REASON_RESTARTING: Final = reasons.TFJOB_REASON_RESTARTING
+REASON_SUCCEEDED: Final = reasons.TFJOB_REASON_SUCCEEDED
+REASON_FAILED: Final = reasons.TFJOB_REASON_FAILED
+REASON_SUSPENDED: Final = reasons.TFJOB_REASON_SUSPENDED
+REASON_RESUMED: Final = reasons.TFJOB_REASON_RESUMED
+# training-operator's reason when it could not create a Pod (control/pod_control.go).
+REASON_FAILED_CREATE_POD: Final = "FailedCreatePod"
+
+# The engine's Event reasons in training-operator's vocabulary: each of the engine's
+# transitions is one of TFJob's (a failure of any cause is TFJobFailed; a restart after a
+# failure, a disruption or a stall is TFJobRestarting: the message keeps the engine's cause).
+# What the engine says beyond training-operator (a replica waiting on its image, the
+# scheduler, its node, its gang) keeps the kubelet's or the scheduler's own reason.
+_FAILED_REASONS: Final = frozenset(
+    {
+        policy_terms.REASON_FAILED,
+        policy_terms.REASON_BACKOFF,
+        policy_terms.REASON_DEADLINE,
+        policy_terms.REASON_STARTUP,
+        policy_terms.REASON_STALLED,
+        policy_terms.REASON_NON_FINITE_LOSS,
+        policy_terms.REASON_DISRUPTION_LIMIT,
+        policy_terms.REASON_INVALID,
+        policy_terms.REASON_NAME_IN_USE,
+        *policy_failure.VERDICT_REASONS.values(),
+    }
+)
+EVENT_REASONS: Final[Mapping[str, str]] = {
+    reasons.EVENT_CREATED: REASON_CREATED,
+    reasons.EVENT_RUNNING: REASON_RUNNING,
+    reasons.EVENT_RESTARTING: REASON_RESTARTING,
+    policy_terms.REASON_PREEMPTED: REASON_RESTARTING,
+    policy_terms.REASON_EVICTED: REASON_RESTARTING,
+    reasons.EVENT_SUSPENDED: REASON_SUSPENDED,
+    reasons.EVENT_RESUMED: REASON_RESUMED,
+    policy_terms.REASON_SUCCEEDED: REASON_SUCCEEDED,
+    policy_terms.REASON_FAILED_CREATE: REASON_FAILED_CREATE_POD,
+    **dict.fromkeys(_FAILED_REASONS, REASON_FAILED),
+}
+
+
+def event_reason(engine_reason: str) -> str:
+    """The reason a TFJob's Event gives for the engine's `engine_reason` (EVENT_REASONS)."""
+    return EVENT_REASONS.get(engine_reason, engine_reason)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,9 +172,10 @@ def _failed(pods: Sequence[PodPhase], types: Mapping[str, str]) -> list[tuple[st
 
 
 def _cause(condition: st.Condition | None) -> str:
-    """The engine's words, after training-operator's (its kind's name, not ours)."""
+    """The engine's words (they name the job's kind: model.TrainJob.kind), after
+    training-operator's."""
     text = condition.message if condition is not None else ""
-    return f" {text.replace('TrainJob', 'TFJob')}" if text else ""
+    return f" {text}" if text else ""
 
 
 def failed_message(
