@@ -203,3 +203,19 @@ def test_fail_a_store_that_refuses_is_named_in_status_event_and_column(
     )
     assert events[0].type == "Warning" and line in (events[0].message or "")
     assert printed_reason(control_plane, cluster.namespace, "store") == "CheckpointStorageRefused"
+
+
+def test_fail_an_estimator_job_on_s3_is_invalid_naming_the_field(cluster: Cluster) -> None:
+    """The CRD lets it in (its rule checks the URL alone); the operator's validation refuses
+    s3:// for framework Estimator (trainjob.core.storage.framework_problem) before any Pod."""
+    body = trainjob("est-s3", chief=1, workers=1)
+    body["spec"]["runtime"] = {
+        "framework": "Estimator",
+        "entrypoint": "trainjob.samples.mnist_estimator:build",
+    }
+    body["spec"]["checkpoint"] = {"path": "s3://ckpt/estimator"}
+    cluster.create_job(body)
+    failed = cluster.wait_condition("est-s3", "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert "spec.checkpoint.path: s3:// does not work with framework Estimator" in failed["message"]
+    assert not cluster.pods("est-s3")
