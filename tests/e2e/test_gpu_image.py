@@ -15,7 +15,7 @@ tests/unit/test_policy.py). Only the wait for GPUs needs the scheduler: it runs 
 cluster, whose workers never pull the image (they stay Pending).
 
 No GPU here: what needs one (NCCL, memory growth, throughput) is measured by
-bench/gpu_check.py on a GPU host (README "GPUs")."""
+bench/gpu_check.py on a GPU host (docs: guides/gpus.md)."""
 
 from __future__ import annotations
 

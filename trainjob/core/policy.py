@@ -2,7 +2,7 @@
 replicas, now) to what to do next. The operator applies its decisions as API calls, the local
 executor as processes, so "worker 1 exited 137 under ExitCode" has exactly one implementation.
 
-Semantics (the README's "Semantics" section says the same for users):
+Semantics (the docs' concepts/semantics.md says the same for users):
 - Pods never restart in place; a restart bumps the replica's *attempt*, the old Pod becomes
   stale (deleted, its exit never counted), and a Pod of the new attempt is created under the
   same name once the old one is gone.
