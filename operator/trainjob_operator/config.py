@@ -108,10 +108,10 @@ class Settings:
     # A safety net only: every change already wakes the job's reconcile.
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     api_workers: int = DEFAULT_API_WORKERS
-    # A TrainJob with no reconcile this long after it was seen is logged, counted and fails
-    # the liveness probe; so does a list+watch that keeps failing this long.
+    # A job (of any kind) with no reconcile this long after it was seen is logged, counted
+    # and fails the liveness probe; so does a list+watch that keeps failing this long.
     serve_deadline_seconds: float = DEFAULT_SERVE_DEADLINE
-    # Every watch (kopf's TrainJobs and ours) is reopened after this long without a byte.
+    # Every watch (the jobs' and their children's) is reopened after this long without a byte.
     watch_idle_seconds: float = DEFAULT_WATCH_IDLE
     # Progress reports (HTTPS): 0 = off. `progress_url` is the base URL Pods report to (the
     # operator's Service); `progress_cert_dir` holds tls.crt, tls.key and ca.crt.

@@ -1,13 +1,13 @@
-"""The job loop: every TrainJob reconciled by a bounded pool of workers from one keyed work
+"""The job loop: every job of one kind reconciled by a bounded pool of workers from one keyed work
 queue (controller-runtime's shape), and a finished job costs nothing.
 
-- What wakes a job: its TrainJob's watch events (kopf's watch, through `observe`), its
+- What wakes a job: its watch events (the job informer of its kind, through `observe`), its
   children's and nodes' events (informer.py, nodes.py, gang_sync.py, through `wake`), and
   its own timer (`Outcome.requeue_after`: deadlines, TTL, back-off; plus the safety-net
   resync while it is active). One reconcile of a job at a time (workqueue.py), many jobs at
   once (`workers` of them).
 - Active jobs keep what the loop knows between reconciles (`JobState`: the `Seen` memory of
-  our own writes, retry counters) and their latest watched TrainJob (minus managedFields),
+  our own writes, retry counters) and their latest watched copy (minus managedFields),
   so a reconcile needs no GET. A job at rest (`Outcome.at_rest`: finished, clean-up done,
   nothing pending) is parked: its state, its copy and its timer are dropped; it stays
   known only by its key. Anything that happens to it later (an event of its own or of a
@@ -191,7 +191,7 @@ class Controller:
         return True
 
     def wake(self, key: JobKey) -> None:
-        """Its children or nodes changed: look again (only at jobs kopf told us about). A
+        """Its children or nodes changed: look again (only at jobs its informer told of). A
         child's event wakes its job in whichever loop knows it (a TrainJob's and a TFJob's
         loops share the child index and its informers: context.Wakes)."""
         if key in self.known:

@@ -121,9 +121,9 @@ async def reflect(
             async for event in watch_objects(version):
                 health.failing_since = None
                 body = event.get("object") or {}
-                kind = str(event.get("type"))
-                if kind != "BOOKMARK":
-                    on_event(kind, body)
+                event_type = str(event.get("type"))
+                if event_type != "BOOKMARK":
+                    on_event(event_type, body)
                 seen = (body.get("metadata") or {}).get("resourceVersion")
                 if seen:
                     version = str(seen)
@@ -199,15 +199,15 @@ class ChildInformer:
         scope_key = self._scope_of(namespace)
         scope = self._scopes.get(scope_key)
         if scope is None:
-            listed = {kind.index_key: asyncio.Event() for kind in self._kinds}
+            listed = {resource.index_key: asyncio.Event() for resource in self._kinds}
             scope = _Scope(tasks=[], listed=listed, ready=asyncio.Event(), health=[])
-            for kind in self._kinds:
-                health = WatchHealth(f"{kind.watched} in {scope_key or 'all namespaces'}")
+            for resource in self._kinds:
+                health = WatchHealth(f"{resource.watched} in {scope_key or 'all namespaces'}")
                 scope.health.append(health)
                 scope.tasks.append(
                     asyncio.get_running_loop().create_task(
-                        self._run(scope_key, kind, scope, health),
-                        name=f"informer {kind.plural} {scope_key}",
+                        self._run(scope_key, resource, scope, health),
+                        name=f"informer {resource.plural} {scope_key}",
                     )
                 )
             self._scopes[scope_key] = scope
@@ -236,11 +236,11 @@ class ChildInformer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(
-        self, namespace: str | None, kind: Resource, scope: _Scope, health: WatchHealth
+        self, namespace: str | None, resource: Resource, scope: _Scope, health: WatchHealth
     ) -> None:
-        plural, key, selector = kind.plural, kind.index_key, kind.selector
+        plural, key, selector = resource.plural, resource.index_key, resource.selector
         # Core kinds use the API layer's defaults (group "", version v1).
-        extra = {"group": kind.group, "version": kind.version} if kind.group else {}
+        extra = {"group": resource.group, "version": resource.version} if resource.group else {}
 
         def on_list(items: list[children.Listed]) -> None:
             for listed in self._index.replace_listed(key, namespace, items):

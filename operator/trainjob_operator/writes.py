@@ -72,19 +72,20 @@ class JobWrites(Protocol):
 
 @dataclasses.dataclass
 class Seen:
-    """What one job's reconcile loop knows about its TrainJob between reconciles, so that it
-    can work from kopf's copy of the object (kept current by kopf's watch) instead of a GET
-    per reconcile, without ever deciding from a copy older than what it already knows.
+    """What one job's reconcile loop knows about its job between reconciles, so that it can
+    work from the watched copy (kept current by the job informer: informer.JobInformer)
+    instead of a GET per reconcile, without ever deciding from a copy older than what it
+    already knows.
 
-    kopf's copy lags behind our own status writes until their watch events arrive, and it can
-    lag for long (a TrainJob watch that is down while the Pod informer is live): deciding from
-    it then decides again from an old status. So after every GET and every write of ours, the
-    result is the newest known version (`known`), and kopf's copy is trusted again only once
-    it shows exactly that version (watch events come in order, so from then on it is at
-    least as new). Until then each reconcile reads with a GET. resourceVersions are opaque:
-    they are only compared for equality, never ordered."""
+    The watched copy lags behind our own status writes until their watch events arrive, and
+    it can lag for long (a job watch that is down while the Pod informer is live): deciding
+    from it then decides again from an old status. So after every GET and every write of
+    ours, the result is the newest known version (`known`), and the watched copy is trusted
+    again only once it shows exactly that version (watch events come in order, so from then
+    on it is at least as new). Until then each reconcile reads with a GET. resourceVersions
+    are opaque: they are only compared for equality, never ordered."""
 
-    # The newest TrainJob this loop has read or written, until kopf's copy shows it.
+    # The newest copy of the job this loop has read or written, until the watched one shows it.
     known: dict[str, Any] | None = None
     # A conditional write of ours conflicted: the next reconcile reads afresh.
     stale: bool = False
@@ -130,17 +131,17 @@ async def current_trainjob(
     live: Mapping[str, Any] | None,
     seen: Seen,
 ) -> dict[str, Any] | None:
-    """The TrainJob to reconcile from: kopf's live copy when it is known to be at least as
-    new as anything this loop has read or written (see `Seen`), else a GET."""
+    """The job to reconcile from: the watched copy when it is known to be at least as new as
+    anything this loop has read or written (see `Seen`), else a GET."""
     if live is not None and not seen.stale:
-        # A shallow copy: kopf swaps in a new event's dict instead of changing the old one,
-        # so this snapshot stays as it is while the reconcile awaits.
+        # A shallow copy: the job loop swaps in a new event's dict instead of changing the old
+        # one, so this snapshot stays as it is while the reconcile awaits.
         snapshot = dict(live)
         version = version_of(snapshot)
         if seen.known is None and version is not None:
             return snapshot
         if seen.known is not None and version is not None and version == version_of(seen.known):
-            seen.known = None  # kopf's copy has caught up: trust it from now on
+            seen.known = None  # the watched copy has caught up: trust it from now on
             return snapshot
     raw = await api.get_trainjob(namespace, name)
     seen.stale = False
@@ -179,8 +180,8 @@ def event_id(uid: str, fingerprint: str, occurrence: int, event: policy.Event) -
     """The name suffix of an Event of a decision made from TrainJob `uid` whose status was
     `fingerprint`; `occurrence` counts the same Event (type, reason, message) earlier in the
     same decision. The same transition decided again from the same recorded status gets the
-    same name, whatever else changed in between (the resourceVersion moves with kopf's
-    finalizer, labels, progress) and whatever other Events come with it (the next decision
+    same name, whatever else changed in between (the resourceVersion moves with labels,
+    annotations, progress) and whatever other Events come with it (the next decision
     may see more: a second replica that ended meanwhile adds an Event before the terminal
     one, which a name by position in the list would count as another Succeeded): a decision
     whose status write never landed (a crash, a conflict) posts each of its Events once. A

@@ -58,7 +58,8 @@ def test_every_transition_of_the_engine_has_a_tfjob_reason_and_no_trainjob_reaso
 
 
 def test_an_unset_backoff_limit_is_said_as_no_limit_and_a_set_one_as_its_number() -> None:
-    assert policy_backoff.restart_words(a_job(backoffLimit=3), 1) == "restart 1 of backoffLimit 3"
+    words = policy_backoff.restart_words(a_job(backoffLimit=3), 1)
+    assert words == "restart 1 of 3 allowed by backoffLimit"
     limit = tfjob.engine_backoff_limit(None)  # a TFJob's unset backoffLimit
     assert isinstance(limit, int)
     unset = dataclasses.replace(
@@ -95,3 +96,14 @@ def test_an_identity_is_read_from_the_watched_job() -> None:
         "2026-11-29T00:00:00Z", False, "TFJob", "u"
     )
     assert children.Identity.of("TFJob", {"metadata": {"uid": "u"}}).pending
+
+
+def test_a_child_is_read_by_our_labels_else_by_training_operators() -> None:
+    ours = {"trainjob.dev/replica-type": "worker", "trainjob.dev/replica-index": "1"}
+    theirs = {tfjob.LABEL_REPLICA_TYPE: "master", tfjob.LABEL_REPLICA_INDEX: "0"}
+    assert tfjob.replica_key(ours) == ("worker", 1)
+    assert tfjob.replica_key(theirs) == ("chief", 0)
+    assert tfjob.replica_key({**theirs, **ours}) == ("worker", 1)
+    # Ours, half there, is not a replica: training-operator's labels do not fill it in.
+    assert tfjob.replica_key({**theirs, "trainjob.dev/replica-type": "worker"}) is None
+    assert tfjob.replica_key({tfjob.LABEL_REPLICA_TYPE: "launcher"}) is None

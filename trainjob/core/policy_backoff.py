@@ -39,11 +39,12 @@ def delay_remaining(
 
 
 def restart_words(job: spec.TrainJob, restart_count: int) -> str:
-    """How a restart Event counts restart `restart_count` against backoffLimit."""
+    """How a restart Event counts restart `restart_count` against backoffLimit, in restarts
+    allowed (a TFJob's backoffLimit N allows N - 1, as training-operator counts it)."""
     limit = job.run_policy.backoff_limit
     if limit >= model.UNLIMITED_BACKOFF:
         return f"restart {restart_count}; backoffLimit unset: no limit"
-    return f"restart {restart_count} of backoffLimit {limit}"
+    return f"restart {restart_count} of {limit} allowed by backoffLimit"
 
 
 def exceeds_backoff_limit(job: spec.TrainJob, restart_count: int, restarts: int) -> bool:

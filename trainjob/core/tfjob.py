@@ -327,14 +327,8 @@ def is_master_role(types: Mapping[str, str], engine_type: str, index: int) -> bo
     return engine_type == constants.WORKER and index == 0 and constants.CHIEF not in types
 
 
-# training-operator's replica-type label values as TF task types.
-_LABELLED_TYPES: Final = {
-    "chief": constants.CHIEF,
-    "master": constants.CHIEF,
-    "ps": constants.PS,
-    "worker": constants.WORKER,
-    "evaluator": constants.EVALUATOR,
-}
+# training-operator's replica-type label values (its types in lower case) as TF task types.
+_LABELLED_TYPES: Final = {name.lower(): engine for name, engine in ENGINE_TYPE.items()}
 
 
 def replica_key(labels: Mapping[str, Any]) -> tuple[str, int] | None:
