@@ -85,8 +85,8 @@ def finished_at_sight(raw: Mapping[str, Any]) -> str | None:
     return st.state_of(status) if status.finished else None
 
 
-def next_look(outcome: reconciler.Outcome, resync_seconds: float) -> float | None:
-    """Seconds until an active job is looked at again with no event; None: never (parked)."""
+def requeue_delay(outcome: reconciler.Outcome, resync_seconds: float) -> float | None:
+    """Seconds until an active job is requeued with no event; None: never (parked)."""
     if outcome.at_rest:
         return None
     if outcome.requeue_after is None:
@@ -266,7 +266,7 @@ class Controller:
             # Gone or going: nothing more to do until its DELETED event forgets it.
             self._park(key, body)
             return
-        delay = next_look(outcome, ctx.settings.resync_seconds)
+        delay = requeue_delay(outcome, ctx.settings.resync_seconds)
         if delay is None:
             self._park(key, body)
         else:

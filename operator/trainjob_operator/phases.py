@@ -70,8 +70,8 @@ class Reconciling:
     decision: policy.Decision | None = None
     # Replicas whose creation was refused, with the words to show (FailedCreate).
     refusals: dict[policy.ReplicaKey, str] = dataclasses.field(default_factory=dict)
-    # Seconds until a phase needs another look (None: nothing due).
-    requeue_in: float | None = None
+    # Seconds until a phase needs the job requeued (None: nothing due).
+    requeue_after: float | None = None
 
     @property
     def namespace(self) -> str:
@@ -85,9 +85,12 @@ class Reconciling:
         assert self.decision is not None, "the decision is made after observe"
         return self.decision
 
-    def look_again_in(self, seconds: float | None) -> None:
+    def requeue_within(self, seconds: float | None) -> None:
+        """A phase needs the job requeued within `seconds` (None: no need)."""
         if seconds is not None:
-            self.requeue_in = seconds if self.requeue_in is None else min(self.requeue_in, seconds)
+            self.requeue_after = (
+                seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+            )
 
     def refuse_creates(self, words: str) -> None:
         """No Pod is created in this reconcile; each says `words` (tried again later)."""
@@ -213,7 +216,7 @@ class _GangRun(PhaseRun):
             bypassed = gang.bypass_events(work.job, ctx.settings)
             decision = dataclasses.replace(decision, events=(*decision.events, *bypassed))
         work.decision = decision
-        work.look_again_in(await ctx.gangs.step(work.key, decision, self.group))
+        work.requeue_within(await ctx.gangs.step(work.key, decision, self.group))
 
     async def prune(self, ctx: OperatorContext, work: Reconciling) -> None:
         group = self.group

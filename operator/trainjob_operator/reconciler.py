@@ -296,7 +296,7 @@ async def _delete_stale(ctx: OperatorContext, work: Reconciling) -> None:
 
 
 async def _outcome(ctx: OperatorContext, work: Reconciling, api: writes.JobWrites) -> Outcome:
-    """Deletes a job whose TTL is over; otherwise when to look again."""
+    """Deletes a job whose TTL is over; otherwise when to requeue it."""
     decision, seen = work.decided(), work.seen
     if decision.delete_job:
         await api.delete_trainjob(work.namespace, work.name, work.uid)
@@ -311,9 +311,9 @@ async def _outcome(ctx: OperatorContext, work: Reconciling, api: writes.JobWrite
         requeue = retry if decision.requeue_after is None else min(retry, decision.requeue_after)
         return Outcome(requeue)
     seen.refusals = 0
-    if work.requeue_in is not None:
+    if work.requeue_after is not None:
         later = decision.requeue_after
-        return Outcome(work.requeue_in if later is None else min(later, work.requeue_in))
+        return Outcome(work.requeue_after if later is None else min(later, work.requeue_after))
     return Outcome(decision.requeue_after, at_rest=at_rest(decision, seen))
 
 

@@ -263,11 +263,13 @@ def test_an_active_job_keeps_its_copy_and_is_looked_at_again_when_its_deadline_c
 
 def test_an_active_job_with_nothing_due_waits_for_the_resync_period_only() -> None:
     outcome = reconciler.Outcome(None)
-    assert controller.next_look(outcome, 600.0) == 600.0
-    assert controller.next_look(reconciler.Outcome(30.0), 600.0) == 30.0 + controller.REQUEUE_SLACK
-    assert controller.next_look(reconciler.Outcome(9999.0), 600.0) == 600.0
-    assert controller.next_look(reconciler.Outcome(-5.0), 600.0) == controller.REQUEUE_SLACK
-    assert controller.next_look(reconciler.Outcome(None, at_rest=True), 600.0) is None
+    assert controller.requeue_delay(outcome, 600.0) == 600.0
+    assert (
+        controller.requeue_delay(reconciler.Outcome(30.0), 600.0) == 30.0 + controller.REQUEUE_SLACK
+    )
+    assert controller.requeue_delay(reconciler.Outcome(9999.0), 600.0) == 600.0
+    assert controller.requeue_delay(reconciler.Outcome(-5.0), 600.0) == controller.REQUEUE_SLACK
+    assert controller.requeue_delay(reconciler.Outcome(None, at_rest=True), 600.0) is None
 
 
 def test_events_during_a_reconcile_coalesce_into_one_more_and_one_job_is_never_run_twice() -> None:
