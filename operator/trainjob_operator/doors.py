@@ -142,24 +142,6 @@ def tfjob_of(view: Mapping[str, Any]) -> Mapping[str, Any]:
     return source if isinstance(source, Mapping) else {}
 
 
-def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON merge patch (RFC 7386) that turns `old` into `new`: keys gone are nulled,
-    maps patched key by key, everything else replaced."""
-    patch: dict[str, Any] = {}
-    for key in old:
-        if key not in new:
-            patch[key] = None
-    for key, value in new.items():
-        before = old.get(key)
-        if isinstance(value, Mapping) and isinstance(before, Mapping):
-            inner = merge_patch(before, value)
-            if inner:
-                patch[key] = inner
-        elif before != value or key not in old:
-            patch[key] = value
-    return patch
-
-
 class TFJobWrites:
     """writes.JobWrites for one reconcile of a TFJob: the engine's status goes into the
     TFJob's annotation (merge-patched onto the status decided from), Events are the TFJob's,
@@ -181,7 +163,7 @@ class TFJobWrites:
         resource_version: str | None = None,
     ) -> dict[str, Any] | None:
         base = writes.status_of(self.view)
-        merged = _apply_merge_patch(base, status)
+        merged = writes.apply_merge_patch(base, status)
         patch = {
             "metadata": {
                 "annotations": {tfjob.ANNOTATION_ENGINE_STATUS: tfjob.encode_status(merged)}
@@ -209,18 +191,6 @@ class TFJobWrites:
 
     async def delete_trainjob(self, namespace: str, name: str, uid: str) -> None:
         await self.api.delete_object(tfjob.GROUP, tfjob.VERSION, namespace, tfjob.PLURAL, name, uid)
-
-
-def _apply_merge_patch(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    result = dict(base)
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
-            result[key] = _apply_merge_patch(result[key], value)
-        else:
-            result[key] = value
-    return result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,7 +262,7 @@ class TFJobDoor(Door):
             now,
             tfjob.restart_policies(source),
         )
-        patch = merge_patch(previous, {**previous, **wanted})
+        patch = writes.merge_patch(previous, {**previous, **wanted})
         if not patch:
             return
         result = await api.patch_object(

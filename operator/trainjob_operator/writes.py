@@ -7,7 +7,8 @@ protocol of reconciler.py (its module docstring says why this order).
   from, so the same transition decided again posts the same names), then its status,
   conditional on the version decided from; a conflict leaves the Events to withdraw
   (`Superseded`) and the reconcile is made again from a fresh read.
-- `status_diff`: the merge patch from the status there is to the status wanted.
+- `status_diff`: the merge patch from the status there is to the status wanted (our keys);
+  `merge_patch` and `apply_merge_patch`, the operator's one JSON merge patch (RFC 7386).
 
 Every API call goes through `JobWrites` (kube.Kube is one); tests/unit/test_write_protocol.py
 records them.
@@ -285,11 +286,38 @@ def invalid_status_dict(status: st.JobStatus) -> dict[str, Any]:
 def status_diff(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any] | None:
     """The merge patch turning `current` into `wanted` for our keys; None when nothing changes.
     Keys we own but no longer write are nulled; keys we do not own are left alone."""
+    owned_now = {key: current[key] for key in STATUS_KEYS if key in current}
+    owned_wanted = {key: wanted[key] for key in STATUS_KEYS if key in wanted}
+    return merge_patch(owned_now, owned_wanted) or None
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: keys gone are nulled,
+    maps patched key by key, everything else replaced."""
     patch: dict[str, Any] = {}
-    for key in STATUS_KEYS:
-        if key in wanted:
-            if current.get(key) != wanted[key]:
-                patch[key] = wanted[key]
-        elif key in current:
+    for key in old:
+        if key not in new:
             patch[key] = None
-    return patch or None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            inner = merge_patch(before, value)
+            if inner:
+                patch[key] = inner
+        elif before != value or key not in old:
+            patch[key] = value
+    return patch
+
+
+def apply_merge_patch(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with the merge patch `patch` applied, as the API server applies it (RFC 7386):
+    for a record kept where no API server applies it (a TFJob's engine status annotation)."""
+    result = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = apply_merge_patch(result[key], value)
+        else:
+            result[key] = value
+    return result
