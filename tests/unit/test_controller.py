@@ -82,9 +82,11 @@ class FakeInformer:
 class FakeWatchdog:
     def __init__(self) -> None:
         self.seen: set[JobKey] = set()
+        self.kinds: dict[JobKey, set[str]] = {}
 
     def saw(self, key: JobKey, kind: str = "TrainJob") -> None:
         self.seen.add(key)
+        self.kinds.setdefault(key, set()).add(kind)
 
     def forget(self, key: JobKey) -> None:
         self.seen.discard(key)
@@ -529,3 +531,34 @@ def test_what_one_look_at_a_trainjob_tells() -> None:
     going = succeeded()
     going["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert controller.finished_at_sight(going) is None
+
+
+def test_each_kinds_loop_tells_the_watchdog_and_its_namesakes_of_its_jobs() -> None:
+    async def scenario() -> None:
+        loop = Loop(active(None))
+        tfjobs = controller.Controller(
+            cast(context.OperatorContext, loop.rt),
+            reconcile=loop.controller._reconcile_job,
+            kind="TFJob",
+        )
+        loop.rt.wakes.serve(tfjobs)
+        first = {**trainjob(uid="uid-1"), "status": {"startTime": "2026-11-29T00:00:01Z"}}
+        first["metadata"]["creationTimestamp"] = "2026-11-29T00:00:00Z"
+        second = trainjob(uid="uid-2")
+        second["metadata"]["creationTimestamp"] = "2026-11-29T00:00:09Z"
+        loop.controller.observe(None, first)
+        tfjobs.observe(None, second)
+        assert loop.rt.watchdog.kinds[KEY] == {"TrainJob", "TFJob"}
+        namesakes = loop.rt.wakes.namesakes(KEY)
+        assert sorted((n.kind, n.uid, n.pending) for n in namesakes) == [
+            ("TFJob", "uid-2", True),
+            ("TrainJob", "uid-1", False),
+        ]
+        holder = children.name_holder(namesakes[1], namesakes)
+        assert holder is not None and holder.uid == "uid-1"
+        tfjobs.observe("DELETED", second)
+        assert [n.kind for n in loop.rt.wakes.namesakes(KEY)] == ["TrainJob"]
+        await tfjobs.close()
+        await loop.controller.close()
+
+    run(scenario)
