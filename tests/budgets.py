@@ -29,6 +29,12 @@ SLOW_TESTS: Final[Mapping[str, str]] = {
         "(preflight, fallback, the runtime and plain tf-keras on 1 and 2 workers); 148 s on 2 "
         "loaded cores"
     ),
+    "tests/training/test_bench_checkpoint_store_smoke.py"
+    "::test_checkpoint_store_benchmark_runs_all_three_targets_and_prints_ratios": (
+        "bench/checkpoint_store.py at its smallest size: three 2-worker TensorFlow jobs one "
+        "after another (a directory, s3://, gs://) and both stores' servers; 114-147 s on 2 "
+        "cores at load 6-13 (49 CPU-s)"
+    ),
 }
 
 
