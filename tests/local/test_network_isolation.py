@@ -144,6 +144,10 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _example(**spec: Any) -> dict[str, Any]:
     manifest = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    # What these tests look at (where the TF ports listen, who may connect, that the workers
+    # still reach each other to the end) holds from the first step: one short epoch, not the
+    # example's three of 40 steps.
+    manifest["spec"]["runtime"]["config"].update(epochs=1, steps_per_epoch=5)
     manifest["spec"].update(spec)
     return dict(manifest)
 
