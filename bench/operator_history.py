@@ -411,7 +411,10 @@ def history_table(results: Sequence[HistoryResult]) -> str:
 
 def plot(results: Sequence[HistoryResult], path: Path) -> None:
     """RSS and start-up time against the number of jobs, one line per operator (PNG)."""
-    import matplotlib  # only for --plot
+    try:
+        import matplotlib  # only for --plot: not a dependency (pip install matplotlib)
+    except ImportError:
+        raise SystemExit("--plot draws with matplotlib: pip install matplotlib") from None
 
     matplotlib.use("Agg")
     from matplotlib import pyplot

@@ -327,8 +327,10 @@ def test_install_requirements_are_the_tf_extra_with_the_cuda_build_pinned() -> N
     assert "tensorflow[and-cuda]==2.21.0" in requirements
     assert "tf-keras~=2.21.0" in requirements
     assert not any(r.startswith(("tensorflow>", "tf-keras>")) for r in requirements)
-    # Everything else of the extra as written (tfds, tensorboard, mlxtend, ...), and pyyaml.
+    # Everything else of the extra as written (tfds, tensorboard, ...), and pyyaml; mlxtend,
+    # which the extra leaves out (installed without its dependencies), pinned.
     assert {"pyyaml>=6", "tensorflow-datasets>=4.9", "importlib_resources"} < set(requirements)
+    assert "mlxtend==0.25.0" in requirements
     assert len(requirements) == len(set(requirements))
 
 

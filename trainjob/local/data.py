@@ -30,6 +30,13 @@ def _prepared(data_dir: str) -> bool:
     return bool(glob.glob(os.path.join(data_dir, "mnist", "*", "dataset_info.json")))
 
 
+def _own_message(stderr: str) -> str | None:
+    """The line `trainjob data` wrote for its failure (the cause, in its words), if any."""
+    prefix = constants.DATA_MESSAGE_PREFIX
+    lines = [line for line in stderr.splitlines() if line.startswith(prefix)]
+    return lines[-1][len(prefix) :] if lines else None
+
+
 def prepare_mnist(
     run_plan: plan.RunPlan, environ: Mapping[str, str], cwd: str, announce: Callable[[str], None]
 ) -> str | None:
@@ -66,7 +73,9 @@ def prepare_mnist(
             log_path = os.path.join(run_plan.log_dir, "prepare-data.log")
             with open(log_path, "w", encoding="utf-8") as handle:
                 handle.write(result.stdout + result.stderr)
-            why = logfilter.last_exception_line(result.stdout + result.stderr)
+            why = _own_message(result.stderr) or logfilter.last_exception_line(
+                result.stdout + result.stderr
+            )
             return (
                 f"preparing the offline MNIST failed (exit {result.returncode}): "
                 f"{why or 'no error message'} (log: {log_path})"

