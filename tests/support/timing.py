@@ -8,6 +8,12 @@ the controller writes none. A tier's wall time is the span from its first test's
 last test's end, which is what a tier costs when its tests run side by side; the sum of its
 tests' durations says how much work that span held.
 
+On 2 cores the tiers side by side are CPU-bound, so a test's CPU time says more of what it
+costs the run than its wall time: each line has the CPU seconds of the process that ran the
+test and of the processes it started and waited for during it (a `trainjob run`, its
+TensorFlow replicas), by getrusage. A process that outlives the test (a session's control
+plane) is counted in the test during which it ends.
+
 ``python -m tests.support.timing report FILE [PHASES]`` prints the table; PHASES is the file in
 which ``tests/run`` wrote one ``name seconds`` line per phase (set-up, each pytest session).
 It exits 1 when a test took longer than the budget (tests/budgets.py) and is not listed there
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from collections.abc import Generator, Iterable, Sequence
@@ -44,6 +51,7 @@ class TestTiming:
     outcome: str
     start: float  # seconds since the epoch: comparable across xdist workers
     seconds: float  # set-up, call and tear-down
+    cpu: float = 0.0  # CPU seconds: this process and the children it reaped meanwhile
 
 
 def tier_of(item: pytest.Item) -> str:
@@ -65,10 +73,17 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _outcomes.setdefault(report.nodeid, "passed")
 
 
+def cpu_seconds() -> float:
+    """User and system CPU of this process and of its children that were waited for."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     target = os.environ.get(TIMINGS_ENV)
-    started, clock = time.time(), time.monotonic()
+    started, clock, cpu = time.time(), time.monotonic(), cpu_seconds()
     try:
         return (yield)
     finally:
@@ -79,6 +94,7 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
                 outcome=_outcomes.get(item.nodeid, "passed"),
                 start=started,
                 seconds=round(time.monotonic() - clock, 3),
+                cpu=round(cpu_seconds() - cpu, 2),
             )
             line = json.dumps(record.__dict__) + "\n"
             # one write of one line to a file opened for appending (O_APPEND)
@@ -103,6 +119,7 @@ class TierFigures:
     tests: int
     wall: float
     work: float
+    cpu: float
 
 
 def tier_figures(timings: Sequence[TestTiming]) -> list[TierFigures]:
@@ -111,7 +128,8 @@ def tier_figures(timings: Sequence[TestTiming]) -> list[TierFigures]:
         mine = [t for t in timings if t.tier == tier]
         if mine:
             wall = max(t.start + t.seconds for t in mine) - min(t.start for t in mine)
-            figures.append(TierFigures(tier, len(mine), wall, sum(t.seconds for t in mine)))
+            work = sum(t.seconds for t in mine)
+            figures.append(TierFigures(tier, len(mine), wall, work, sum(t.cpu for t in mine)))
     return figures
 
 
@@ -147,13 +165,20 @@ def report(timings: Sequence[TestTiming], phases: Sequence[Phase]) -> str:
             busy = "" if p.cpu_busy_percent is None else f"{p.cpu_busy_percent}%"
             rows.append(f"{p.name:<50}{minutes(p.seconds):>8}{busy:>10}")
         rows.append("")
-    rows.append(f"{'tier':<14}{'tests':>7}{'wall':>9}{'test time':>11}")
+    rows.append(f"{'tier':<14}{'tests':>7}{'wall':>9}{'test time':>11}{'cpu':>9}")
     for fig in tier_figures(timings):
-        rows.append(f"{fig.tier:<14}{fig.tests:>7}{minutes(fig.wall):>9}{minutes(fig.work):>11}")
+        rows.append(
+            f"{fig.tier:<14}{fig.tests:>7}{minutes(fig.wall):>9}{minutes(fig.work):>11}"
+            f"{minutes(fig.cpu):>9}"
+        )
     rows.append("")
     rows.append(f"the {SLOWEST} slowest tests:")
     for t in sorted(timings, key=lambda t: -t.seconds)[:SLOWEST]:
         rows.append(f"{t.seconds:>8.1f}s  {t.tier:<12}{t.nodeid}")
+    rows.append("")
+    rows.append(f"the {SLOWEST} tests that cost the most CPU (seconds of CPU, of wall):")
+    for t in sorted(timings, key=lambda t: -t.cpu)[:SLOWEST]:
+        rows.append(f"{t.cpu:>8.1f}s {t.seconds:>7.1f}s  {t.tier:<12}{t.nodeid}")
     failed = [t for t in timings if t.outcome == "failed"]
     if failed:
         rows.append(f"{len(failed)} failed")

@@ -4,6 +4,8 @@ tests/support/timing.py adds up tiers and catches a test over budget."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from tests import budgets
@@ -71,3 +73,31 @@ def test_the_report_reads_back_what_the_plugin_wrote(tmp_path: Path) -> None:
     assert "set-up (tools, images)" in text and "10:00" in text and "38%" in text
     assert text.index("t::b") < text.index("t::a")  # slowest first
     assert "1 failed" in text
+
+
+def test_the_report_ranks_tests_by_cpu_and_sums_it_per_tier() -> None:
+    lines = [
+        '{"nodeid": "t::waits", "tier": "integration", "outcome": "passed", "start": 0.0,'
+        ' "seconds": 90.0, "cpu": 3.0}',
+        '{"nodeid": "t::trains", "tier": "training", "outcome": "passed", "start": 0.0,'
+        ' "seconds": 40.0, "cpu": 75.5}',
+    ]
+    timings = timing.read_timings(lines)
+    figures = {f.tier: f for f in timing.tier_figures(timings)}
+    assert figures["training"].cpu == 75.5 and figures["integration"].cpu == 3.0
+    text = timing.report(timings, [])
+    ranked = text[text.index("cost the most CPU") :]
+    assert ranked.index("t::trains") < ranked.index("t::waits")
+    assert "75.5s" in ranked
+
+
+def test_a_tests_cpu_counts_the_processes_it_started_and_waited_for() -> None:
+    before = timing.cpu_seconds()
+    child = subprocess.run(
+        [sys.executable, "-c", "import time\nsum(range(3_000_000))\nprint(time.process_time())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    spent = timing.cpu_seconds() - before
+    assert spent >= float(child.stdout) > 0, (spent, child.stdout)
