@@ -76,8 +76,8 @@ SECTIONS: Final = (
 - Two operators without leader election: both reconcile every job; status writes are conditional on
   the resourceVersion, creates are idempotent (deterministic names), Events deterministic, so
   the losing writer decides again from a fresh read: no invariant broke in the runs here. It
-  doubles API traffic and is not a supported set-up (use --leader-elect, README "High
-  availability").""",
+  doubles API traffic and is not a supported set-up (use --leader-elect, the docs'
+  operations/high-availability.md).""",
     ),
     Section(
         title="Watch loss",
@@ -118,7 +118,8 @@ SECTIONS: Final = (
   it admits (`suspend: null`, `worker: null`, null label values: the API server prunes
   nulls); a port without containerPort passed the CRD (now required); misspelt template
   fields were dropped silently at Pod creation (now fieldValidation=Strict: InvalidSpec).
-- Documented exception (README, Validation): container names are checked by the parser
+- Documented exception (docs: concepts/semantics.md,
+  Validation): container names are checked by the parser
   (DNS-1123), not the CRD; such a job is admitted and marked InvalidSpec.
 - Left: a malformed resource quantity is named only as its template
   (`spec.replicaSpecs.worker.template: ... quantities must match ...`): the API server's

@@ -8,8 +8,8 @@ draws are then invalid in one or two ways, which is what finds disagreements; ab
 stay valid, which is what exercises the renderer and the operator's happy path.
 
 Mutations stay inside `spec` and `metadata.name`: the rest of ObjectMeta (labels,
-annotations, namespace) is the API server's to check, not the TrainJob parser's (README,
-"Validation").
+annotations, namespace) is the API server's to check, not the TrainJob parser's (docs:
+concepts/semantics.md, "Validation").
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 Obj = dict[str, Any]
 Path = tuple[str | int, ...]
 
-# More examples for a long run: `TRAINJOB_FUZZ_EXAMPLES=5000 pytest tests/...` (README).
+# More examples for a long run: `TRAINJOB_FUZZ_EXAMPLES=5000 pytest tests/...` (docs:
+# development/tests.md).
 EXAMPLES_ENV: Final = "TRAINJOB_FUZZ_EXAMPLES"
 
 

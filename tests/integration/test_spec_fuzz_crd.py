@@ -4,9 +4,9 @@ Each manifest from tests/specgen.py goes to the real API server as a server-side
 (strict field validation, as kubectl sends it) and through the parser. A manifest the API
 server refuses must be refused by the parser too (else `trainjob validate` says valid and
 `kubectl apply` fails). One the parser refuses and the API server admits is allowed only for
-the parser's documented extra checks (README, "Validation"): the operator then marks it
-Failed / InvalidSpec. Then `trainjob validate -o json` runs once over every manifest and must
-give the parser's verdict for each.
+the parser's documented extra checks (docs: concepts/semantics.md, "Validation"): the
+operator then marks it Failed / InvalidSpec. Then `trainjob validate -o json` runs once over
+every manifest and must give the parser's verdict for each.
 
 CI runs a fixed, derandomized sample; `TRAINJOB_FUZZ_EXAMPLES=5000` runs more.
 """
@@ -37,9 +37,9 @@ pytestmark = pytest.mark.integration
 GROUP: Final = "trainjob.dev"
 VERSION: Final = "v1alpha1"
 PLURAL: Final = "trainjobs"
-# The parser's checks the CRD does not make (README, "Validation"): container names must be
-# DNS-1123 labels (the CRD leaves template contents to the Pod's own validation; the parser
-# needs the names to find the `tensorflow` container).
+# The parser's checks the CRD does not make (docs: concepts/semantics.md, "Validation"):
+# container names must be DNS-1123 labels (the CRD leaves template contents to the Pod's own
+# validation; the parser needs the names to find the `tensorflow` container).
 PARSER_ONLY: Final = (re.compile(r"\.template\.spec\.containers\[\d+\]\.name$"),)
 
 
