@@ -438,7 +438,8 @@ def check_devices(starts: Sequence[Mapping[str, Any]], *, side: str, gpu: bool) 
 
 
 def check_collective(logged: Sequence[str | None], *, expected: str, why: str) -> Check:
-    """Each 2-worker runtime process built the all-reduce the docs say it builds (reference/runtime.md)."""
+    """Each 2-worker runtime process built the all-reduce the docs say it builds
+    (reference/runtime.md)."""
     name = "all-reduce (2 workers)"
     if not logged:
         return Check(name, SKIP, "no 2-worker run")

@@ -139,7 +139,8 @@ def test_trainer_kubectl_names_resolve_to_the_documented_kind(
     create_theirs(cluster, their_trainjob("twin"))
     create_theirs(cluster, their_trainjob("theirs-only"))
 
-    # A bare `trainjobs` is Trainer's, on any cluster that has both (the docs say so: operations/install.md).
+    # A bare `trainjobs` is Trainer's, on any cluster that has both (the docs say so:
+    # operations/install.md).
     assert names(control_plane, ns, "trainjobs") == [
         "trainjob.trainer.kubeflow.org/theirs-only",
         "trainjob.trainer.kubeflow.org/twin",
