@@ -56,6 +56,8 @@ REPO_ROOT = BENCH_DIR.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from bench import report_sections  # noqa: E402 - after the sys.path line above
+
 TARGETS: Final = ("local", "s3", "gs")
 BASELINE: Final = "local"
 BEGIN: Final = "<!-- checkpoint-store:begin -->"
@@ -366,31 +368,6 @@ Largest overhead: {worst.target}, {(worst.overhead or 0.0) * 100:.1f} % with a c
 {END}"""
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace this benchmark's section of `path` (between its markers), or append it."""
-    current = path.read_text(encoding="utf-8") if path.exists() else ""
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        current = head + text.strip() + rest.split(END, 1)[1]
-    else:
-        current = current.rstrip() + "\n\n" + text.strip() + "\n"
-    path.write_text(current, encoding="utf-8")
-
-
-def shown_command(argv: Sequence[str]) -> str:
-    """The command line that regenerates the report, without this run's scratch paths."""
-    shown: list[str] = []
-    skip_value = False
-    for arg in argv:
-        if skip_value:
-            skip_value = False
-        elif arg.startswith(("--json", "--data-dir", "--workdir")):
-            skip_value = "=" not in arg
-        else:
-            shown.append(arg)
-    return " ".join(["python bench/checkpoint_store.py", *shown])
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=4, help="at least 2 (the first is warm-up)")
@@ -465,8 +442,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2), encoding="utf-8")
     if args.write_results:
-        command = shown_command(argv if argv is not None else sys.argv[1:])
-        write_section(args.write_results, render_section(command, machine, settings, result))
+        command = report_sections.shown_command(
+            "bench/checkpoint_store.py",
+            argv if argv is not None else sys.argv[1:],
+            ("--json", "--data-dir", "--workdir"),
+        )
+        report_sections.write_section(
+            args.write_results, render_section(command, machine, settings, result), BEGIN, END
+        )
 
 
 if __name__ == "__main__":

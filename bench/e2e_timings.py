@@ -33,7 +33,8 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.controlplane.e2e_cluster import (  # noqa: E402 - the repository root is put on sys.path above
+from bench import report_sections  # noqa: E402 - the repository root is put on sys.path above
+from tests.controlplane.e2e_cluster import (  # noqa: E402
     Cluster,
     create_job_namespace,
     install_operator,
@@ -193,17 +194,6 @@ the runtime's progress events.
 """
 
 
-def write_section(path: Path, text: str) -> None:
-    current = path.read_text(encoding="utf-8") if path.exists() else ""
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
-        current = head + text.strip() + tail
-    else:
-        current = current.rstrip() + "\n\n" + text.strip() + "\n"
-    path.write_text(current, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2)
@@ -224,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     print(sizes)
     if args.write_results is not None:
         command = "python bench/e2e_timings.py " + " ".join(argv or sys.argv[1:])
-        write_section(args.write_results, section(command.strip(), pods, procs, sizes))
+        report_sections.write_section(
+            args.write_results, section(command.strip(), pods, procs, sizes), BEGIN, END
+        )
     return 0
 
 

@@ -71,7 +71,7 @@ REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench import operator_bench  # noqa: E402 - after the sys.path line above
+from bench import operator_bench, report_sections  # noqa: E402 - after the sys.path line above
 from tests.controlplane.cluster import KWOK_NODES, ControlPlane  # noqa: E402
 from tests.controlplane.gang import (  # noqa: E402
     PERMIT_WAITING_SECONDS,
@@ -648,32 +648,7 @@ may run beside it, see the load average): treat the times as +-30 %. machine: {m
 """
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace this benchmark's section of `path` (between its markers), or append it."""
-    current = path.read_text(encoding="utf-8") if path.exists() else ""
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        current = head + text.strip() + rest.split(END, 1)[1]
-    else:
-        current = current.rstrip() + "\n\n" + text.strip() + "\n"
-    path.write_text(current, encoding="utf-8")
-
-
 # --------------------------------------------------------------------------- main
-
-
-def shown_command(argv: Sequence[str]) -> str:
-    """The command line that regenerates the report, without this run's scratch paths."""
-    shown: list[str] = []
-    skip_value = False
-    for arg in argv:
-        if skip_value:
-            skip_value = False
-        elif arg.startswith(("--json", "--workdir")):
-            skip_value = "=" not in arg
-        else:
-            shown.append(arg)
-    return " ".join(["python bench/gang_placement.py", *shown])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -723,7 +698,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stall_seconds=args.stall_seconds,
     )
     plan.timeout = args.timeout if args.timeout is not None else 120 + 6 * plan.ideal
-    command = shown_command(sys.argv[1:] if argv is None else argv)
+    command = report_sections.shown_command(
+        "bench/gang_placement.py", sys.argv[1:] if argv is None else argv, ("--json", "--workdir")
+    )
     tools = Tools.locate().require()
     results: list[ArmResult] = []
     with operator_bench.bench_workdir(args.workdir) as workdir:
@@ -745,7 +722,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rendered = table(results, plan)
     print(rendered, flush=True)
     if args.write_results is not None:
-        write_section(args.write_results, section(command, info, rendered))
+        report_sections.write_section(
+            args.write_results, section(command, info, rendered), BEGIN, END
+        )
     if args.json is not None:
         plan_figures = {**asdict(plan), "ideal": plan.ideal}
         payload = {"machine": info, "plan": plan_figures, "results": [asdict(r) for r in results]}

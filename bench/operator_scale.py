@@ -63,7 +63,8 @@ REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.operator_bench import (  # noqa: E402 - after the sys.path line above
+from bench import report_sections  # noqa: E402 - after the sys.path line above
+from bench.operator_bench import (  # noqa: E402
     KINDS,
     KUBEFLOW,
     OURS,
@@ -521,18 +522,6 @@ the columns of one run. machine: {machine}
 """
 
 
-def write_tfjob_section(path: Path, text: str) -> None:
-    """Replace the TFJob section of `path` (between its markers), or append it; the rest of
-    the file is kept."""
-    current = path.read_text(encoding="utf-8") if path.exists() else ""
-    if TFJOB_BEGIN in current and TFJOB_END in current:
-        head, rest = current.split(TFJOB_BEGIN, 1)
-        current = head + text.strip() + rest.split(TFJOB_END, 1)[1]
-    else:
-        current = current.rstrip() + "\n\n" + text.strip() + "\n"
-    path.write_text(current, encoding="utf-8")
-
-
 # --------------------------------------------------------------------------- main
 
 
@@ -666,7 +655,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_results is not None:
         write_results(args.write_results, command.strip(), info, tables)
     if args.write_tfjob_section is not None:
-        write_tfjob_section(args.write_tfjob_section, tfjob_section(command.strip(), info, tables))
+        report_sections.write_section(
+            args.write_tfjob_section,
+            tfjob_section(command.strip(), info, tables),
+            TFJOB_BEGIN,
+            TFJOB_END,
+        )
     if args.json is not None:
         payload = {
             "machine": info,

@@ -3,7 +3,6 @@ summary's ratios against the local baseline, the interleaving order, the section
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,18 +71,3 @@ def test_a_target_without_runs_is_named() -> None:
 def test_each_round_rotates_the_order_so_each_target_takes_each_place() -> None:
     orders = [bench.rotated(bench.TARGETS, r) for r in range(3)]
     assert orders == [["local", "s3", "gs"], ["s3", "gs", "local"], ["gs", "local", "s3"]]
-
-
-def test_the_shown_command_leaves_out_this_runs_scratch_paths() -> None:
-    shown = bench.shown_command(["--epochs=3", "--json", "/tmp/x.json", "--data-dir=/tmp/d"])
-    assert shown == "python bench/checkpoint_store.py --epochs=3"
-
-
-def test_the_section_replaces_its_previous_version_and_keeps_the_rest(tmp_path: Path) -> None:
-    results = tmp_path / "RESULTS.md"
-    results.write_text("# head\n", encoding="utf-8")
-    bench.write_section(results, f"{bench.BEGIN}\nold\n{bench.END}")
-    results.write_text(results.read_text() + "\n## after\n", encoding="utf-8")
-    bench.write_section(results, f"{bench.BEGIN}\nnew\n{bench.END}")
-    text = results.read_text()
-    assert text == f"# head\n\n{bench.BEGIN}\nnew\n{bench.END}\n\n## after\n"
