@@ -250,6 +250,23 @@ def open_cluster(workdir: Path | None = None) -> Iterator[Cluster]:
         yield Cluster("node", str(plane.tools.kubectl), str(plane.tools.helm), plane.env(), plane)
 
 
+def address_pods_reach(cluster: Cluster) -> str | None:
+    """An address of this machine that the cluster's pods reach and nothing beyond it does,
+    for a server a test starts here (the S3 server of a checkpoint test): kind's end of the
+    veth into dockerd's namespace (the nodes masquerade pods' connections to it,
+    kind.host_masquerade_rule), or the node's own address, to which its pods have a route.
+    None on another cluster: where its pods reach this machine is not known here."""
+    if cluster.name == "kind":
+        from tests.controlplane.kind import KIND_HOST_IP
+
+        return KIND_HOST_IP
+    if cluster.name == "node":
+        from tests.controlplane.node import NODE_IP
+
+        return NODE_IP
+    return None
+
+
 def signal_training_process(cluster: Cluster, namespace: str, pod: str, signal_name: str) -> None:
     """Send `signal_name` (SIGKILL, SIGSTOP) to the training process from a shell in the pod:
     its process namespace must be shared (shareProcessNamespace), so that the process is not

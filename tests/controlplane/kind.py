@@ -24,7 +24,9 @@ sources, sigs.k8s.io/kind):
   (NFS, Filestore, EFS) a multi-node training job keeps its checkpoints on. A node-local
   volume would pin the job to the node it lost.
 - the API server is published on ``KIND_HOST_IP``'s peer address, the namespace's end of a
-  veth pair, so kubectl, helm, the Python client and the CLI reach it from the host.
+  veth pair, so kubectl, helm, the Python client and the CLI reach it from the host. Pods
+  reach ``KIND_HOST_IP`` itself, where a test's S3 server listens, through a masquerade rule
+  in each node (``host_masquerade_rule``): nothing beyond this machine.
 
 The product images are loaded with ``kind load image-archive`` into the workers (the
 control-plane node is tainted, as in any multi-node kind cluster). ``running_kind`` deletes
@@ -271,6 +273,14 @@ def manifest_layers(content: Callable[[str], dict[str, Any]], digest: str) -> li
     return sorted({layer["digest"] for layer in blob.get("layers", [])})
 
 
+def host_masquerade_rule() -> list[str]:
+    """The node's rule for pods' connections to KIND_HOST_IP, this machine's end of the veth
+    (where a test's S3 server listens, tests/e2e/test_trainjob.py): from the node's address,
+    since the host has no route back to the pods' subnet (and must not get one beyond)."""
+    where = ["-s", POD_SUBNET, "-d", f"{KIND_HOST_IP}/32"]
+    return ["-t", "nat", "-A", "POSTROUTING", *where, "-j", "MASQUERADE"]
+
+
 def ptp_conflist(pod_cidr: str) -> str:
     """The node's CNI config: a veth per pod into the node's network namespace, addresses from
     the node's podCIDR, no masquerade (nothing beyond the nodes is reachable anyway)."""
@@ -427,6 +437,10 @@ class KindCluster:
                 f"mkdir -p /etc/cni/net.d && echo '{ptp_conflist(node['cidr'])}' "
                 "> /etc/cni/net.d/10-ptp.conflist",
             )
+            # Pods reach this machine's end of the veth (a test's S3 server listens there)
+            # from their node's address, which dockerd's own masquerade then turns into the
+            # peer's: the reply comes back the way it went, and nothing else is reachable.
+            self.docker("exec", name, "iptables", "-w", *host_masquerade_rule())
             for other, peer in nodes.items():
                 if other != name:
                     self.docker(

@@ -115,9 +115,10 @@ def _ready(server: S3Server) -> bool:
 
 
 @contextmanager
-def versitygw(workdir: Path) -> Iterator[S3Server]:
-    """Versity's S3 gateway (versitygw) over a POSIX directory in ``workdir``, on a loopback
-    port of its own; stopped afterwards.
+def versitygw(workdir: Path, address: str = ports.LOOPBACK) -> Iterator[S3Server]:
+    """Versity's S3 gateway (versitygw) over a POSIX directory in ``workdir``, on a port of
+    its own at ``address`` (loopback unless a test's pods must reach it: an address this
+    machine made for them, tests/e2e/test_trainjob.py); stopped afterwards.
 
     The admin is the gateway's root account (``--access``/``--secret``); the reader is an
     account of its internal IAM (``--iam-dir``, written before the start) that a bucket policy
@@ -146,7 +147,7 @@ def versitygw(workdir: Path) -> Iterator[S3Server]:
         gateway,
         f"--access={admin.access_key}",
         f"--secret={admin.secret_key}",
-        f"--port=127.0.0.1:{port}",
+        f"--port={address}:{port}",
         f"--iam-dir={iam}",
         "--quiet",
         "posix",
@@ -158,7 +159,7 @@ def versitygw(workdir: Path) -> Iterator[S3Server]:
         processes.spawn_logged(argv, workdir / "versitygw.log", env=env, die_with_parent=True),
         workdir / "versitygw.log",
     )
-    server = S3Server(f"http://127.0.0.1:{port}", admin, reader, process)
+    server = S3Server(f"http://{address}:{port}", admin, reader, process)
     try:
         waits.wait_until(
             lambda: _ready(server),

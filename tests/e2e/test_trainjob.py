@@ -1,22 +1,26 @@
 """The product end to end on real pods: the chart's operator, the runtime images, headless
-Service DNS between pods, a shared checkpoint volume, restarts after a pod is deleted or
-killed, and kubectl's view of it all. See conftest.py for the cluster and namespaces."""
+Service DNS between pods, a shared checkpoint volume, checkpoints on an S3 server, restarts
+after a pod is deleted or killed, and kubectl's view of it all. See conftest.py for the cluster
+and namespaces."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
 import yaml
 
+from tests.controlplane import objectstore
 from tests.controlplane.e2e_cluster import (
     CHECKPOINT_CLAIM,
     REPO_ROOT,
     Cluster,
+    address_pods_reach,
     signal_training_process,
     wait_until,
 )
@@ -150,22 +154,73 @@ def test_multiworker_example_succeeds_exports_to_the_volume_and_kubectl_shows_it
     assert "Created" in events and "Succeeded" in events, described
 
 
-def test_worker_deleted_then_killed_resumes_from_the_checkpoint_and_succeeds(
-    cluster: Cluster, namespace: str
+@pytest.fixture
+def store_for_pods(cluster: Cluster, tmp_path: Path) -> Iterator[objectstore.S3Server]:
+    """The S3 server (versitygw) on an address of this machine that the cluster's pods reach,
+    and nothing beyond it (e2e_cluster.address_pods_reach)."""
+    address = address_pods_reach(cluster)
+    if address is None:
+        pytest.skip(f"no address of this machine is known that {cluster.name}'s pods reach")
+    with objectstore.s3_server(tmp_path / "s3", address) as server:
+        yield server
+
+
+def test_worker_deleted_then_killed_resumes_from_the_s3_checkpoint_and_succeeds(
+    cluster: Cluster, namespace: str, store_for_pods: objectstore.S3Server
 ) -> None:
+    """The 2-worker example with its checkpoints on the S3 server (`s3://`, the keys in a
+    Secret the job names, the endpoint in the template's env): a worker deleted, then one
+    killed, and each time the group restarts and resumes from the newest complete snapshot
+    it downloads from the store. A checkpoint on a shared volume is resumed in
+    test_multinode.py's lost-node test (kind); the multiworker example test above writes its
+    export to the volume."""
+    store = store_for_pods
     job = "mnist-multiworker"
+    bucket = store.make_bucket(f"ckpt-{namespace}")
+    url = f"s3://{bucket}/{job}"
+    secret = "store-keys"
+    cluster.kubectl(
+        "create",
+        "secret",
+        "generic",
+        secret,
+        "-n",
+        namespace,
+        *(f"--from-literal={k}={v}" for k, v in store.admin.env().items()),
+    )
     manifest = example("mnist-multiworker.yaml")
     # Long enough to lose a worker twice; the process namespace is shared so that a shell in
     # the pod can kill the training process (exit 137).
     manifest["spec"]["runtime"]["config"] = {"epochs": 6, "steps_per_epoch": 40, "batch_size": 64}
+    manifest["spec"]["checkpoint"] = {"path": url, "credentialsSecret": secret}
+    # The endpoint override (and region) in the template's env; the keys only in the Secret.
+    endpoint = {k: v for k, v in store.env().items() if k not in store.admin.env()}
     manifest["spec"]["replicaSpecs"]["worker"]["template"] = {
-        "spec": {"shareProcessNamespace": True}
+        "spec": {
+            "shareProcessNamespace": True,
+            "containers": [
+                {
+                    "name": "tensorflow",
+                    "env": [{"name": k, "value": v} for k, v in endpoint.items()],
+                }
+            ],
+        }
     }
     cluster.apply(namespace, json.dumps(manifest))
+    applied = json.dumps(cluster.get_json("trainjob", job, "-n", namespace))
+    assert store.admin.secret_key not in applied  # only the Secret's name is in the spec
     worker0, worker1 = f"{job}-worker-0", f"{job}-worker-1"
 
+    def markers() -> list[str]:
+        """The complete snapshots in the store: their `.complete` markers."""
+        return sorted(k for k in store.keys(bucket, f"{job}/") if k.endswith(".complete"))
+
     def checkpointed_after(uid: str | None) -> str | None:
-        """worker-0's uid once a pod other than ``uid`` has written a checkpoint."""
+        """worker-0's uid once a pod other than ``uid`` has written a checkpoint; a job that
+        failed (a store its pods cannot reach, say) ends the wait with its status."""
+        status = cluster.get_json("trainjob", job, "-n", namespace).get("status") or {}
+        failed = [c for c in status.get("conditions") or [] if c.get("type") == "Failed"]
+        assert not any(c.get("status") == "True" for c in failed), status
         pod = cluster.get_json("pod", worker0, "-n", namespace)
         current = (pod.get("metadata") or {}).get("uid")
         if not current or current == uid:
@@ -173,16 +228,26 @@ def test_worker_deleted_then_killed_resumes_from_the_checkpoint_and_succeeds(
         events = cluster.progress(namespace, worker0)
         return str(current) if any(e["event"] == "checkpoint" for e in events) else None
 
+    def resumed_from_the_store(pod: str) -> None:
+        """The pod's training started past step 0, from a snapshot it downloaded."""
+        starts = [e for e in cluster.progress(namespace, pod) if e["event"] == "start"]
+        assert starts and starts[0]["initial_step"] > 0, starts
+        logs = cluster.kubectl("logs", pod, "-n", namespace, "-c", "tensorflow")
+        assert f"Restored {url}/" in logs, logs[-3000:]
+
     first = wait_until(lambda: checkpointed_after(None), timeout=JOB_TIMEOUT, what="a checkpoint")
+    # worker-0 uploads each checkpoint before it reports it: the snapshot is complete now.
+    uploaded = markers()
+    assert uploaded and all(k.startswith(f"{job}/backup/") for k in uploaded), uploaded
     assert cluster.conditions(namespace, job).get("Succeeded") != "True"
     cluster.kubectl("delete", "pod", worker1, "-n", namespace, "--wait=false")
 
-    # All-reduce: the whole group restarts and resumes from the checkpoint on the volume.
+    # All-reduce: the whole group restarts and resumes from the snapshot in the store.
     second = wait_until(
         lambda: checkpointed_after(first), timeout=JOB_TIMEOUT, what="the group to restart"
     )
-    starts = [e for e in cluster.progress(namespace, worker0) if e["event"] == "start"]
-    assert starts and starts[0]["initial_step"] > 0, starts
+    resumed_from_the_store(worker0)
+    resumed_from_the_store(worker1)
 
     # Now a worker dies from inside: SIGKILL, exit 137, retryable under ExitCode.
     def running(pod: str) -> bool:
@@ -192,14 +257,16 @@ def test_worker_deleted_then_killed_resumes_from_the_checkpoint_and_succeeds(
     wait_until(lambda: running(worker1), timeout=120, what="worker-1 running again")
     signal_training_process(cluster, namespace, worker1, "SIGKILL")
     wait_until(lambda: checkpointed_after(second), timeout=JOB_TIMEOUT, what="a second restart")
-    starts = [e for e in cluster.progress(namespace, worker0) if e["event"] == "start"]
-    assert starts and starts[0]["initial_step"] > 0, starts
+    resumed_from_the_store(worker0)
 
     assert cluster.wait_finished(namespace, job, JOB_TIMEOUT) == "Succeeded"
     status = cluster.get_json("trainjob", job, "-n", namespace)["status"]
     assert status.get("restartCount", 0) >= 2, status
     end = [e for e in cluster.progress(namespace, worker0) if e["event"] == "end"]
     assert end and end[-1]["step"] == 6 * 40, end
+    # The model was exported to the store too, and the secret never reached the status.
+    assert f"{job}/export.complete" in store.keys(bucket, f"{job}/"), store.keys(bucket)
+    assert store.admin.secret_key not in json.dumps(status)
 
 
 def test_parameter_server_example_succeeds_and_stops_ps_and_workers(
