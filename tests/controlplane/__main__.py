@@ -61,16 +61,23 @@ def main(argv: list[str] | None = None) -> int:
         help="import the images into the real node's containerd root ahead of its start "
         "(root; nothing while the node runs)",
     )
-    sub.add_parser(
+    kind_start = sub.add_parser(
         "kind-start",
         help="start the e2e tier's kind cluster and leave it running for the tier to adopt",
+    )
+    kind_start.add_argument(
+        "--after",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait this long, or until SIGUSR1 (tests/run: the tiers are done)",
     )
     sub.add_parser("kind-stop", help="delete the kind cluster and everything it made")
     args = parser.parse_args(argv)
     if args.command == "import-images":
         return _import_images()
     if args.command == "kind-start":
-        return _start_kind()
+        return _start_kind(args.after)
     if args.command == "kind-stop":
         from tests.controlplane.kind import clean_up, leftovers
 
@@ -169,17 +176,25 @@ def _up_node(workdir: Path | None) -> int:
         print("stopped", flush=True)
 
 
-def _start_kind() -> int:
+def _start_kind(after: float) -> int:
     from tests.controlplane.e2e_cluster import KIND_IMAGES
     from tests.controlplane.kind import start_kind
 
-    started = time.monotonic()
+    # Blocked for good: a SIGUSR1 that comes once the wait is over is left pending, never
+    # taken for its default action (which ends the process).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt  # start_kind removes what it made on the way out
 
     signal.signal(signal.SIGTERM, stop)
     try:
+        if after > 0:
+            # A ready cluster costs about a third of a core while it waits for the e2e tier
+            # (tests/README.md): started later, it is ready nearer the moment it is needed.
+            print(f"kind: starting in {after:.0f}s, or when the tiers are done", flush=True)
+            signal.sigtimedwait({signal.SIGUSR1}, after)
+        started = time.monotonic()
         start_kind(KIND_IMAGES)
     except (
         ToolsMissingError,
