@@ -11,8 +11,11 @@ tests' durations says how much work that span held.
 On 2 cores the tiers side by side are CPU-bound, so a test's CPU time says more of what it
 costs the run than its wall time: each line has the CPU seconds of the process that ran the
 test and of the processes it started and waited for during it (a `trainjob run`, its
-TensorFlow replicas), by getrusage. A process that outlives the test (a session's control
-plane) is counted in the test during which it ends.
+TensorFlow replicas), by getrusage. A process is counted in the test during which it is
+waited for: a session's control plane in the worker's last test, and a process a test left
+unwaited in whichever later test of that worker reaps it (subprocess reaps such children when
+it starts the next one), so one test's figure can hold another's (a 20 s test once showed
+281 s); the tiers' sums hold.
 
 ``python -m tests.support.timing report FILE [PHASES]`` prints the table; PHASES is the file in
 which ``tests/run`` wrote one ``name seconds`` line per phase (set-up, each pytest session).
