@@ -47,6 +47,16 @@ SLOW_TESTS: Final[Mapping[str, str]] = {
         "TFJobs, then 2 timed one by one, on the benchmark's own control plane; 73 s in one "
         "full run, 201 s in another (2026-11-29), the kueue storm's run above"
     ),
+    "tests/local/test_custom_loop_examples.py"
+    "::test_killed_worker_costs_at_most_one_checkpoint_interval": (
+        "a 2-worker custom loop to 40 steps, worker 1 SIGKILLed mid-run and the group started "
+        "again: four TensorFlow start-ups; 60 s, 112 s and 155 s in three full runs "
+        "(2026-11-29), near the budget on a slow day"
+    ),
+    "tests/local/test_custom_loop_examples.py::test_sigtermed_worker_costs_no_step": (
+        "the same 2-worker custom loop with worker 1 SIGTERMed: four TensorFlow start-ups and "
+        "a save at the step; 143 s in the slower of this stop's two full runs (2026-11-29)"
+    ),
 }
 
 
