@@ -58,6 +58,9 @@ ENV_CONFIG: Final = "TRAINJOB_CONFIG"
 ENV_CHECKPOINT_DIR: Final = "TRAINJOB_CHECKPOINT_DIR"
 ENV_PROGRESS_FILE: Final = "TRAINJOB_PROGRESS_FILE"
 ENV_DATA_DIR: Final = "TRAINJOB_DATA_DIR"  # tfds data_dir (images bake MNIST into /data)
+# Where a prepared offline MNIST leaves its tfds info, under a data dir (any version): how
+# both `trainjob run` and `trainjob data` tell that it is there.
+OFFLINE_MNIST_INFO: Final = ("mnist", "*", "dataset_info.json")
 # How `trainjob data` starts the line that says why it failed: a local run quotes that line.
 DATA_MESSAGE_PREFIX: Final = "trainjob data: "
 # The fewest GPUs any chief/worker has, when every one has its own (the runtime picks NCCL).

