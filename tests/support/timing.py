@@ -9,13 +9,14 @@ last test's end, which is what a tier costs when its tests run side by side; the
 tests' durations says how much work that span held.
 
 On 2 cores the tiers side by side are CPU-bound, so a test's CPU time says more of what it
-costs the run than its wall time: each line has the CPU seconds of the process that ran the
-test and of the processes it started and waited for during it (a `trainjob run`, its
-TensorFlow replicas), by getrusage. A process is counted in the test during which it is
-waited for: a session's control plane in the worker's last test, and a process a test left
-unwaited in whichever later test of that worker reaps it (subprocess reaps such children when
-it starts the next one), so one test's figure can hold another's (a 20 s test once showed
-281 s); the tiers' sums hold.
+costs the run than its wall time: each line has the CPU seconds that the process running the
+test and its children (a `trainjob run` and the TensorFlow replicas it waited for, a
+module's operator, a session's control plane) used while the test ran. getrusage counts a
+child only once it is waited for, all its life at once, which put a session's control plane
+in the worker's last test and an unwaited process in whichever later test reaped it (a 1.6 s
+unit test once showed 226 s); so the children still running are read from /proc at each
+test's start and end as well, and a long-lived child's CPU is spread over the tests it ran
+beside. A grandchild is counted when its own parent waits for it.
 
 ``python -m tests.support.timing report FILE [PHASES]`` prints the table; PHASES is the file in
 which ``tests/run`` wrote one ``name seconds`` line per phase (set-up, each pytest session).
@@ -43,6 +44,7 @@ from tests import budgets
 TIMINGS_ENV: Final = "TRAINJOB_TIMINGS"
 TIERS: Final = ("unit", "integration", "training", "local", "e2e")
 SLOWEST: Final = 10
+CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 
 _outcomes: dict[str, str] = {}
 
@@ -54,7 +56,7 @@ class TestTiming:
     outcome: str
     start: float  # seconds since the epoch: comparable across xdist workers
     seconds: float  # set-up, call and tear-down
-    cpu: float = 0.0  # CPU seconds: this process and the children it reaped meanwhile
+    cpu: float = 0.0  # CPU seconds of this process and its children while the test ran
 
 
 def tier_of(item: pytest.Item) -> str:
@@ -76,11 +78,35 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _outcomes.setdefault(report.nodeid, "passed")
 
 
+def running_children_cpu() -> float:
+    """CPU seconds so far of this process's children that have not been waited for (running
+    or exited), with what they in turn waited for: their share that getrusage does not yet
+    hold. /proc/self/task/*/children lists each thread's children; /proc/PID/stat fields
+    14-17 are utime, stime, cutime and cstime in clock ticks."""
+    total_ticks = 0
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            pids = (task / "children").read_text().split()
+        except OSError:  # the thread ended meanwhile, or the kernel lacks the file
+            continue
+        for pid in pids:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:  # waited for meanwhile: getrusage holds it now
+                continue
+            fields = stat.rsplit(")", 1)[1].split()  # after the command, which may hold spaces
+            total_ticks += sum(int(tick) for tick in fields[11:15])
+    return total_ticks / CLOCK_TICKS
+
+
 def cpu_seconds() -> float:
-    """User and system CPU of this process and of its children that were waited for."""
+    """User and system CPU so far of this process and of all its children, waited for or not.
+    A child moves from running_children_cpu to getrusage's count when it is waited for, so
+    the sum only grows and a test's share is its difference."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    waited = children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + waited + running_children_cpu()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -101,3 +101,28 @@ def test_a_tests_cpu_counts_the_processes_it_started_and_waited_for() -> None:
     )
     spent = timing.cpu_seconds() - before
     assert spent >= float(child.stdout) > 0, (spent, child.stdout)
+
+
+def test_a_child_still_running_is_counted_while_it_runs_not_when_it_is_waited_for() -> None:
+    """A long-lived child (a session's control plane) used to land whole in the test that
+    reaped it; its CPU now counts in the span in which it was used."""
+    busy = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    before = timing.cpu_seconds()
+    child = subprocess.Popen(
+        [sys.executable, "-c", busy + "print(time.process_time(), flush=True)\ninput()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        used = float(child.stdout.readline())  # it has spun and now waits, unwaited for
+        while_running = timing.cpu_seconds() - before
+        # clock ticks are 10 ms: allow one tick of rounding in each reading
+        assert while_running >= used - 0.02 > 0, (while_running, used)
+    finally:
+        child.communicate("\n", timeout=30)
+    after_wait = timing.cpu_seconds()
+    # Waited for now: it moves from /proc's count to getrusage's, and is not counted twice
+    # (twice would add another 0.3 s; its exit costs a few ms).
+    assert after_wait - before < while_running + 0.15, (after_wait - before, while_running)
