@@ -16,6 +16,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Final
 
 from kubernetes import stream as _k8s_stream
@@ -30,6 +31,54 @@ k8s_stream: Any = _k8s_stream  # partly typed, as in `api`
 # How long a finished connection waits for the proxy thread to close its side (`_end_gently`):
 # it answers at once, unless the API server's WebSocket is stuck.
 GENTLE_END_SECONDS: Final = 2.0
+# How long `Forwarder.close` waits for the carried connections' streams to end before the
+# caller goes on (and deletes the Pod): each ends within GENTLE_END_SECONDS and twice that
+# for the proxy thread's last write, unless the API server is stuck.
+CLOSE_SECONDS: Final = 5.0
+# The kubernetes package names the thread that copies a port-forward's bytes so
+# (kubernetes.stream.ws_client.PortForward); its failures are ours to word (`proxy_failure`).
+PROXY_THREAD_PREFIX: Final = "Kubernetes port forward proxy"
+
+
+def proxy_failure(thread_name: str | None, error: BaseException | None) -> str | None:
+    """What to tell of an exception that ended a thread (pure): for the kubernetes package's
+    port-forward proxy, which dies on a write to a stream the API server or the kubelet has
+    ended (the Pod stopped, the connection dropped), one line with the cause; None for any
+    other thread or a programming error, whose traceback Python prints as usual."""
+    if not (thread_name or "").startswith(PROXY_THREAD_PREFIX):
+        return None
+    if not isinstance(error, OSError):  # a socket's or TLS's failure (SSLEOFError seen)
+        return None
+    return f"the stream to the Pod ended: {network_cause(error) or type(error).__name__}"
+
+
+# The open forwarders, told of their proxy threads' failures by `_proxy_excepthook`.
+_OPEN: weakref.WeakSet[Forwarder] = weakref.WeakSet()
+_HOOK_LOCK = threading.Lock()
+
+
+def _install_proxy_excepthook() -> None:
+    """Once per process: a proxy thread's failure becomes a line in each open forwarder's
+    `errors` instead of a traceback on the user's terminal (the thread is the kubernetes
+    package's: nothing else catches what it raises)."""
+    with _HOOK_LOCK:
+        previous = threading.excepthook
+        if getattr(previous, "trainjob_port_forward", False):
+            return
+
+        def hook(args: threading.ExceptHookArgs) -> None:
+            name = args.thread.name if args.thread is not None else None
+            told = proxy_failure(name, args.exc_value)
+            if told is None:
+                previous(args)
+                return
+            for forwarder in list(_OPEN):
+                forwarder.errors.put(
+                    f"port-forward to Pod {forwarder.namespace}/{forwarder.pod}: {told}"
+                )
+
+        hook.trainjob_port_forward = True  # type: ignore[attr-defined]
+        threading.excepthook = hook
 
 
 class Pods:
@@ -126,12 +175,34 @@ class Forwarder:
         self.address, self.port = listener.getsockname()[:2]
         self.errors: queue.Queue[str] = queue.Queue()  # why a connection could not be carried
         self._closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True, name="port-forward").start()
+        self._carries: dict[threading.Thread, socket.socket] = {}  # each with its client
+        self._carries_lock = threading.Lock()
+        _install_proxy_excepthook()
+        _OPEN.add(self)
+        self._acceptor = threading.Thread(target=self._accept, daemon=True, name="port-forward")
+        self._acceptor.start()
 
     def close(self) -> None:
+        """Stop accepting, end every carried connection and wait (at most CLOSE_SECONDS)
+        until its stream to the Pod has ended. The caller deletes the Pod next: a stream still
+        open then is cut by the API server while the proxy thread writes to it, which printed
+        a traceback on the user's terminal (4 of 16 `trainjob tensorboard` stopped after a
+        page load, on kind)."""
         self._closed.set()
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close alone may not
+        with contextlib.suppress(OSError):
             self._listener.close()
+        deadline = time.monotonic() + CLOSE_SECONDS
+        self._acceptor.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self._carries_lock:
+            carries = dict(self._carries)
+        for client in carries.values():
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_RDWR)  # its carry sees the end at once
+        for thread in carries:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        _OPEN.discard(self)
         with contextlib.suppress(Exception):
             self._api.close()
 
@@ -155,9 +226,12 @@ class Forwarder:
                 )
                 client.close()
                 continue
-            threading.Thread(
+            carry = threading.Thread(
                 target=self._carry, args=(client, forward), daemon=True, name="port-forward-io"
-            ).start()
+            )
+            with self._carries_lock:
+                self._carries[carry] = client
+            carry.start()
 
     def _carry(self, client: socket.socket, forward: Any) -> None:
         remote = forward.socket(self.remote_port)
@@ -177,11 +251,27 @@ class Forwarder:
             with contextlib.suppress(OSError):
                 client.close()
             _end_gently(remote)
+            _wait_stream_ended(forward)
             error = forward.error(self.remote_port)
             if error:
                 self.errors.put(f"port-forward to Pod {self.namespace}/{self.pod}: {error}")
             with contextlib.suppress(Exception):
                 forward.close()
+            with self._carries_lock:
+                self._carries.pop(threading.current_thread(), None)
+
+
+def _wait_stream_ended(forward: Any) -> None:
+    """Until the proxy thread has sent what it still held and closed the WebSocket (it does
+    so once our side of its socket pair is closed), at most GENTLE_END_SECONDS."""
+    deadline = time.monotonic() + GENTLE_END_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            if not forward.connected:
+                return
+        except Exception:  # a WebSocket already torn down: ended too
+            return
+        time.sleep(0.02)
 
 
 def _end_gently(remote: Any) -> None:
