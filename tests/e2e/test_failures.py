@@ -84,9 +84,11 @@ def test_a_training_process_that_stops_stepping_is_detected_and_restarted(
     job, pod = "hang", "hang-worker-0"
     manifest = mnist(job, 1, epochs=4)
     manifest["spec"]["runPolicy"]["progressDeadlineSeconds"] = 20
-    # A shell in the Pod can signal the training process (not the namespace's init).
+    # A shell in the Pod can signal the training process (not the namespace's init). A
+    # stopped process ignores SIGTERM, so the Pod the operator deletes waits out its whole
+    # grace period before the kubelet kills it: 5 s, not the default 30.
     manifest["spec"]["replicaSpecs"]["worker"]["template"] = {
-        "spec": {"shareProcessNamespace": True}
+        "spec": {"shareProcessNamespace": True, "terminationGracePeriodSeconds": 5}
     }
     cluster.apply(namespace, json.dumps(manifest))
 
