@@ -41,6 +41,13 @@ SLOW_TESTS: Final[Mapping[str, str]] = {
         "waited to its end; 97-121 s in three full runs, 275 s in one (2026-11-29) during "
         "which kind loaded its images beside the tiers (a suspect, not measured apart)"
     ),
+    "tests/integration/test_kueue_cohort_storm.py"
+    "::test_kueue_cohort_storm_never_runs_pods_without_admission_nor_over_commits": (
+        "40 TrainJobs through two ClusterQueues of one Cohort under the real Kueue, borrowing "
+        "and reclaiming while the operator is SIGKILLed 4 times, every job waited to its end; "
+        "sized for about 3 minutes (its docstring): 113-135 s in full runs, 182 s in one "
+        "(2026-11-29)"
+    ),
     "tests/integration/test_bench_smoke.py"
     "::test_benchmark_smoke_size_completes_and_prints_figures": (
         "bench/operator_scale.py at its smallest size: 3 jobs x 8 replicas as TrainJobs and as "
