@@ -205,8 +205,6 @@ def _start_kind(after: float) -> int:
             try:
                 start_kind(KIND_IMAGES)
                 break
-            except ToolsMissingError:
-                raise
             except (ControlPlaneError, subprocess.SubprocessError, AssertionError) as exc:
                 # AssertionError: a wait's deadline (tests.support.waits). Seen under the
                 # tiers' load: kubeadm's wait for the control plane timed out. start_kind

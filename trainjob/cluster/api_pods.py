@@ -52,7 +52,8 @@ def proxy_failure(thread_name: str | None, error: BaseException | None) -> str |
     return f"the stream to the Pod ended: {network_cause(error) or type(error).__name__}"
 
 
-# The open forwarders, told of their proxy threads' failures by `_proxy_excepthook`.
+# The open forwarders, told of their proxy threads' failures by `_install_proxy_excepthook`'s
+# hook.
 _OPEN: weakref.WeakSet[Forwarder] = weakref.WeakSet()
 _HOOK_LOCK = threading.Lock()
 
