@@ -21,7 +21,9 @@ beside. A grandchild is counted when its own parent waits for it.
 ``python -m tests.support.timing report FILE [PHASES]`` prints the table; PHASES is the file in
 which ``tests/run`` wrote one ``name seconds`` line per phase (set-up, each pytest session).
 It exits 1 when a test took longer than the budget (tests/budgets.py) and is not listed there
-with its reason.
+with its reason. ``--machine-seconds S`` scales the budget for a machine slower than the usual
+one: S is what ``python -m tests.support.timing calibrate`` printed on it (``tests/run`` runs it
+first, on CPUs nothing else is using yet).
 """
 
 from __future__ import annotations
@@ -171,6 +173,38 @@ def over_budget(timings: Sequence[TestTiming], budget: float) -> list[TestTiming
     ]
 
 
+def reference_workload() -> int:
+    """A fixed piece of pure Python (dict updates and integer arithmetic, about half a second
+    on the usual machine): how long it takes says how fast this machine runs a test's own
+    Python, the bulk of what the tiers do."""
+    table: dict[int, int] = {}
+    total = 0
+    for i in range(2_000_000):
+        key = i & 1023
+        table[key] = table.get(key, 0) + i
+        total ^= (i * i) & 0xFFFF
+    return total + len(table)
+
+
+def calibrate(rounds: int = 5) -> float:
+    """The fastest of `rounds` runs of the reference workload, in seconds: the fastest, because
+    anything else on the machine can only make a round slower."""
+    fastest = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        reference_workload()
+        fastest = min(fastest, time.perf_counter() - started)
+    return fastest
+
+
+def machine_factor(measured_seconds: float | None, reference_seconds: float) -> float:
+    """How many times slower than the usual machine this one ran the reference workload; 1 for
+    a machine as fast or faster, or when it was not measured."""
+    if not measured_seconds or reference_seconds <= 0:
+        return 1.0
+    return max(1.0, measured_seconds / reference_seconds)
+
+
 def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
@@ -233,16 +267,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep = sub.add_parser("report", help="print where the time went; 1 if over budget")
     rep.add_argument("timings", type=Path)
     rep.add_argument("phases", type=Path, nargs="?")
+    rep.add_argument(
+        "--machine-seconds",
+        type=float,
+        default=None,
+        help="what `calibrate` measured on this machine: the budget is scaled by it",
+    )
+    sub.add_parser("calibrate", help="time the reference workload (seconds, to stdout)")
     args = parser.parse_args(argv)
+    if args.command == "calibrate":
+        print(f"{calibrate():.3f}")
+        return 0
     timings = read_timings(
         args.timings.read_text(encoding="utf-8").splitlines() if args.timings.exists() else []
     )
     print(report(timings, read_phases(args.phases)))
-    late = over_budget(timings, budgets.TEST_BUDGET_SECONDS)
+    factor = machine_factor(args.machine_seconds, budgets.REFERENCE_WORKLOAD_SECONDS)
+    budget = budgets.TEST_BUDGET_SECONDS * factor
+    if args.machine_seconds:
+        print(
+            f"\nthis machine ran the reference workload in {args.machine_seconds:.3f}s "
+            f"({budgets.REFERENCE_WORKLOAD_SECONDS:.3f}s on the usual one): a test's budget "
+            f"is {budget:.0f}s"
+        )
+    late = over_budget(timings, budget)
     if late:
         print(
             f"\n{len(late)} test(s) took longer than the budget of "
-            f"{budgets.TEST_BUDGET_SECONDS:.0f}s (tests/budgets.py): make them cheaper, or "
+            f"{budget:.0f}s (tests/budgets.py, {budgets.TEST_BUDGET_SECONDS:.0f}s on the usual "
+            f"machine x {factor:.2f}): make them cheaper, or "
             "list them there with the reason they need the time:"
         )
         for t in late:

@@ -126,3 +126,38 @@ def test_a_child_still_running_is_counted_while_it_runs_not_when_it_is_waited_fo
     # Waited for now: it moves from /proc's count to getrusage's, and is not counted twice
     # (twice would add another 0.3 s; its exit costs a few ms).
     assert after_wait - before < while_running + 0.15, (after_wait - before, while_running)
+
+
+def test_a_slower_machine_scales_the_budget_and_a_faster_or_unmeasured_one_keeps_it() -> None:
+    assert timing.machine_factor(0.875, 0.5) == 1.75
+    assert timing.machine_factor(0.25, 0.5) == 1.0  # faster: never a tighter budget
+    assert timing.machine_factor(None, 0.5) == 1.0
+    assert timing.machine_factor(0.0, 0.5) == 1.0
+
+
+def test_the_usual_machines_reference_time_is_recorded() -> None:
+    # The scaled budget needs it; a value near the workload's real half second, not a guess.
+    assert 0.05 < budgets.REFERENCE_WORKLOAD_SECONDS < 5.0
+
+
+def test_the_report_fails_a_test_over_the_budget_scaled_for_this_machines_speed(
+    tmp_path: Path,
+) -> None:
+    budget = budgets.TEST_BUDGET_SECONDS
+    timings = tmp_path / "timings"
+    line = (
+        '{"nodeid": "tests/unit/test_x.py::test_slow", "tier": "unit", "outcome": "passed",'
+        f' "start": 0.0, "seconds": {budget * 1.5}}}\n'
+    )
+    timings.write_text(line, encoding="utf-8")
+    reference = budgets.REFERENCE_WORKLOAD_SECONDS
+    usual = ["report", str(timings), "--machine-seconds", str(reference)]
+    twice_as_slow = ["report", str(timings), "--machine-seconds", str(reference * 2)]
+    assert timing.main(usual) == 1  # 1.5 budgets on the usual machine: over
+    assert timing.main(twice_as_slow) == 0  # the same time where everything takes twice as long
+    assert timing.main(["report", str(timings)]) == 1  # unmeasured: the usual machine's budget
+
+
+def test_calibration_times_a_workload_that_does_the_same_work_each_time() -> None:
+    assert timing.reference_workload() == timing.reference_workload()
+    assert timing.calibrate(rounds=1) > 0
