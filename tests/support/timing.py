@@ -174,7 +174,7 @@ def over_budget(timings: Sequence[TestTiming], budget: float) -> list[TestTiming
 
 
 def reference_workload() -> int:
-    """A fixed piece of pure Python (dict updates and integer arithmetic, about half a second
+    """A fixed piece of pure Python (dict updates and integer arithmetic, about 0.3 s
     on the usual machine): how long it takes says how fast this machine runs a test's own
     Python, the bulk of what the tiers do."""
     table: dict[int, int] = {}
