@@ -14,6 +14,11 @@ require_go() {
     fi
     # Never download another toolchain behind our back; static binaries need no C compiler.
     export GOTOOLCHAIN=local CGO_ENABLED=0
+    # No debug info from the compiler: every binary is linked with -s -w, which drops it anyway,
+    # and not generating it took 13 % less CPU for etcd's build from an empty build cache
+    # (70 against 80 CPU-seconds, mean of 3 and 2 builds, 2026-11-29). Only a cold build sees it:
+    # the tools are cached by version.
+    export GOFLAGS="${GOFLAGS:+$GOFLAGS }-gcflags=all=-dwarf=false"
     version="$("$GO" env GOVERSION)"  # e.g. go1.26.8
     found="$(echo "$version" | sed -E 's/^go1\.([0-9]+).*/\1/')"
     if [[ ! "$found" =~ ^[0-9]+$ ]] || ((found < minor)); then
