@@ -10,7 +10,7 @@ Two kinds of cluster, chosen by ``TRAINJOB_E2E_CLUSTER``:
     ``bash images/build.sh`` (``bash tests/run -m e2e`` runs both).
 ``kind``
     A 3-node kind cluster built on this machine without a registry (tests/controlplane/kind.py):
-    1 control-plane + 2 workers, the runtime and operator images loaded with ``kind load``;
+    1 control-plane + 2 workers, the runtime and operator images imported into the workers;
     deleted afterwards. Needs root and ``bash tests/controlplane/install.sh --kind``. The tests
     marked ``kind`` run there and are deselected on the node (tests/e2e/conftest.py).
 ``current``
