@@ -41,13 +41,15 @@ etcd_tag="$etcd_version-0"
 coredns_tag="v$coredns_version"
 ref="localhost/trainjob/kind-node:$k8s_version"
 
-# One hash of everything that goes in: this script, kind's files and the binaries.
+# One hash of everything that goes in: this script, kind's files and the binaries, by content
+# and by their names inside the tools folder, never by where the clone or the tools folder is
+# (with this script's path in it, every fresh clone rebuilt the image: 83-93 s of each run).
 hash="$(
     {
-        sha256sum "${BASH_SOURCE[0]}"
+        sha256sum <"${BASH_SOURCE[0]}"
         find "$kind_dir" "$node_dir" "$k8s_dir" "$etcd_dir" "$kueue_dir/kueue" "$plugins_dir/scheduler" \
             "$plugins_dir/controller" "$netpol_dir/netpol" -type f -print0 | LC_ALL=C sort -z \
-            | xargs -0 sha256sum
+            | xargs -0 sha256sum | sed "s#  $tools_dir/#  #"
         echo "$mirror"
     } | sha256sum | cut -c1-16
 )"
