@@ -564,11 +564,8 @@ class KindCluster:
     def import_image(self, node: str) -> None:
         """The archive in the shared folder into `node`'s containerd, unpacked for the kubelet
         (the flags `kind load image-archive` gives ctr)."""
-        self.docker(
-            "exec",
+        self.ctr(
             node,
-            "ctr",
-            "--namespace=k8s.io",
             "images",
             "import",
             "--all-platforms",
@@ -578,20 +575,20 @@ class KindCluster:
             timeout=600.0,
         )
 
+    def ctr(self, node: str, *args: str, timeout: float = 300.0) -> str:
+        """containerd's ctr in `node`, on the kubelet's namespace of images."""
+        return self.docker("exec", node, "ctr", "--namespace=k8s.io", *args, timeout=timeout)
+
     def discard_layers(self, node: str, ref: str) -> None:
         """What containerd's ``discard_unpacked_layers`` does for pulled images, for an
         imported one: once unpacked into snapshots, its layer blobs (uncompressed, from a
         docker-archive) are never read again, and each worker would otherwise hold every
         image twice (about 3.6 GB more a worker for the e2e tier's images). The manifest and
         config stay: the image is listed and runs as before."""
-
-        def ctr(*args: str) -> str:
-            return self.docker("exec", node, "ctr", "--namespace=k8s.io", *args)
-
-        digest = image_digest(ctr("images", "list"), ref)
-        layers = manifest_layers(lambda d: json.loads(ctr("content", "get", d)), digest)
+        digest = image_digest(self.ctr(node, "images", "list"), ref)
+        layers = manifest_layers(lambda d: json.loads(self.ctr(node, "content", "get", d)), digest)
         if layers:
-            ctr("content", "rm", *layers)
+            self.ctr(node, "content", "rm", *layers)
 
     # -- stop ----------------------------------------------------------------------------
 
