@@ -349,24 +349,34 @@ class Kube:
         the progress writer, Kueue's releases), so that no path forgets to ask."""
         self._may_write = may_write
 
-    def _relogin(self, client: aiohttp.ClientSession) -> None:
-        """401: the credentials expired (a rotated service-account token). The next request
-        logs in again; the old session closes after its requests in flight had time to end."""
+    def _retire(self, client: aiohttp.ClientSession) -> None:
+        """Stop using `client`: the next request logs in again and opens fresh connections;
+        the old session closes after its requests in flight had time to end. Two causes:
+        - 401: the credentials expired (a rotated service-account token);
+        - a watch stream went silent (`_watch`): the path to the API server stopped
+          forwarding (a NAT entry or load balancer that drops a flow without a FIN or RST),
+          so the idle keep-alive connections in the session's pool, opened over that same
+          path, are as likely dead. Reused, each would hold its request for the whole
+          REQUEST_TIMEOUT (a stalled stream's test once waited 61 s for a status patch)."""
         if self._client is not client:
             return
         self._client = None
 
         async def close_later() -> None:
-            await asyncio.sleep(REQUEST_TIMEOUT)
-            await client.close()
+            try:
+                await asyncio.sleep(REQUEST_TIMEOUT)
+            finally:  # also when `close` cancels the wait: no session is left unclosed
+                await client.close()
 
         task = asyncio.get_running_loop().create_task(close_later())
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
 
     async def close(self) -> None:
-        for task in list(self._retired):
+        retired = list(self._retired)
+        for task in retired:
             task.cancel()
+        await asyncio.gather(*retired, return_exceptions=True)
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -445,7 +455,7 @@ class Kube:
     ) -> Exception:
         """The error for a reply that is not a success; a 401 also retires the session."""
         if status == 401:
-            self._relogin(client)
+            self._retire(client)
         return _classify(status, payload, what)
 
     # -- create / delete children ---------------------------------------------------------
@@ -618,8 +628,10 @@ class Kube:
         except aiohttp.SocketTimeoutError:  # sock_read; a connect timeout is another error
             # Nothing came for watch_idle_seconds, not even a bookmark: the stream is stalled
             # (or the API server sends no bookmarks and nothing changed). End it; the caller
-            # resumes from the last version seen, on a fresh connection.
+            # resumes from the last version seen, and every request from now on goes out on
+            # a fresh connection (`_retire` says why).
             logger.info("%s: silent for %.0fs; watching again", what, self._watch_idle)
+            self._retire(client)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise TransientError(f"{what}: {exc!r}") from exc
 

@@ -13,15 +13,21 @@ connections.
 - Stalled streams: every connection open now stops forwarding but stays open (no FIN, no
   RST). The operator notices within `--watch-idle-seconds` and watches again on a fresh
   connection: a Pod that finished and a job suspended meanwhile are both acted on.
+- The same stall seen by kube.py in-process: the idle keep-alive connections in its pool
+  were frozen too, and a request after the stall must not be sent on one of them (it would
+  wait out the whole request timeout: CI once saw a stalled job acted on after 61 s).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import kopf
 import pytest
 import yaml
 from kubernetes import client as k8s
@@ -33,8 +39,11 @@ from tests.integration.operator_harness import Cluster, trainjob
 from tests.integration.tcp_proxy import TcpProxy
 from tests.reliability import save_figures
 from tests.support import operator_process, waits
+from trainjob.core import constants
+from trainjob_operator import kube
 
 pytestmark = pytest.mark.integration
+logger = logging.getLogger(__name__)
 
 IDLE = 4  # --watch-idle-seconds for the stall test
 T = 60.0
@@ -139,13 +148,13 @@ def test_a_stalled_stream_is_noticed_and_watched_again(
         finishing = running_job(cluster, "fin")
         running_job(cluster, "sus")
         frozen = proxy.stall()
-        assert frozen >= 3, frozen  # kopf's TrainJob watch, the Pod and Service watches
+        assert frozen >= 3, frozen  # the TrainJob, Pod and Service watches
         stalled_at = time.monotonic()
         for pod in sorted(finishing):
             cluster.set_exited(pod, 0)
         cluster.patch_job("sus", {"spec": {"runPolicy": {"suspend": True}}})
-        # Noticed through a fresh connection: the Pod watch (ours) and the TrainJob watch
-        # (kopf's), each within the idle window plus a reconcile.
+        # Noticed through a fresh connection by the Pod watch and the TrainJob watch, each
+        # within the idle window plus a reconcile.
         waits.wait_until(lambda: state(cluster, "fin") == "Succeeded", timeout=T, what="Succeeded")
         waits.wait_until(
             lambda: not cluster.pods("sus"), timeout=T, what="suspended job's Pods gone"
@@ -163,3 +172,40 @@ def test_a_stalled_stream_is_noticed_and_watched_again(
         )
     finally:
         operator.stop()
+
+
+def test_after_a_stalled_watch_requests_go_out_on_fresh_connections(
+    plane: ControlPlane, proxy: TcpProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig_through(plane, proxy, tmp_path / "kc")))
+    api = kube.Kube(
+        lambda: kube.login(kopf.OperatorSettings(), logger),
+        connections=4,
+        watch_idle_seconds=IDLE,
+    )
+    discovery = (constants.GROUP, constants.VERSION, constants.PLURAL)
+
+    async def scenario() -> tuple[int, float]:
+        try:
+            # Four requests at once leave four keep-alive connections idle in the pool.
+            assert all(await asyncio.gather(*(api.serves(*discovery) for _ in range(4))))
+            listing = await api.list_labelled("default", "pods", "trainjob.dev/none")
+            stream = api.watch_labelled(
+                "default", "pods", "trainjob.dev/none", listing.resource_version
+            )
+            first = asyncio.ensure_future(anext(stream, None))
+            await asyncio.sleep(0.5)  # the watch's request is out: its connection is open
+            frozen = proxy.stall()
+            # The watch notices the silence after IDLE seconds and ends its stream.
+            assert await asyncio.wait_for(first, timeout=IDLE + 10) is None
+            started = time.monotonic()
+            # Before the fix this went out on a frozen pooled connection and waited out
+            # REQUEST_TIMEOUT (60 s); the wait_for turns that into a plain failure sooner.
+            assert await asyncio.wait_for(api.serves(*discovery), timeout=20)
+            return frozen, time.monotonic() - started
+        finally:
+            await api.close()
+
+    frozen, took = asyncio.run(scenario())
+    assert frozen >= 3, frozen  # the watch's connection and the idle pooled ones
+    assert took < 5, took
