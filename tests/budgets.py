@@ -67,6 +67,12 @@ SLOW_TESTS: Final[Mapping[str, str]] = {
         "again: four TensorFlow start-ups; 60 s, 112 s and 155 s in three full runs "
         "(2026-11-29), near the budget on a slow day"
     ),
+    "tests/training/test_estimator_legacy.py::test_two_workers_restart_resume_and_evaluate": (
+        "Estimator on TF 2.15: a chief and a worker trained to a checkpoint at step 100, the "
+        "group killed and started again, resumed, and an evaluator beside it: five TensorFlow "
+        "start-ups on the legacy venv; 197 s and 220 s in two full runs on slower machines "
+        "(2026-11-29/30, 77-115 CPU-s), the budget there 322 s and 217 s"
+    ),
     "tests/local/test_custom_loop_examples.py::test_sigtermed_worker_costs_no_step": (
         "the same 2-worker custom loop with worker 1 SIGTERMed: four TensorFlow start-ups and "
         "a save at the step; 143 s in the slower of this stop's two full runs (2026-11-29)"

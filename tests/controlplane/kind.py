@@ -546,10 +546,8 @@ class KindCluster:
 
     def load_images(self, refs: Sequence[str], nodes: Sequence[str] = WORKERS) -> None:
         """Each image from buildah's store into the containerd of `nodes` (their imports side
-        by side, from one archive in the shared folder), then, once all are in, their layers
-        dropped from the content stores (see discard_layers). Not after each: an image built
-        on another (Kubeflow's MNIST image on the runtime's) finds the layers they share
-        already stored, and containerd writes only its own."""
+        by side, from one archive in the shared folder), then its layers dropped from their
+        content stores (see discard_layers)."""
         archive = self.shared / IMAGE_ARCHIVE_NAME
         for ref in refs:
             started = time.monotonic()
@@ -559,9 +557,9 @@ class KindCluster:
                     list(pool.map(self.import_image, nodes))
             finally:
                 archive.unlink(missing_ok=True)
+            for node in nodes:
+                self.discard_layers(node, ref)
             print(f"image {ref} imported ({', '.join(nodes)}): {time.monotonic() - started:.0f}s")
-        for node in nodes:
-            self.discard_layers(node, refs)
 
     def import_image(self, node: str) -> None:
         """The archive in the shared folder into `node`'s containerd, unpacked for the kubelet
@@ -581,21 +579,16 @@ class KindCluster:
         """containerd's ctr in `node`, on the kubelet's namespace of images."""
         return self.docker("exec", node, "ctr", "--namespace=k8s.io", *args, timeout=timeout)
 
-    def discard_layers(self, node: str, refs: Sequence[str]) -> None:
-        """What containerd's ``discard_unpacked_layers`` does for pulled images, for imported
-        ones: once unpacked into snapshots, their layer blobs (uncompressed, from a
+    def discard_layers(self, node: str, ref: str) -> None:
+        """What containerd's ``discard_unpacked_layers`` does for pulled images, for an
+        imported one: once unpacked into snapshots, its layer blobs (uncompressed, from a
         docker-archive) are never read again, and each worker would otherwise hold every
-        image twice (about 3.6 GB more a worker for the e2e tier's images). The manifests and
-        configs stay: the images are listed and run as before."""
-        listed = self.ctr(node, "images", "list")
-        layers: set[str] = set()
-        for ref in refs:
-            digest = image_digest(listed, ref)
-            layers.update(
-                manifest_layers(lambda d: json.loads(self.ctr(node, "content", "get", d)), digest)
-            )
+        image twice (about 3.6 GB more a worker for the e2e tier's images). The manifest and
+        config stay: the image is listed and runs as before."""
+        digest = image_digest(self.ctr(node, "images", "list"), ref)
+        layers = manifest_layers(lambda d: json.loads(self.ctr(node, "content", "get", d)), digest)
         if layers:
-            self.ctr(node, "content", "rm", *sorted(layers))
+            self.ctr(node, "content", "rm", *layers)
 
     # -- stop ----------------------------------------------------------------------------
 
