@@ -349,22 +349,27 @@ class Kube:
         the progress writer, Kueue's releases), so that no path forgets to ask."""
         self._may_write = may_write
 
-    def _retire(self, client: aiohttp.ClientSession) -> None:
+    def _retire(self, client: aiohttp.ClientSession, grace: float = REQUEST_TIMEOUT) -> None:
         """Stop using `client`: the next request logs in again and opens fresh connections;
-        the old session closes after its requests in flight had time to end. Two causes:
-        - 401: the credentials expired (a rotated service-account token);
+        the old session closes after `grace` seconds, which its requests in flight have to
+        end (closing it fails those still waiting: TransientError, retried on a fresh
+        connection). Two causes:
+        - 401: the credentials expired (a rotated service-account token); `grace` is the
+          whole REQUEST_TIMEOUT, the connections being fine;
         - a watch stream went silent (`_watch`): the path to the API server stopped
           forwarding (a NAT entry or load balancer that drops a flow without a FIN or RST),
-          so the idle keep-alive connections in the session's pool, opened over that same
-          path, are as likely dead. Reused, each would hold its request for the whole
-          REQUEST_TIMEOUT (a stalled stream's test once waited 61 s for a status patch)."""
+          so the session's other connections, opened over that same path, are as likely
+          dead. Reused from the pool, each would hold its request for the whole
+          REQUEST_TIMEOUT (a stalled stream's test once waited 61 s for a status patch),
+          and so would a request sent on one before the silence was noticed (60.1 s, once):
+          `grace` is then the watch's own idle limit."""
         if self._client is not client:
             return
         self._client = None
 
         async def close_later() -> None:
             try:
-                await asyncio.sleep(REQUEST_TIMEOUT)
+                await asyncio.sleep(grace)
             finally:  # also when `close` cancels the wait: no session is left unclosed
                 await client.close()
 
@@ -631,7 +636,7 @@ class Kube:
             # resumes from the last version seen, and every request from now on goes out on
             # a fresh connection (`_retire` says why).
             logger.info("%s: silent for %.0fs; watching again", what, self._watch_idle)
-            self._retire(client)
+            self._retire(client, grace=min(self._watch_idle, REQUEST_TIMEOUT))
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise TransientError(f"{what}: {exc!r}") from exc
 

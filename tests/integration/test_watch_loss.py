@@ -209,3 +209,54 @@ def test_after_a_stalled_watch_requests_go_out_on_fresh_connections(
     frozen, took = asyncio.run(scenario())
     assert frozen >= 3, frozen  # the watch's connection and the idle pooled ones
     assert took < 5, took
+
+
+def test_a_request_caught_by_the_stall_before_it_is_noticed_fails_soon_and_is_retried(
+    plane: ControlPlane, proxy: TcpProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request sent on a pooled connection after the path stalled but before the watch
+    noticed: it ends when the retired session closes, IDLE seconds after the silence was
+    noticed, as a TransientError the caller retries, not after the 60-s REQUEST_TIMEOUT."""
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig_through(plane, proxy, tmp_path / "kc")))
+    api = kube.Kube(
+        lambda: kube.login(kopf.OperatorSettings(), logger),
+        connections=4,
+        watch_idle_seconds=IDLE,
+    )
+    discovery = (constants.GROUP, constants.VERSION, constants.PLURAL)
+
+    async def scenario() -> tuple[BaseException | None, float, bool]:
+        try:
+            assert all(await asyncio.gather(*(api.serves(*discovery) for _ in range(4))))
+            listing = await api.list_labelled("default", "pods", "trainjob.dev/none")
+            stream = api.watch_labelled(
+                "default", "pods", "trainjob.dev/none", listing.resource_version
+            )
+            first = asyncio.ensure_future(anext(stream, None))
+            await asyncio.sleep(0.5)  # the watch's request is out: its connection is open
+            proxy.stall()
+            stalled_at = time.monotonic()
+            caught = asyncio.ensure_future(
+                api.list_labelled("default", "pods", "trainjob.dev/none")
+            )
+            assert await asyncio.wait_for(first, timeout=IDLE + 10) is None
+            # Before the fix this waited out REQUEST_TIMEOUT (60 s); wait_for ends it sooner.
+            error = None
+            try:
+                await asyncio.wait_for(caught, timeout=30)
+            except kube.TransientError as exc:
+                error = exc
+            took = time.monotonic() - stalled_at
+            # The retry goes out on a fresh connection and is answered.
+            retried = await asyncio.wait_for(
+                api.list_labelled("default", "pods", "trainjob.dev/none"), timeout=20
+            )
+            return error, took, retried is not None
+        finally:
+            await api.close()
+
+    error, took, answered = asyncio.run(scenario())
+    assert isinstance(error, kube.TransientError), error
+    assert "unreachable" in str(error), error
+    assert took < 2 * IDLE + 5, took
+    assert answered

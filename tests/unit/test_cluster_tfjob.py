@@ -170,6 +170,31 @@ def test_a_served_tfjob_reads_as_the_trainjob_it_means_and_keeps_the_tfjob() -> 
     assert show.wait_outcome(view_, "succeeded") == 1
 
 
+def test_wait_returns_for_a_tfjob_only_once_its_own_conditions_say_so_too() -> None:
+    """The operator writes the engine's status (the annotation) before the TFJob's own: in
+    between, `wait` keeps waiting, so that `kubectl describe tfjob` right after it shows
+    what it reported (seen: Running in the annotation, only Created in the TFJob)."""
+    records = {k: st.ReplicaRecord(0, "Running") for k in (("worker", 0), ("worker", 1), ("ps", 0))}
+    engine = [("Created", True, "Created", "pods created"), ("Running", True, "Running", "run")]
+    between = objects.tfjob_view(
+        served(raw_tfjob("live"), records, engine, [("Created", "True", "TFJobCreated", "c")])
+    )
+    assert objects.status_of(between).is_true(st.RUNNING)
+    assert show.wait_outcome(between, "running") is None
+    assert show.wait_outcome(objects.tfjob_view(RUNNING), "running") == 0
+    failed_between = objects.tfjob_view(
+        served(
+            raw_tfjob(),
+            {},
+            [("Failed", True, "ReplicaFailed", FAILED_MESSAGE)],
+            [("Created", "True", "TFJobCreated", "c"), ("Running", "True", "TFJobRunning", "r")],
+            done=True,
+        )
+    )
+    assert show.wait_outcome(failed_between, "finished") is None
+    assert show.wait_outcome(objects.tfjob_view(FAILED), "finished") == 0
+
+
 def test_a_tfjob_another_controller_runs_is_refused_saying_who() -> None:
     multikueue = raw_tfjob(run_policy={"managedBy": tfjob.MULTIKUEUE})
     with pytest.raises(objects.ShowError) as raised:

@@ -28,6 +28,7 @@ from trainjob.cluster.objects import (
     pod_key,
     ref_of,
     report_of,
+    source_of,
     status_of,
 )
 from trainjob.console import view
@@ -306,12 +307,31 @@ def hold_lines(hold: Hold, said: Sequence[str]) -> list[str]:
 # ----- wait -----
 def wait_outcome(obj: Obj, wait_for: str) -> int | None:
     """What `wait` exits with now (0 the awaited state was reached, 1 the job Failed, which
-    no later state can undo), or None to keep waiting."""
+    no later state can undo), or None to keep waiting.
+
+    A TFJob's verdict must also be in the TFJob's own conditions: the operator writes the
+    engine's status (its annotation, which the view reads) before the TFJob's status, so for
+    a moment the annotation says Running while `kubectl describe tfjob`, the SDK and Kueue
+    read no Running yet; `wait` returns once what it reported is what they read next."""
     status = status_of(obj)
     if status.is_true(st.FAILED):
-        return 0 if wait_for == "finished" else 1
-    if status.is_true(st.SUCCEEDED):
-        return 0
-    if wait_for == "running" and status.is_true(st.RUNNING):
-        return 0
-    return None
+        reached, outcome = st.FAILED, 0 if wait_for == "finished" else 1
+    elif status.is_true(st.SUCCEEDED):
+        reached, outcome = st.SUCCEEDED, 0
+    elif wait_for == "running" and status.is_true(st.RUNNING):
+        reached, outcome = st.RUNNING, 0
+    else:
+        return None
+    if ref_of(obj).is_tfjob and not _tfjob_says(source_of(obj), reached):
+        return None
+    return outcome
+
+
+def _tfjob_says(tfjob_obj: Obj, condition_type: str) -> bool:
+    """Whether the TFJob's own status has `condition_type` True (Kubeflow's condition types
+    are named as the engine's: Created, Running, Restarting, Succeeded, Failed)."""
+    conditions = (tfjob_obj.get("status") or {}).get("conditions") or []
+    return any(
+        isinstance(c, Mapping) and c.get("type") == condition_type and c.get("status") == "True"
+        for c in conditions
+    )
