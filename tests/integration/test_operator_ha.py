@@ -140,8 +140,11 @@ def by_author(found: list[Write]) -> dict[str, list[Write]]:
 
 
 def assert_one_writer_at_a_time(found: list[Write], old: str, new: str) -> float:
-    """The old leader's writes all ended before the new leader's first arrived, and no
-    second saw writes of both; returns the gap between them in seconds."""
+    """The old leader's writes all ended before the new leader's first arrived (the audit
+    log's times are to the microsecond); returns the gap between them in seconds. Not "no
+    second saw writes of both": after a graceful stop the Lease is handed over at once, and
+    the new leader's first write may come in the same second as the old one's last, strictly
+    after it (seen once, 2026-11-30)."""
     authors = by_author(found)
     assert set(authors) <= {old, new}, f"writes from unknown replicas: {set(authors)}"
     assert authors.get(old), "the first leader wrote nothing"
@@ -152,8 +155,6 @@ def assert_one_writer_at_a_time(found: list[Write], old: str, new: str) -> float
         f"the replicas' writes overlap: the old leader's last ended {last_old}, the new one's "
         f"first arrived {first_new}"
     )
-    seconds = {a: {w.received.replace(microsecond=0) for w in ws} for a, ws in authors.items()}
-    assert not seconds[old] & seconds[new], "both replicas wrote in the same second"
     return (first_new - last_old).total_seconds()
 
 
