@@ -26,6 +26,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import kopf
 import pytest
@@ -174,34 +175,49 @@ def test_a_stalled_stream_is_noticed_and_watched_again(
         operator.stop()
 
 
-def test_after_a_stalled_watch_requests_go_out_on_fresh_connections(
+DISCOVERY = (constants.GROUP, constants.VERSION, constants.PLURAL)
+
+
+def kube_through_proxy(
     plane: ControlPlane, proxy: TcpProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> kube.Kube:
+    """The operator's API client, logged in through the proxy, with 4 connections and the
+    stall test's idle limit."""
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig_through(plane, proxy, tmp_path / "kc")))
-    api = kube.Kube(
+    return kube.Kube(
         lambda: kube.login(kopf.OperatorSettings(), logger),
         connections=4,
         watch_idle_seconds=IDLE,
     )
-    discovery = (constants.GROUP, constants.VERSION, constants.PLURAL)
+
+
+async def stall_a_watch(api: kube.Kube, proxy: TcpProxy) -> tuple[asyncio.Future[Any], int]:
+    """Four keep-alive connections left idle in the pool, a watch's request out, then the
+    proxy stalled: -> the watch's first event (None once it notices the silence), and how
+    many connections were frozen."""
+    # Four requests at once leave four keep-alive connections idle in the pool.
+    assert all(await asyncio.gather(*(api.serves(*DISCOVERY) for _ in range(4))))
+    listing = await api.list_labelled("default", "pods", "trainjob.dev/none")
+    stream = api.watch_labelled("default", "pods", "trainjob.dev/none", listing.resource_version)
+    first = asyncio.ensure_future(anext(stream, None))
+    await asyncio.sleep(0.5)  # the watch's request is out: its connection is open
+    return first, proxy.stall()
+
+
+def test_after_a_stalled_watch_requests_go_out_on_fresh_connections(
+    plane: ControlPlane, proxy: TcpProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = kube_through_proxy(plane, proxy, tmp_path, monkeypatch)
 
     async def scenario() -> tuple[int, float]:
         try:
-            # Four requests at once leave four keep-alive connections idle in the pool.
-            assert all(await asyncio.gather(*(api.serves(*discovery) for _ in range(4))))
-            listing = await api.list_labelled("default", "pods", "trainjob.dev/none")
-            stream = api.watch_labelled(
-                "default", "pods", "trainjob.dev/none", listing.resource_version
-            )
-            first = asyncio.ensure_future(anext(stream, None))
-            await asyncio.sleep(0.5)  # the watch's request is out: its connection is open
-            frozen = proxy.stall()
+            first, frozen = await stall_a_watch(api, proxy)
             # The watch notices the silence after IDLE seconds and ends its stream.
             assert await asyncio.wait_for(first, timeout=IDLE + 10) is None
             started = time.monotonic()
             # Before the fix this went out on a frozen pooled connection and waited out
             # REQUEST_TIMEOUT (60 s); the wait_for turns that into a plain failure sooner.
-            assert await asyncio.wait_for(api.serves(*discovery), timeout=20)
+            assert await asyncio.wait_for(api.serves(*DISCOVERY), timeout=20)
             return frozen, time.monotonic() - started
         finally:
             await api.close()
@@ -217,24 +233,11 @@ def test_a_request_caught_by_the_stall_before_it_is_noticed_fails_soon_and_is_re
     """A request sent on a pooled connection after the path stalled but before the watch
     noticed: it ends when the retired session closes, IDLE seconds after the silence was
     noticed, as a TransientError the caller retries, not after the 60-s REQUEST_TIMEOUT."""
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig_through(plane, proxy, tmp_path / "kc")))
-    api = kube.Kube(
-        lambda: kube.login(kopf.OperatorSettings(), logger),
-        connections=4,
-        watch_idle_seconds=IDLE,
-    )
-    discovery = (constants.GROUP, constants.VERSION, constants.PLURAL)
+    api = kube_through_proxy(plane, proxy, tmp_path, monkeypatch)
 
     async def scenario() -> tuple[BaseException | None, float, bool]:
         try:
-            assert all(await asyncio.gather(*(api.serves(*discovery) for _ in range(4))))
-            listing = await api.list_labelled("default", "pods", "trainjob.dev/none")
-            stream = api.watch_labelled(
-                "default", "pods", "trainjob.dev/none", listing.resource_version
-            )
-            first = asyncio.ensure_future(anext(stream, None))
-            await asyncio.sleep(0.5)  # the watch's request is out: its connection is open
-            proxy.stall()
+            first, _ = await stall_a_watch(api, proxy)
             stalled_at = time.monotonic()
             caught = asyncio.ensure_future(
                 api.list_labelled("default", "pods", "trainjob.dev/none")
