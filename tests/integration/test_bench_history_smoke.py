@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.operator_harness import run_benchmark
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.beside_e2e]
 
 
 def test_history_benchmark_smoke_size_completes_and_prints_figures(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration.operator_harness import run_benchmark
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.beside_e2e]
 
 FIGURES = (
     "create -> all children, p50",

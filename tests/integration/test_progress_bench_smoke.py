@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.operator_harness import run_benchmark
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.beside_e2e]
 
 
 def test_progress_benchmark_smoke_size_completes(tmp_path: Path) -> None:

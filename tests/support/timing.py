@@ -45,6 +45,8 @@ from tests import budgets
 
 TIMINGS_ENV: Final = "TRAINJOB_TIMINGS"
 TIERS: Final = ("unit", "integration", "training", "local", "e2e")
+BESIDE_E2E: Final = "beside e2e"
+BESIDE_E2E_ENV: Final = "TRAINJOB_BESIDE_E2E"
 SLOWEST: Final = 10
 CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 
@@ -63,7 +65,11 @@ class TestTiming:
 
 def tier_of(item: pytest.Item) -> str:
     """The tier is the test's folder (tests/<tier>/...), as tests/conftest.py marks it: a
-    test may carry a second tier's marker too (a local test of real training)."""
+    test may carry a second tier's marker too (a local test of real training). The full
+    run's session of `beside_e2e` tests (tests/run sets TRAINJOB_BESIDE_E2E) is a row of its
+    own: it runs after its tiers, beside the e2e tier."""
+    if os.environ.get(BESIDE_E2E_ENV) == "1":
+        return BESIDE_E2E
     for tier in TIERS:
         if tier in item.path.parts:
             return tier
@@ -155,7 +161,7 @@ class TierFigures:
 
 def tier_figures(timings: Sequence[TestTiming]) -> list[TierFigures]:
     figures = []
-    for tier in (*TIERS, "other"):
+    for tier in (*TIERS, BESIDE_E2E, "other"):
         mine = [t for t in timings if t.tier == tier]
         if mine:
             wall = max(t.start + t.seconds for t in mine) - min(t.start for t in mine)
@@ -203,6 +209,28 @@ def machine_factor(measured_seconds: float | None, reference_seconds: float) -> 
     if not measured_seconds or reference_seconds <= 0:
         return 1.0
     return max(1.0, measured_seconds / reference_seconds)
+
+
+# When the full run starts the e2e tier's kind cluster without a record of an earlier run:
+# seconds into the tiers.
+KIND_START_DEFAULT_SECONDS: Final = 720
+# The least margin between the cluster being ready and the tiers' end, in seconds.
+KIND_START_MIN_MARGIN_SECONDS: Final = 120
+
+
+def kind_start_after(record: str | None) -> int:
+    """Seconds into the tiers at which the kind cluster should start to be ready as they end,
+    from the last full run's record ("TIERS_SECONDS SETUP_SECONDS", tests/run writes it):
+    its tiers' wall time less its cluster's set-up and a margin of a quarter of that set-up
+    (at least 2 minutes). Ready sooner, the cluster idles at about a quarter of a core that
+    the CPU-bound tiers lack; later, the e2e tier waits for it. Without a usable record, the
+    default; never below 0."""
+    fields = (record or "").split()
+    if len(fields) != 2 or not all(f.isdigit() for f in fields):
+        return KIND_START_DEFAULT_SECONDS
+    tiers, setup = (int(f) for f in fields)
+    margin = max(setup // 4, KIND_START_MIN_MARGIN_SECONDS)
+    return max(tiers - setup - margin, 0)
 
 
 def minutes(seconds: float) -> str:
@@ -274,9 +302,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="what `calibrate` measured on this machine: the budget is scaled by it",
     )
     sub.add_parser("calibrate", help="time the reference workload (seconds, to stdout)")
+    kind = sub.add_parser(
+        "kind-start-after", help="when the full run starts its kind cluster (seconds, to stdout)"
+    )
+    kind.add_argument("record", type=Path, help="the last full run's record (may be missing)")
     args = parser.parse_args(argv)
     if args.command == "calibrate":
         print(f"{calibrate():.3f}")
+        return 0
+    if args.command == "kind-start-after":
+        try:
+            record: str | None = args.record.read_text(encoding="utf-8")
+        except OSError:
+            record = None
+        print(kind_start_after(record))
         return 0
     timings = read_timings(
         args.timings.read_text(encoding="utf-8").splitlines() if args.timings.exists() else []

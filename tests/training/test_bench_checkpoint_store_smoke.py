@@ -16,7 +16,7 @@ import training_harness as harness
 
 # Three 2-worker TensorFlow jobs one after another: 114-147 s here on 2 cores at load 6-13
 # (listed in tests/budgets.py); the limits leave room for a slower machine.
-pytestmark = [pytest.mark.training, pytest.mark.timeout(450)]
+pytestmark = [pytest.mark.training, pytest.mark.beside_e2e, pytest.mark.timeout(450)]
 
 SCRIPT = harness.REPO_ROOT / "bench" / "checkpoint_store.py"
 

@@ -15,7 +15,7 @@ import training_harness as harness
 
 # Six TensorFlow process groups one after another: on 2 loaded cores (the tiers run side by
 # side) the flow took 138 s here; the limits leave room for a slower machine.
-pytestmark = [pytest.mark.training, pytest.mark.timeout(480)]
+pytestmark = [pytest.mark.training, pytest.mark.beside_e2e, pytest.mark.timeout(480)]
 
 SCRIPT = harness.REPO_ROOT / "bench" / "gpu_check.py"
 

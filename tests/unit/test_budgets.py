@@ -44,6 +44,45 @@ def test_a_tier_wall_time_is_the_span_of_its_tests_run_side_by_side() -> None:
     assert figures["unit"].tests == 1
 
 
+def test_the_smokes_run_beside_the_e2e_tier_are_a_row_of_their_own_not_in_their_tiers() -> None:
+    timings = [
+        timing_of("tests/integration/test_a.py::test_a", "integration", 0.0, 10.0),
+        # The beside_e2e session, after the tiers: it must not stretch integration's span.
+        timing_of("tests/integration/test_b.py::test_b", timing.BESIDE_E2E, 2000.0, 50.0),
+        timing_of("tests/training/test_c.py::test_c", timing.BESIDE_E2E, 2050.0, 60.0),
+    ]
+    figures = {f.tier: f for f in timing.tier_figures(timings)}
+    assert figures["integration"].wall == 10.0
+    assert figures[timing.BESIDE_E2E].tests == 2
+    assert figures[timing.BESIDE_E2E].wall == 110.0
+
+
+def test_the_kind_cluster_starts_to_be_ready_as_the_last_runs_tiers_ended() -> None:
+    # Tiers of 1,965 s, a set-up of 551 s: a margin of 137 s (a quarter of the set-up).
+    assert timing.kind_start_after("1965 551\n") == 1965 - 551 - 137
+    # A quick set-up still leaves 2 minutes.
+    assert timing.kind_start_after("1000 200") == 1000 - 200 - 120
+    # Tiers shorter than the set-up: at once.
+    assert timing.kind_start_after("300 551") == 0
+    # No record, or one that is not two whole numbers: the default.
+    for record in (None, "", "junk", "1965", "1965 551 7", "-5 10", "19.5 3"):
+        assert timing.kind_start_after(record) == timing.KIND_START_DEFAULT_SECONDS, record
+
+
+def test_the_kind_start_command_reads_a_missing_record_as_none(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "tests.support.timing", "kind-start-after"]
+    missing = subprocess.run(
+        [*command, str(tmp_path / "none")], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert missing.stdout.strip() == str(timing.KIND_START_DEFAULT_SECONDS)
+    record = tmp_path / "record"
+    record.write_text("2000 400\n", encoding="utf-8")
+    found = subprocess.run(
+        [*command, str(record)], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert found.stdout.strip() == str(2000 - 400 - 120)
+
+
 def test_a_test_over_budget_is_caught_unless_listed_with_its_parameters_ignored() -> None:
     listed = next(iter(budgets.SLOW_TESTS))
     budget = budgets.TEST_BUDGET_SECONDS
