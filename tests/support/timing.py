@@ -222,9 +222,9 @@ def kind_start_after(record: str | None) -> int:
     """Seconds into the tiers at which the kind cluster should start to be ready as they end,
     from the last full run's record ("TIERS_SECONDS SETUP_SECONDS", tests/run writes it):
     its tiers' wall time less its cluster's set-up and a margin of a quarter of that set-up
-    (at least 2 minutes). Ready sooner, the cluster idles at about a quarter of a core that
-    the CPU-bound tiers lack; later, the e2e tier waits for it. Without a usable record, the
-    default; never below 0."""
+    (at least 2 minutes). Ready sooner, the cluster waits beside the CPU-bound tiers and
+    slows them (tests/README.md measured 18:49 without it, 32:45 with 15 minutes of it);
+    later, the e2e tier waits for it. Without a usable record, the default; never below 0."""
     fields = (record or "").split()
     if len(fields) != 2 or not all(f.isdigit() for f in fields):
         return KIND_START_DEFAULT_SECONDS
