@@ -90,7 +90,13 @@ SECTIONS: Final = (
 - Found and fixed: a stalled Pod/Service stream was noticed only after 360 s (the informer's
   read timeout), so a finished Pod went unseen that long; it now reopens after
   `--watch-idle-seconds` (70 by default: the API server bookmarks a live stream about every
-  minute), which also sets kopf's inactivity timeout for its TrainJob watch (70 s by default).""",
+  minute), which also sets kopf's inactivity timeout for its TrainJob watch (70 s by default).
+- Found and fixed: the watches still streaming on a session retired after one of them went
+  silent were left reading a closed connection for good (aiohttp ends no read on a closed
+  session, not even by its read timeout): 60 s after any watch had been quiet for 70 s (the
+  nodes', on a quiet cluster) the operator was deaf to every job. They now end when the old
+  session closes and resume at once from the last version seen, and the idle limit is the
+  operator's own deadline on each read.""",
     ),
     Section(
         title="Bad input",

@@ -332,6 +332,8 @@ class Kube:
         self._server = ""
         self._client: aiohttp.ClientSession | None = None
         self._retired: set[asyncio.Task[None]] = set()
+        # The watch streams being read on each session, ended when it closes (`_retire`).
+        self._streams: dict[aiohttp.ClientSession, set[aiohttp.StreamReader]] = {}
         self._turns = asyncio.Semaphore(connections)
         self._crash = CrashAfter.parse(crash_after)
 
@@ -362,7 +364,12 @@ class Kube:
           dead. Reused from the pool, each would hold its request for the whole
           REQUEST_TIMEOUT (a stalled stream's test once waited 61 s for a status patch),
           and so would a request sent on one before the silence was noticed (60.1 s, once):
-          `grace` is then the watch's own idle limit."""
+          `grace` is then the watch's own idle limit.
+        When it closes, the watches still streaming on it end as if the server had ended
+        them, and resume at once on a fresh session from the last version they saw:
+        aiohttp leaves a stream read on a closed session waiting for good (no error, no
+        read timeout), which left every other watch of the operator deaf once one of them
+        had been silent (the cluster's nodes, quiet for a minute)."""
         if self._client is not client:
             return
         self._client = None
@@ -371,6 +378,8 @@ class Kube:
             try:
                 await asyncio.sleep(grace)
             finally:  # also when `close` cancels the wait: no session is left unclosed
+                for stream in self._streams.pop(client, set()):
+                    stream.feed_eof()
                 await client.close()
 
         task = asyncio.get_running_loop().create_task(close_later())
@@ -383,6 +392,8 @@ class Kube:
             task.cancel()
         await asyncio.gather(*retired, return_exceptions=True)
         if self._client is not None:
+            for stream in self._streams.pop(self._client, set()):
+                stream.feed_eof()
             await self._client.close()
             self._client = None
 
@@ -603,11 +614,8 @@ class Kube:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(WATCH_SECONDS + random.randrange(WATCH_SECONDS)),
         }
-        # sock_read: a stream silent that long is dead (bookmarks keep a live one talking);
-        # the caller resumes from the last version seen.
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=REQUEST_TIMEOUT, sock_read=self._watch_idle
-        )
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT)
+        silent = False
         try:
             async with client.get(
                 self._server + path,
@@ -618,27 +626,44 @@ class Kube:
                 if response.status != 200:
                     payload = await response.read()
                     raise self._failure(client, response.status, payload, what)
-                pending = b""
-                async for chunk in response.content.iter_any():
-                    lines = (pending + chunk).split(b"\n")
-                    pending = lines.pop()
-                    for line in lines:
-                        if line.strip():
-                            event = json.loads(line)
-                            if event.get("type") == "ERROR":
-                                status = event.get("object") or {}
-                                code = int(status.get("code") or 500)
-                                raise _classify(code, json.dumps(status).encode(), what)
-                            yield event
-        except aiohttp.SocketTimeoutError:  # sock_read; a connect timeout is another error
-            # Nothing came for watch_idle_seconds, not even a bookmark: the stream is stalled
-            # (or the API server sends no bookmarks and nothing changed). End it; the caller
-            # resumes from the last version seen, and every request from now on goes out on
-            # a fresh connection (`_retire` says why).
-            logger.info("%s: silent for %.0fs; watching again", what, self._watch_idle)
-            self._retire(client, grace=min(self._watch_idle, REQUEST_TIMEOUT))
+                streams = self._streams.setdefault(client, set())
+                streams.add(response.content)
+                try:
+                    pending = b""
+                    while True:
+                        # A stream silent for watch_idle_seconds is dead (bookmarks keep a
+                        # live one talking). Our own deadline, not aiohttp's sock_read: that
+                        # one stops counting when the session closes under the read.
+                        try:
+                            chunk = await asyncio.wait_for(
+                                response.content.readany(), self._watch_idle
+                            )
+                        except asyncio.TimeoutError:
+                            silent = True
+                            break
+                        if not chunk:
+                            break  # the server (or `_retire`) ended the stream
+                        lines = (pending + chunk).split(b"\n")
+                        pending = lines.pop()
+                        for line in lines:
+                            if line.strip():
+                                event = json.loads(line)
+                                if event.get("type") == "ERROR":
+                                    status = event.get("object") or {}
+                                    code = int(status.get("code") or 500)
+                                    raise _classify(code, json.dumps(status).encode(), what)
+                                yield event
+                finally:
+                    streams.discard(response.content)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise TransientError(f"{what}: {exc!r}") from exc
+        if silent:
+            # Nothing came, not even a bookmark: the stream is stalled (or the API server
+            # sends no bookmarks and nothing changed). Ended; the caller resumes from the
+            # last version seen, and every request from now on goes out on a fresh
+            # connection (`_retire` says why).
+            logger.info("%s: silent for %.0fs; watching again", what, self._watch_idle)
+            self._retire(client, grace=min(self._watch_idle, REQUEST_TIMEOUT))
 
     # -- the TrainJob itself --------------------------------------------------------------
 

@@ -16,6 +16,9 @@ connections.
 - The same stall seen by kube.py in-process: the idle keep-alive connections in its pool
   were frozen too, and a request after the stall must not be sent on one of them (it would
   wait out the whole request timeout: CI once saw a stalled job acted on after 61 s).
+- A watch still streaming when the session retired by another's silence closes: it ends and
+  resumes from its last version on a fresh session, instead of reading a closed connection
+  for good (the operator was deaf to every job from then on).
 """
 
 from __future__ import annotations
@@ -263,3 +266,106 @@ def test_a_request_caught_by_the_stall_before_it_is_noticed_fails_soon_and_is_re
     assert "unreachable" in str(error), error
     assert took < 2 * IDLE + 5, took
     assert answered
+
+
+def test_a_watch_streaming_when_its_retired_session_closes_resumes_on_a_fresh_one(
+    plane: ControlPlane,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One quiet watch, silent for IDLE seconds, retires the session; it closes IDLE seconds
+    later. A busy watch on that same session (a ConfigMap changed twice a second) must end
+    when it closes, as if the server had ended it, and resume from its last version on a
+    fresh session. aiohttp leaves a read on a closed session waiting for good (no event, no
+    error, no read timeout): the operator was deaf to every job from then on (CI: the TFJob
+    differential test's operator created no Pod for any job after its nodes watch had been
+    quiet for 70 s)."""
+    monkeypatch.setenv("KUBECONFIG", str(plane.kubeconfig))
+    api = kube.Kube(
+        lambda: kube.login(kopf.OperatorSettings(), logger),
+        connections=4,
+        watch_idle_seconds=IDLE,
+    )
+    client = k8s_config.new_client_from_config(config_file=str(plane.kubeconfig))
+    core = k8s.CoreV1Api(client)
+    name, selector = "busy", "trainjob.dev/busy=yes"
+    core.create_namespaced_config_map(
+        "default",
+        k8s.V1ConfigMap(
+            metadata=k8s.V1ObjectMeta(name=name, labels={"trainjob.dev/busy": "yes"}),
+            data={"n": "0"},
+        ),
+    )
+    written: list[int] = []
+
+    def touch(n: int) -> None:
+        core.patch_namespaced_config_map(name, "default", {"data": {"n": str(n)}})
+        written.append(n)
+
+    async def toucher() -> None:
+        for n in range(1, 10_000):
+            await asyncio.to_thread(touch, n)
+            await asyncio.sleep(0.5)
+
+    async def read_until_it_ends(stream: Any, seen: list[tuple[int, str]]) -> None:
+        async for event in stream:
+            body = event.get("object") or {}
+            if event.get("type") != "BOOKMARK":
+                seen.append((int(body["data"]["n"]), body["metadata"]["resourceVersion"]))
+
+    async def scenario() -> tuple[float, float, list[tuple[int, str]], list[tuple[int, str]]]:
+        touching = asyncio.ensure_future(toucher())
+        try:
+            quiet_from = await api.list_labelled("default", "pods", "trainjob.dev/none")
+            busy_from = await api.list_labelled("default", "configmaps", selector)
+            quiet = api.watch_labelled(
+                "default", "pods", "trainjob.dev/none", quiet_from.resource_version
+            )
+            before: list[tuple[int, str]] = []
+            busy = asyncio.ensure_future(
+                read_until_it_ends(
+                    api.watch_labelled(
+                        "default", "configmaps", selector, busy_from.resource_version
+                    ),
+                    before,
+                )
+            )
+            started = time.monotonic()
+            assert await asyncio.wait_for(anext(quiet, None), timeout=IDLE + 10) is None
+            silent_after = time.monotonic() - started
+            try:
+                await asyncio.wait_for(busy, timeout=IDLE + 20)
+            except asyncio.TimeoutError:
+                raise AssertionError(
+                    f"the busy watch was still waiting {IDLE + 20} s after the quiet one "
+                    f"retired the session (closed {IDLE} s later): deaf, having seen "
+                    f"{len(before)} changes"
+                ) from None
+            ended_after = time.monotonic() - started
+            assert before, "the busy watch saw no change before the session closed"
+            after: list[tuple[int, str]] = []
+            resumed = api.watch_labelled("default", "configmaps", selector, before[-1][1])
+            reading = asyncio.ensure_future(read_until_it_ends(resumed, after))
+            deadline = time.monotonic() + 20
+            while len(after) < 3:
+                assert time.monotonic() < deadline, f"the resumed watch saw only {after}"
+                await asyncio.sleep(0.2)
+            reading.cancel()
+            return silent_after, ended_after, before, after
+        finally:
+            touching.cancel()
+            await api.close()
+
+    try:
+        with caplog.at_level(logging.INFO, logger="trainjob_operator.kube"):
+            silent_after, ended_after, before, after = asyncio.run(scenario())
+    finally:
+        core.delete_namespaced_config_map(name, "default")
+        client.close()
+    # It ended when the session closed (IDLE after the retire), not by going silent itself.
+    assert not [r for r in caplog.records if "configmaps" in r.getMessage()], caplog.text
+    assert silent_after >= IDLE and ended_after >= silent_after, (silent_after, ended_after)
+    # Resumed from its last version: the next change is the one after, nothing lost.
+    assert after[0][0] == before[-1][0] + 1, (before[-3:], after[:3])
+    assert [n for n, _ in after] == sorted(n for n, _ in after), after
