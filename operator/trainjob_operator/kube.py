@@ -378,13 +378,18 @@ class Kube:
             try:
                 await asyncio.sleep(grace)
             finally:  # also when `close` cancels the wait: no session is left unclosed
-                for stream in self._streams.pop(client, set()):
-                    stream.feed_eof()
+                self._end_streams(client)
                 await client.close()
 
         task = asyncio.get_running_loop().create_task(close_later())
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
+
+    def _end_streams(self, client: aiohttp.ClientSession) -> None:
+        """End the watch streams read on `client`, which is closing: each watch returns as if
+        the server had ended it (a read on a closed session would wait for good)."""
+        for stream in self._streams.pop(client, set()):
+            stream.feed_eof()
 
     async def close(self) -> None:
         retired = list(self._retired)
@@ -392,8 +397,7 @@ class Kube:
             task.cancel()
         await asyncio.gather(*retired, return_exceptions=True)
         if self._client is not None:
-            for stream in self._streams.pop(self._client, set()):
-                stream.feed_eof()
+            self._end_streams(self._client)
             await self._client.close()
             self._client = None
 

@@ -297,11 +297,9 @@ def test_a_watch_streaming_when_its_retired_session_closes_resumes_on_a_fresh_on
             data={"n": "0"},
         ),
     )
-    written: list[int] = []
 
     def touch(n: int) -> None:
         core.patch_namespaced_config_map(name, "default", {"data": {"n": str(n)}})
-        written.append(n)
 
     async def toucher() -> None:
         for n in range(1, 10_000):
