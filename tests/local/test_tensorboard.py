@@ -48,7 +48,7 @@ def _points(url: str, tag: str) -> list[Any]:
 
 
 def test_tensorboard_shows_a_running_jobs_scalars_as_they_come_and_the_same_numbers_after(
-    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+    tmp_path: Path, mnist_data_dir: Path
 ) -> None:
     """Started while the run trains, TensorBoard sees epochs written after it started (the
     chief flushes its summaries at every event); once the run is stopped it still serves
@@ -60,9 +60,8 @@ def test_tensorboard_shows_a_running_jobs_scalars_as_they_come_and_the_same_numb
         epochs=2000, steps_per_epoch=10, progress_every_steps=5
     )
     write_job(tmp_path / "job.yaml", manifest)
-    data_dir = tmp_path_factory.mktemp("tfds")
     log = tmp_path / "run.log"
-    args = ["-f", "job.yaml", "--data-dir", str(data_dir), "--quiet"]
+    args = ["-f", "job.yaml", "--data-dir", str(mnist_data_dir), "--quiet"]
     run = start_run(args, tmp_path, log)
     run_dir = tmp_path / "trainjob-runs" / "mnist-loop-default"
     server = None

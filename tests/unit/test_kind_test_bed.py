@@ -4,6 +4,10 @@ the shared volumes."""
 
 from __future__ import annotations
 
+import io
+import json
+import tarfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +16,7 @@ from tests.controlplane.cluster import ControlPlaneError
 from tests.controlplane.e2e_cluster import KIND_IMAGES, qualified_image
 from tests.controlplane.kind import (
     SHARED_MOUNT,
+    append_docker_archive,
     image_digest,
     manifest_layers,
     set_network_policies_image,
@@ -54,6 +59,75 @@ def test_the_layers_of_a_manifest_and_of_every_manifest_under_an_index() -> None
     assert manifest_layers(blobs.__getitem__, "sha256:m1") == ["sha256:l1"]
     # the config blobs are kept: the image is listed and runs from them and its snapshots
     assert manifest_layers(blobs.__getitem__, "sha256:index") == ["sha256:l1", "sha256:l2"]
+
+
+def _docker_archive(path: Path, ref: str, layers: dict[str, bytes]) -> None:
+    """A docker-archive as `buildah push` writes one: layers and config named by digest, each
+    layer's legacy folder with its symlink, then manifest.json and repositories last."""
+    files = {**{f"{name}.tar": data for name, data in layers.items()}, f"cfg-{ref}.json": b"{}"}
+    with tarfile.open(path, "w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name in layers:
+            link = tarfile.TarInfo(f"v1-{name}/layer.tar")
+            link.type = tarfile.SYMTYPE
+            link.linkname = f"../{name}.tar"
+            tar.addfile(link)
+        image = {
+            "Config": f"cfg-{ref}.json",
+            "RepoTags": [ref],
+            "Layers": [f"{n}.tar" for n in layers],
+        }
+        for name, data in (
+            ("manifest.json", json.dumps([image]).encode()),
+            ("repositories", b"{}"),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_an_image_built_on_another_joins_its_archive_with_only_the_layers_it_adds(
+    tmp_path: Path,
+) -> None:
+    runtime, mnist = tmp_path / "runtime.tar", tmp_path / "mnist.tar"
+    _docker_archive(runtime, "trainjob:1", {"base": b"B" * 3000, "tf": b"T" * 700})
+    _docker_archive(mnist, "mnist:1", {"base": b"B" * 3000, "tf": b"T" * 700, "script": b"S"})
+    append_docker_archive(runtime, mnist)
+    with tarfile.open(runtime) as tar:
+        names = tar.getnames()
+        manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
+        script = tar.extractfile("script.tar").read()  # type: ignore[union-attr]
+    # each file once (a worker's containerd reads and hashes every layer file it is given)
+    assert sorted(names) == sorted(set(names)), names
+    assert [n for n in names if n.endswith(".tar") and "/" not in n] == [
+        "base.tar",
+        "tf.tar",
+        "script.tar",
+    ]
+    assert script == b"S"
+    assert [(i["RepoTags"], i["Layers"]) for i in manifest] == [
+        (["trainjob:1"], ["base.tar", "tf.tar"]),
+        (["mnist:1"], ["base.tar", "tf.tar", "script.tar"]),
+    ]
+    assert names[-1] == "manifest.json"  # so the next image can join it the same way
+    assert "v1-script/layer.tar" in names
+
+
+def test_an_archive_not_ending_with_its_manifest_is_refused_not_cut(tmp_path: Path) -> None:
+    archive, other = tmp_path / "a.tar", tmp_path / "b.tar"
+    _docker_archive(archive, "a:1", {"base": b"B"})
+    _docker_archive(other, "b:1", {"base": b"B", "more": b"M"})
+    with tarfile.open(archive, "a") as tar:
+        info = tarfile.TarInfo("late-layer.tar")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"L"))
+    size = archive.stat().st_size
+    with pytest.raises(ControlPlaneError, match=r"does not end with its manifest\.json"):
+        append_docker_archive(archive, other)
+    assert archive.stat().st_size == size
 
 
 INSTALL_YAML: list[dict[str, Any] | None] = [
