@@ -211,28 +211,6 @@ def machine_factor(measured_seconds: float | None, reference_seconds: float) -> 
     return max(1.0, measured_seconds / reference_seconds)
 
 
-# When the full run starts the e2e tier's kind cluster without a record of an earlier run:
-# seconds into the tiers.
-KIND_START_DEFAULT_SECONDS: Final = 720
-# The least margin between the cluster being ready and the tiers' end, in seconds.
-KIND_START_MIN_MARGIN_SECONDS: Final = 120
-
-
-def kind_start_after(record: str | None) -> int:
-    """Seconds into the tiers at which the kind cluster should start to be ready as they end,
-    from the last full run's record ("TIERS_SECONDS SETUP_SECONDS", tests/run writes it):
-    its tiers' wall time less its cluster's set-up and a margin of a quarter of that set-up
-    (at least 2 minutes). Ready sooner, the cluster waits beside the CPU-bound tiers and
-    slows them (tests/README.md measured 18:49 without it, 32:45 with 15 minutes of it);
-    later, the e2e tier waits for it. Without a usable record, the default; never below 0."""
-    fields = (record or "").split()
-    if len(fields) != 2 or not all(f.isdigit() for f in fields):
-        return KIND_START_DEFAULT_SECONDS
-    tiers, setup = (int(f) for f in fields)
-    margin = max(setup // 4, KIND_START_MIN_MARGIN_SECONDS)
-    return max(tiers - setup - margin, 0)
-
-
 def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
@@ -302,20 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="what `calibrate` measured on this machine: the budget is scaled by it",
     )
     sub.add_parser("calibrate", help="time the reference workload (seconds, to stdout)")
-    kind = sub.add_parser(
-        "kind-start-after", help="when the full run starts its kind cluster (seconds, to stdout)"
-    )
-    kind.add_argument("record", type=Path, help="the last full run's record (may be missing)")
     args = parser.parse_args(argv)
     if args.command == "calibrate":
         print(f"{calibrate():.3f}")
-        return 0
-    if args.command == "kind-start-after":
-        try:
-            record: str | None = args.record.read_text(encoding="utf-8")
-        except OSError:
-            record = None
-        print(kind_start_after(record))
         return 0
     timings = read_timings(
         args.timings.read_text(encoding="utf-8").splitlines() if args.timings.exists() else []

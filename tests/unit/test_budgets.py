@@ -57,32 +57,6 @@ def test_the_smokes_run_beside_the_e2e_tier_are_a_row_of_their_own_not_in_their_
     assert figures[timing.BESIDE_E2E].wall == 110.0
 
 
-def test_the_kind_cluster_starts_to_be_ready_as_the_last_runs_tiers_ended() -> None:
-    # Tiers of 1,965 s, a set-up of 551 s: a margin of 137 s (a quarter of the set-up).
-    assert timing.kind_start_after("1965 551\n") == 1965 - 551 - 137
-    # A quick set-up still leaves 2 minutes.
-    assert timing.kind_start_after("1000 200") == 1000 - 200 - 120
-    # Tiers shorter than the set-up: at once.
-    assert timing.kind_start_after("300 551") == 0
-    # No record, or one that is not two whole numbers: the default.
-    for record in (None, "", "junk", "1965", "1965 551 7", "-5 10", "19.5 3"):
-        assert timing.kind_start_after(record) == timing.KIND_START_DEFAULT_SECONDS, record
-
-
-def test_the_kind_start_command_reads_a_missing_record_as_none(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "tests.support.timing", "kind-start-after"]
-    missing = subprocess.run(
-        [*command, str(tmp_path / "none")], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    assert missing.stdout.strip() == str(timing.KIND_START_DEFAULT_SECONDS)
-    record = tmp_path / "record"
-    record.write_text("2000 400\n", encoding="utf-8")
-    found = subprocess.run(
-        [*command, str(record)], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    assert found.stdout.strip() == str(2000 - 400 - 120)
-
-
 def test_a_test_over_budget_is_caught_unless_listed_with_its_parameters_ignored() -> None:
     listed = next(iter(budgets.SLOW_TESTS))
     budget = budgets.TEST_BUDGET_SECONDS
