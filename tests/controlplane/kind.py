@@ -29,8 +29,9 @@ sources, sigs.k8s.io/kind):
   in each node (``host_masquerade_rule``): nothing beyond this machine.
 
 The product images are imported into the workers' containerd as ``kind load image-archive``
-does, from an archive in the shared folder (``KindCluster.load_images``; the
-control-plane node is tainted, as in any multi-node kind cluster). ``running_kind`` deletes
+does, from an archive in the shared folder (``write_image_archive``, written while the nodes
+boot, then ``KindCluster.import_images``; the control-plane node is tainted, as in any
+multi-node kind cluster). ``running_kind`` deletes
 the cluster and stops dockerd, and removes the namespace, veth, data root and mounts, also
 when a test fails or the run is interrupted; ``leftovers`` lists what must not remain.
 """
@@ -331,6 +332,35 @@ def _archive_manifest(tar: tarfile.TarFile) -> list[dict[str, Any]]:
     return images
 
 
+def write_image_archive(archive: Path, refs: Sequence[str]) -> None:
+    """The images `refs` from buildah's store into one docker-archive at `archive`, each layer
+    once: the first pushed there, each next one to a file of its own, appended
+    (append_docker_archive), then removed. Nothing is left at `archive` if it fails.
+
+    One archive, not one per image: containerd's import reads, hashes and stores every layer
+    file an archive holds, even one it already has, and Kubeflow's MNIST image is the runtime
+    image plus two small layers. Imported from an archive of its own, it cost each worker its
+    2 GB again (39 CPU-seconds of containerd and ctr, against 49 for the runtime image itself,
+    measured on this machine's containerd 1.6)."""
+    if not refs:
+        return
+    started = time.monotonic()
+    try:
+        for i, ref in enumerate(refs):
+            part = archive if i == 0 else archive.with_suffix(f".{i}.tar")
+            try:
+                image_store_buildah("push", "--quiet", ref, f"docker-archive:{part}:{ref}")
+                if part != archive:
+                    append_docker_archive(archive, part)
+            finally:
+                if part != archive:
+                    part.unlink(missing_ok=True)
+    except BaseException:
+        archive.unlink(missing_ok=True)
+        raise
+    print(f"image archive written in {time.monotonic() - started:.0f}s: {', '.join(refs)}")
+
+
 def host_masquerade_rule() -> list[str]:
     """The node's rule for pods' connections to KIND_HOST_IP, this machine's end of the veth
     (where a test's S3 server listens, tests/e2e/test_trainjob.py): from the node's address,
@@ -399,7 +429,8 @@ class KindCluster:
     # -- start ---------------------------------------------------------------------------
 
     def start(self) -> KindCluster:
-        clean_up()  # what a killed run left behind
+        """Nodes, pod network and storage; start_kind has removed what a killed run left
+        behind (clean_up) and made the shared folder first."""
         started = time.monotonic()
         self._network_up()
         self._start_dockerd()
@@ -601,41 +632,21 @@ class KindCluster:
 
     # -- images --------------------------------------------------------------------------
 
-    def load_images(self, refs: Sequence[str], nodes: Sequence[str] = WORKERS) -> None:
-        """The images from buildah's store into the containerd of `nodes`: one archive in the
-        shared folder holding them all (append_docker_archive), imported by both workers side
-        by side, then its layers dropped from their content stores (see discard_layers).
-
-        One archive, not one per image: containerd's import reads, hashes and stores every
-        layer file an archive holds, even one it already has, and Kubeflow's MNIST image is
-        the runtime image plus two small layers. Imported from an archive of its own, it cost
-        each worker its 2 GB again (39 CPU-seconds of containerd and ctr, against 49 for the
-        runtime image itself, measured on this machine's containerd 1.6)."""
+    def import_images(self, refs: Sequence[str], nodes: Sequence[str] = WORKERS) -> None:
+        """The archive write_image_archive left in the shared folder into the containerd of
+        `nodes`, side by side, then its layers dropped from their content stores (see
+        discard_layers); the archive is removed either way."""
         if not refs:
             return
-        archive = self.shared / IMAGE_ARCHIVE_NAME
         started = time.monotonic()
         try:
-            for i, ref in enumerate(refs):
-                part = archive if i == 0 else archive.with_suffix(f".{i}.tar")
-                try:
-                    image_store_buildah("push", "--quiet", ref, f"docker-archive:{part}:{ref}")
-                    if part != archive:
-                        append_docker_archive(archive, part)
-                finally:
-                    if part != archive:
-                        part.unlink(missing_ok=True)
-            pushed = time.monotonic() - started
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(nodes)) as pool:
                 list(pool.map(self.import_image, nodes))
         finally:
-            archive.unlink(missing_ok=True)
+            (self.shared / IMAGE_ARCHIVE_NAME).unlink(missing_ok=True)
         for node in nodes:
             self.discard_layers(node, refs)
-        print(
-            f"images imported ({', '.join(nodes)}) in {time.monotonic() - started:.0f}s "
-            f"(their archive written in {pushed:.0f}s): {', '.join(refs)}"
-        )
+        print(f"images imported ({', '.join(nodes)}) in {time.monotonic() - started:.0f}s")
 
     def import_image(self, node: str) -> None:
         """The archive in the shared folder into `node`'s containerd, unpacked for the kubelet
@@ -794,20 +805,26 @@ def start_kind(images: Sequence[str] = ()) -> KindCluster:
     scheduler installed; left running, with READY written last. Starting it removes what a
     killed run left; a failed start removes what it made."""
     cluster = KindCluster(KindTools.locate().require())
+    refs = image_refs(images)
+    clean_up()  # what a killed run left behind
+    cluster.shared.mkdir(parents=True, exist_ok=True)
     try:
-        try:
-            cluster.start()
-        except (ControlPlaneError, waits.WaitTimeoutError):
-            log = STATE_DIR / "dockerd.log"
-            if log.exists():
-                print("--- dockerd.log (last 40 lines)")
-                print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
-            raise
-        cluster.install_network_policies()
-
-        # The images load (disk) while the charts install (mostly waiting for their Pods)
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            loading = pool.submit(cluster.load_images, image_refs(images))
+            # The images' archive (about 60 CPU-seconds for 90 s) is written while the nodes
+            # boot, which leaves a quarter of the CPUs idle; after them it took 90 s more.
+            archived = pool.submit(write_image_archive, cluster.shared / IMAGE_ARCHIVE_NAME, refs)
+            try:
+                cluster.start()
+            except (ControlPlaneError, waits.WaitTimeoutError):
+                log = STATE_DIR / "dockerd.log"
+                if log.exists():
+                    print("--- dockerd.log (last 40 lines)")
+                    print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+                raise
+            cluster.install_network_policies()
+            archived.result()
+            # The images load (disk) while the charts install (mostly waiting for their Pods)
+            loading = pool.submit(cluster.import_images, refs)
             cluster.install_gang_scheduler()
             cluster.install_kueue()
             loading.result()
