@@ -203,7 +203,9 @@ def test_high_priority_job_preempts_through_kueue_and_the_low_one_resumes_where_
     cluster: Cluster, queues: str, namespace: str, tmp_path: Path
 ) -> None:
     low, high = "low", "high"
-    cluster.apply(namespace, json.dumps(queued_mnist(low, namespace, "low", epochs=10)))
+    # 6 epochs (240 steps): still training when the high job preempts it, a few seconds after
+    # its first step; what is left after it resumes is what the wait costs.
+    cluster.apply(namespace, json.dumps(queued_mnist(low, namespace, "low", epochs=6)))
     worker0 = f"{low}-worker-0"
 
     def training(pod: str) -> bool:
@@ -216,7 +218,7 @@ def test_high_priority_job_preempts_through_kueue_and_the_low_one_resumes_where_
     follower = LogFollower(cluster, namespace, worker0, tmp_path / "low-worker-0.log")
     follower.start()
 
-    cluster.apply(namespace, json.dumps(queued_mnist(high, namespace, "high", epochs=2)))
+    cluster.apply(namespace, json.dumps(queued_mnist(high, namespace, "high", epochs=1)))
     wait_until(
         lambda: suspended_reason(cluster, namespace, low) == "EvictedByKueue",
         timeout=JOB_TIMEOUT,
