@@ -31,9 +31,9 @@ sources, sigs.k8s.io/kind):
 The product images are imported into the workers' containerd as ``kind load image-archive``
 does, from an archive in the shared folder (``write_image_archive``, written while the nodes
 boot, then ``KindCluster.import_images``; the control-plane node is tainted, as in any
-multi-node kind cluster). ``running_kind`` deletes
-the cluster and stops dockerd, and removes the namespace, veth, data root and mounts, also
-when a test fails or the run is interrupted; ``leftovers`` lists what must not remain.
+multi-node kind cluster). ``running_kind`` deletes the cluster and stops dockerd, and removes
+the namespace, veth, data root and mounts, also when a test fails or the run is interrupted;
+``leftovers`` lists what must not remain.
 """
 
 from __future__ import annotations
@@ -345,16 +345,20 @@ def write_image_archive(archive: Path, refs: Sequence[str]) -> None:
     if not refs:
         return
     started = time.monotonic()
+
+    def push(ref: str, to: Path) -> None:
+        image_store_buildah("push", "--quiet", ref, f"docker-archive:{to}:{ref}")
+
+    first, *others = refs
     try:
-        for i, ref in enumerate(refs):
-            part = archive if i == 0 else archive.with_suffix(f".{i}.tar")
+        push(first, archive)
+        for i, ref in enumerate(others, start=1):
+            part = archive.with_suffix(f".{i}.tar")
             try:
-                image_store_buildah("push", "--quiet", ref, f"docker-archive:{part}:{ref}")
-                if part != archive:
-                    append_docker_archive(archive, part)
+                push(ref, part)
+                append_docker_archive(archive, part)
             finally:
-                if part != archive:
-                    part.unlink(missing_ok=True)
+                part.unlink(missing_ok=True)
     except BaseException:
         archive.unlink(missing_ok=True)
         raise
