@@ -26,9 +26,7 @@ from .conftest import (
     write_job,
 )
 
-# beside_e2e: in the full run, beside the e2e tier's alone tests (tests/README.md, "The
-# benchmarks' smokes beside the alone tests"): 8 whole TensorFlow jobs, about 215 CPU-seconds.
-pytestmark = [pytest.mark.training, pytest.mark.beside_e2e]
+pytestmark = pytest.mark.training
 
 EXAMPLE = REPO_ROOT / "examples" / "mnist-multiworker.yaml"
 RUN_TIMEOUT = 240
