@@ -48,6 +48,20 @@ TRANSIENT = [
         _tf_error("UnknownError", "Coordination service: task has been disconnected"),
         190,
     ),
+    # The coordination service's leader (task 0) was replaced while this task trained: TF 2.21
+    # raises it as InvalidArgumentError (seen in the e2e lost-node test, 2026-11-30, where it
+    # failed the job as a user error under restartPolicy ExitCode).
+    (
+        FailureKind.PEER_UNAVAILABLE,
+        _tf_error(
+            "InvalidArgumentError",
+            "{{function_node __wrapped__CollectiveReduceV2_Nordering_token_1_device_/job:worker/"
+            "replica:0/task:1/device:CPU:0}} Collective ops is aborted by: Task with task_name="
+            "/job:worker/replica:0/task:1 must be registered before sending heartbeat messages. "
+            "The service might have restarted, please restart / reset and register again.",
+        ),
+        190,
+    ),
     # A heartbeat timeout names a timeout: the timeout code (both are retryable).
     (FailureKind.COLLECTIVE_TIMEOUT, _tf_error("InternalError", "heartbeat timeout"), 191),
     (FailureKind.COLLECTIVE_TIMEOUT, _tf_error("DeadlineExceededError", "collective"), 191),

@@ -99,6 +99,12 @@ _TIMEOUT_MESSAGE_MARKERS: Final = ("deadline exceeded", "timed out", "timeout")
 _USER_TF_ERROR_CLASSES: Final = frozenset(
     {"InvalidArgumentError", "NotFoundError", "FailedPreconditionError", "OutOfRangeError"}
 )
+# ...except when the coordination service says its leader (task 0) restarted under this task:
+# TF 2.21 raises that as InvalidArgumentError, and another attempt of the group succeeds.
+_COORDINATION_RESTART_MARKERS: Final = (
+    "must be registered before sending heartbeat",
+    "the service might have restarted",
+)
 
 
 class Preempted(Exception):  # noqa: N818 - it is an event, not a bug
@@ -171,6 +177,8 @@ def classify_names(names: Iterable[str], message: str) -> FailureKind | None:
     if name_set & _PEER_ERROR_CLASSES:
         return FailureKind.PEER_UNAVAILABLE
     if name_set & _USER_TF_ERROR_CLASSES:
+        if any(marker in lowered for marker in _COORDINATION_RESTART_MARKERS):
+            return FailureKind.PEER_UNAVAILABLE
         return None
     if {"InternalError", "UnknownError", "RuntimeError"} & name_set:
         if any(marker in lowered for marker in _TIMEOUT_MESSAGE_MARKERS):
