@@ -42,6 +42,7 @@ import aiohttp
 import kopf
 
 from trainjob.core import constants, policy
+from trainjob_operator import aio
 
 logger = logging.getLogger(__name__)
 
@@ -639,9 +640,7 @@ class Kube:
                         # live one talking). Our own deadline, not aiohttp's sock_read: that
                         # one stops counting when the session closes under the read.
                         try:
-                            chunk = await asyncio.wait_for(
-                                response.content.readany(), self._watch_idle
-                            )
+                            chunk = await aio.within(response.content.readany(), self._watch_idle)
                         except asyncio.TimeoutError:
                             silent = True
                             break

@@ -32,6 +32,7 @@ from typing import Final
 
 from trainjob.core import tfjob
 from trainjob_operator import (
+    aio,
     children,
     config,
     context,
@@ -104,7 +105,7 @@ class Manager:
         scopes = ctx.settings.watched_namespaces or ("",)
         listed = [ctx.informer.acquire(namespace) for namespace in scopes]
         try:
-            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in listed)), LIST_WAIT)
+            await aio.within(asyncio.gather(*(event.wait() for event in listed)), LIST_WAIT)
         except asyncio.TimeoutError:
             logger.warning("Children not listed in %.0fs; serving jobs as they come", LIST_WAIT)
         ctx.nodes.start()

@@ -34,7 +34,7 @@ from typing import Any, Final
 import prometheus_client
 
 from trainjob.core import containers, progress, termination
-from trainjob_operator import children, kube, leader
+from trainjob_operator import aio, children, kube, leader
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ class ProgressStatus:
                     self._wake.clear()
                     # A final report arriving meanwhile is written without waiting.
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), delay)
+                        await aio.within(self._wake.wait(), delay)
                     continue
                 if not self._waiting:
                     continue

@@ -20,6 +20,8 @@ import itertools
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
+from trainjob_operator import aio
+
 K = TypeVar("K", bound=Hashable)
 
 
@@ -113,7 +115,7 @@ class WorkQueue(Generic[K]):
             self._timer_changed.clear()
             timeout = self._heap[0][0] - now if self._heap else None
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._timer_changed.wait(), timeout)
+                await aio.within(self._timer_changed.wait(), timeout)
 
     def _notify(self) -> None:
         self._wake_one()

@@ -454,6 +454,24 @@ def test_the_queue_keeps_one_timer_per_key_and_the_later_call_wins() -> None:
     run(scenario)
 
 
+def test_the_timer_task_stops_when_cancelled_in_the_turn_a_timer_was_set() -> None:
+    # A worker's requeue sets the timer event; the controller closing in that same turn
+    # cancelled a task whose asyncio.wait_for then returned the event instead (CPython
+    # gh-86296), so closing waited for the resync period. It failed a CI run.
+    async def scenario() -> None:
+        queue: workqueue.WorkQueue[str] = workqueue.WorkQueue()
+        timers = asyncio.get_running_loop().create_task(queue.run_timers())
+        queue.add_after("a", 600.0)  # the timer task now waits with a timeout
+        for _ in range(5):
+            await asyncio.sleep(0)
+        queue.add_after("b", 600.0)
+        timers.cancel()
+        done, _ = await asyncio.wait({timers}, timeout=2.0)
+        assert done and timers.cancelled(), "the timer task ran on after its cancellation"
+
+    run(scenario)
+
+
 def test_the_slim_copy_leaves_only_managed_fields_out() -> None:
     raw = trainjob()
     slim = controller.slim(raw)
