@@ -22,19 +22,25 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
+from urllib.parse import quote, urlencode
+
+import urllib3
 
 from tests.support import waits
 
 if TYPE_CHECKING:  # the node's control plane is imported only where a node runs
+    from kubernetes.client import ApiClient
+
     from tests.controlplane.cluster import ControlPlane
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
@@ -98,13 +104,49 @@ class Cluster:
         return self.run(self.helm_path, *args, timeout=timeout)
 
     def get_json(self, *args: str) -> dict[str, Any]:
-        """``kubectl get ... -o json``; {} when the object does not exist (yet)."""
-        out = self.kubectl("get", *args, "-o", "json", check=False)
+        """``kubectl get ... -o json``; {} when the object does not exist (yet). What
+        `read_path` understands is read over the session's own API connection instead."""
+        request = read_path(args)
+        if request is None:
+            out = self.kubectl("get", *args, "-o", "json", check=False)
+        else:
+            out = self.api_get(*request)
         try:
             value = json.loads(out) if out else {}
         except ValueError:
             return {}
         return value if isinstance(value, dict) else {}
+
+    @functools.cached_property
+    def _api(self) -> ApiClient:
+        # The e2e tests poll once a second. A kubectl process per probe cost about 0.09
+        # CPU-seconds on the client alone (a new process, its discovery cache read, a TLS
+        # handshake): 40 CPU-s in 4.5 minutes of the side-by-side e2e session, with every
+        # core busy. One client per session keeps its connections.
+        from kubernetes import config
+
+        kubeconfig = self.env.get("KUBECONFIG") or None
+        client: ApiClient = config.new_client_from_config(config_file=kubeconfig)
+        return client
+
+    def api_get(self, path: str, query: Sequence[tuple[str, str]] = ()) -> str:
+        """The body of a GET of `path` on the API server; "" for an error, as a failed
+        kubectl prints nothing on stdout. Through the client's connection pool, TLS and
+        credentials (the same in every client version the project supports)."""
+        api = self._api
+        settings = api.configuration
+        headers = {"Accept": "application/json, */*"}
+        for auth in settings.auth_settings().values():
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[str(auth["key"])] = str(auth["value"])
+        url = f"{settings.host}{path}" + (f"?{urlencode(query)}" if query else "")
+        try:
+            response = api.rest_client.pool_manager.request(
+                "GET", url, headers=headers, timeout=READ_TIMEOUT
+            )
+        except (OSError, urllib3.exceptions.HTTPError):
+            return ""
+        return response.data.decode("utf-8", "replace") if response.status == 200 else ""
 
     def apply(self, namespace: str, manifest: str | Path) -> str:
         if isinstance(manifest, Path):
@@ -113,7 +155,7 @@ class Cluster:
 
     def progress(self, namespace: str, pod: str) -> list[dict[str, Any]]:
         """The runtime's progress events (one JSON line each) in a pod's log."""
-        logs = self.kubectl("logs", pod, "-n", namespace, "-c", "tensorflow", check=False)
+        logs = self.api_get(pod_log_path(namespace, pod), [("container", "tensorflow")])
         events = []
         for line in logs.splitlines():
             if line.startswith(PROGRESS_PREFIX):
@@ -217,6 +259,54 @@ KIND_IMAGES: Final = (
     "docker.io/trainjob/trainjob-legacy:{version}",
     "gcr.io/kubeflow-ci/tf-mnist-with-summaries:1.0",
 )
+
+
+# The resources the tests read, as kubectl names them: their API path, plural, namespaced.
+READABLE: Final[Mapping[str, tuple[str, str, bool]]] = {
+    **dict.fromkeys(("pod", "pods", "po"), ("api/v1", "pods", True)),
+    **dict.fromkeys(("node", "nodes", "no"), ("api/v1", "nodes", False)),
+    **dict.fromkeys(
+        ("trainjob", "trainjobs", "tj"), ("apis/trainjob.dev/v1alpha1", "trainjobs", True)
+    ),
+}
+READ_TIMEOUT: Final = 60.0
+
+
+def read_path(args: Sequence[str]) -> tuple[str, list[tuple[str, str]]] | None:
+    """The API path and query of ``kubectl get ARGS -o json``, or None where ARGS go beyond
+    one resource of READABLE, a name, ``-n``, ``-l`` and ``--ignore-not-found`` (kubectl
+    then reads it): a namespaced read names its namespace, as kubectl's default one is the
+    kubeconfig's to say."""
+    if not args or args[0] not in READABLE:
+        return None
+    prefix, plural, namespaced = READABLE[args[0]]
+    name = namespace = None
+    query: list[tuple[str, str]] = []
+    tokens = iter(args[1:])
+    for token in tokens:
+        if token in ("-n", "-l"):
+            value = next(tokens, None)
+            if value is None:
+                return None
+            if token == "-n":
+                namespace = value
+            else:
+                query.append(("labelSelector", value))
+        elif token == "--ignore-not-found":
+            continue
+        elif not token.startswith("-") and name is None:
+            name = token
+        else:
+            return None
+    if namespaced != (namespace is not None):
+        return None
+    scope = f"/namespaces/{quote(namespace, safe='')}" if namespace is not None else ""
+    item = f"/{quote(name, safe='')}" if name is not None else ""
+    return f"/{prefix}{scope}/{plural}{item}", query
+
+
+def pod_log_path(namespace: str, pod: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(pod, safe='')}/log"
 
 
 def cluster_kind() -> str:

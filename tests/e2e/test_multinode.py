@@ -231,10 +231,10 @@ def test_lost_node_names_the_cause_and_the_job_resumes_on_the_other_node(
     assert starts and starts[0]["initial_step"] > 0, starts  # resumed from the checkpoint
     status = cluster.get_json("trainjob", job, "-n", namespace)["status"]
     # One counted restart at most: the surviving worker's collective breaks within seconds,
-    # before the node lifecycle controller calls the node lost (40 s), so that restart counts;
-    # had the node been known lost first, it would not have (a disruption). The lost replica's
-    # Pod, left Terminating on the unreachable node by that restart, may be recreated once the
-    # Node is deleted and also be counted as a disruption (seen once, 2026-11-28): at most one
-    # of each, and only the restart counts toward backoffLimit.
+    # before the node lifecycle controller calls the node lost (30 s, kind.cluster_config), so
+    # that restart counts; had the node been known lost first, it would not have (a disruption).
+    # The lost replica's Pod, left Terminating on the unreachable node by that restart, may be
+    # recreated once the Node is deleted and also be counted as a disruption (seen once,
+    # 2026-11-28): at most one of each, and only the restart counts toward backoffLimit.
     assert status.get("restartCount", 0) <= 1, status
     assert status.get("disruptionCount", 0) <= 1, status

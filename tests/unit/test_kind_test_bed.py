@@ -1,6 +1,7 @@
 """The kind test bed's decisions (tests/controlplane/kind.py, node.py): which layers a worker may
 drop after `kind load`, the DaemonSet that enforces NetworkPolicy and the rules that feed it, and
-the shared volumes."""
+the shared volumes; the cluster's configuration; the reads the e2e tests make over their own
+API connection instead of a kubectl process."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.controlplane.cluster import ControlPlaneError
-from tests.controlplane.e2e_cluster import KIND_IMAGES, qualified_image
+from tests.controlplane.e2e_cluster import KIND_IMAGES, pod_log_path, qualified_image, read_path
 from tests.controlplane.kind import (
     SHARED_MOUNT,
     append_docker_archive,
+    cluster_config,
     image_digest,
     manifest_layers,
     set_network_policies_image,
@@ -219,3 +222,59 @@ def test_kind_loads_no_cuda_image() -> None:
     assert "docker.io/trainjob/trainjob:{version}" in KIND_IMAGES, KIND_IMAGES  # the CPU twin
     loaded = image_refs(KIND_IMAGES)
     assert not [ref for ref in loaded if ref.endswith("-gpu")], loaded
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ("trainjob", "mnist", "-n", "team-a"),
+            ("/apis/trainjob.dev/v1alpha1/namespaces/team-a/trainjobs/mnist", []),
+        ),
+        (("pod", "w-0", "-n", "ns", "--ignore-not-found"), ("/api/v1/namespaces/ns/pods/w-0", [])),
+        (
+            ("pods", "-n", "ns", "-l", "trainjob.dev/job-name=mnist"),
+            ("/api/v1/namespaces/ns/pods", [("labelSelector", "trainjob.dev/job-name=mnist")]),
+        ),
+        (("nodes",), ("/api/v1/nodes", [])),
+    ],
+)
+def test_a_read_kubectl_would_make_is_the_same_api_path(
+    args: tuple[str, ...], expected: tuple[str, list[tuple[str, str]]]
+) -> None:
+    assert read_path(args) == expected
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("events", "-n", "ns"),  # not a resource it knows
+        ("trainjob", "mnist"),  # kubectl's default namespace is the kubeconfig's to say
+        ("nodes", "-n", "ns"),  # a cluster-wide resource in a namespace: kubectl's error
+        ("pods", "-A"),  # a flag it does not know
+        ("pods", "-n"),  # a flag without its value
+        ("pod", "a", "b", "-n", "ns"),  # two names
+        (),
+    ],
+)
+def test_anything_else_is_left_to_kubectl(args: tuple[str, ...]) -> None:
+    assert read_path(args) is None
+
+
+def test_a_log_and_a_name_with_odd_characters_are_quoted_into_the_path() -> None:
+    assert pod_log_path("ns", "w-0") == "/api/v1/namespaces/ns/pods/w-0/log"
+    assert read_path(("pod", "a/b", "-n", "ns")) == ("/api/v1/namespaces/ns/pods/a%2Fb", [])
+
+
+def test_a_lost_node_is_called_lost_sooner_but_only_after_several_missed_renewals(
+    tmp_path: Path,
+) -> None:
+    config = yaml.safe_load(cluster_config(tmp_path))
+    patches = {p["kind"]: p for p in map(yaml.safe_load, config["kubeadmConfigPatches"])}
+    cluster = patches["ClusterConfiguration"]
+    manager = cluster["controllerManager"]["extraArgs"]
+    grace = int(manager["node-monitor-grace-period"].removesuffix("s"))
+    lease = patches["KubeletConfiguration"]["nodeLeaseDurationSeconds"]
+    # the kubelet renews its lease every quarter of its duration: several renewals must fail
+    # before a live node is called lost
+    assert grace < 50 and grace / (lease / 4) >= 5
