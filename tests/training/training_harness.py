@@ -33,6 +33,9 @@ def cluster_spec(roles: Mapping[str, int]) -> dict[str, list[str]]:
 def base_env(python_path: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINJOB_", "DTENSOR_"))}
     env.pop("TF_CONFIG", None)
+    # pytest's own note of the test running (it changes from set-up to call): no replica reads
+    # it, and replicas differing in it would not be forked from one server.
+    env.pop("PYTEST_CURRENT_TEST", None)
     env.update(
         PYTHONPATH=str(REPO_ROOT) if python_path is None else python_path,
         TF_CPP_MIN_LOG_LEVEL="2",

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Final
 
-from trainjob.core import policy
+from trainjob.core import forkwire, policy
 from trainjob.core.naming import ReplicaKey
 from trainjob.local import netns, plan, usernet
 
@@ -118,6 +118,183 @@ class Server:
         except subprocess.TimeoutExpired:
             self._popen.kill()
             self._popen.wait()
+
+
+# The fork server's TensorFlow import: a few seconds, a minute only on a machine very busy.
+FORK_SERVER_START_SECONDS: Final = 60.0
+FORK_SERVER_ANSWER_SECONDS: Final = 30.0
+
+
+class ForkedProcess:
+    """A replica forked by the fork server: the part of a Popen the supervisor uses (the
+    server, its parent, reaps it and reports its exit)."""
+
+    def __init__(self, pid: int, stdout: IO[bytes], server: ForkServer) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self._server = server
+
+    @property
+    def returncode(self) -> int | None:
+        return self._server.returncode_of(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._server.wait_for(self.pid, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """One process that imported TensorFlow once and forks the runtime's replicas from itself
+    (`trainjob.runtime.forkserver`; `trainjob.core.forkwire` says why and what it accepts)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], sock: socket.socket) -> None:
+        self._popen = popen
+        self._sock = sock
+        self._replies: queue.Queue[dict[str, object]] = queue.Queue()
+        self._exits: dict[int, int] = {}
+        self._changed = threading.Condition()
+        self._gone = False
+        self._lock = threading.Lock()  # one request at a time: its answer is the next reply
+        self._reader = threading.Thread(target=self._read, name="trainjob-forkserver", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(
+        cls,
+        env: Mapping[str, str],
+        cwd: str,
+        preexec_fn: Callable[[], None] | None = None,
+        timeout: float = FORK_SERVER_START_SECONDS,
+    ) -> ForkServer | str:
+        """A server started with the environment of the first replica it serves, once it has
+        imported TensorFlow; why not otherwise."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "trainjob.runtime.forkserver", str(theirs.fileno())],
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno()],
+                start_new_session=True,  # Ctrl-C reaches the supervisor, which closes it
+                preexec_fn=preexec_fn,  # noqa: PLW1509  # the run's namespaces, as a replica's
+            )
+        except (OSError, subprocess.SubprocessError) as error:
+            ours.close()
+            return f"cannot start the fork server: {error}"
+        finally:
+            theirs.close()
+        server = cls(popen, ours)
+        answer = server._reply(timeout)
+        if forkwire.READY not in answer:
+            server.close()
+            return str(answer.get("refused") or "the fork server did not start")
+        return server
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(forkwire.MAX_MESSAGE_BYTES)
+            except OSError:
+                data = b""
+            if not data:
+                with self._changed:
+                    self._gone = True
+                    self._changed.notify_all()
+                self._replies.put({})
+                return
+            message = forkwire.decode(data)
+            pid, code = message.get("exited"), message.get("returncode")
+            if isinstance(pid, int) and isinstance(code, int):
+                with self._changed:
+                    self._exits[pid] = code
+                    self._changed.notify_all()
+            else:
+                self._replies.put(message)
+
+    def _reply(self, timeout: float) -> dict[str, object]:
+        try:
+            return self._replies.get(timeout=timeout)
+        except queue.Empty:
+            return {}
+
+    def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: str, output_fd: int
+    ) -> int | str:
+        """Fork a replica writing to `output_fd` (the caller closes its own copy): its pid, or
+        why the server would not (then it is started as a process of its own)."""
+        message = forkwire.encode(forkwire.request(argv, env, cwd))
+        with self._lock:
+            if self._gone:
+                return "the fork server has exited"
+            try:
+                socket.send_fds(self._sock, [message], [output_fd])
+            except OSError as error:
+                return f"the fork server cannot be reached: {error}"
+            answer = self._reply(FORK_SERVER_ANSWER_SECONDS)
+        pid = answer.get("started")
+        if isinstance(pid, int):
+            return pid
+        return str(answer.get("refused") or "the fork server did not answer")
+
+    def returncode_of(self, pid: int) -> int | None:
+        with self._changed:
+            code = self._exits.get(pid)
+            if code is None and self._gone and not _exists(pid):
+                code = -signal.SIGKILL  # its parent, the server, was killed: no status left
+            return code
+
+    def wait_for(self, pid: int, timeout: float | None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while True:
+                code = self.returncode_of(pid)
+                if code is not None:
+                    return code
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                # Woken by each exit; a server gone is checked again every second.
+                self._changed.wait(1.0 if remaining is None else min(remaining, 1.0))
+
+    def close(self) -> None:
+        """Stop the server (its replicas go on: they are the supervisor's to stop)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        try:
+            self._popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            self._popen.wait()
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def find_pasta(environ: Mapping[str, str]) -> str | None:
@@ -330,7 +507,7 @@ class Exit:
 class _Child:
     process: plan.ProcessPlan
     attempt: int
-    popen: subprocess.Popen[bytes] | None
+    popen: subprocess.Popen[bytes] | ForkedProcess | None
     reader: threading.Thread | None
     exit_code: int | None = None  # set once exited (already 128+N for signals)
     finished_at: datetime.datetime | None = None
@@ -377,6 +554,10 @@ class Supervisor:
         self.lines: queue.Queue[Line] = queue.Queue()
         self.records: dict[ReplicaKey, ProcessRecord] = {}
         self.network: PrivateNetwork | None = None  # None: replicas use this machine's network
+        self._forking = forkwire.enabled(environ)
+        self._fork_server: ForkServer | None = None
+        # Why the latest replica of the runtime was started as a process of its own (None: forked).
+        self.fork_problem: str | None = None if self._forking else f"{forkwire.SWITCH_ENV} is off"
 
     def use_private_network(self, expose: Sequence[int] = ()) -> str | None:
         """Start every later replica in a network of the run's own (its way out, if any, in
@@ -442,10 +623,12 @@ class Supervisor:
         not start (also written to the log), else None."""
         key = process.key
         self._waiting_port.pop(key, None)
+        env = plan.process_env(process, self._environ)
+        popen: subprocess.Popen[bytes] | ForkedProcess | None = self._forked(process, env)
         try:
-            popen = subprocess.Popen(
+            popen = popen or subprocess.Popen(
                 list(process.argv),
-                env=plan.process_env(process, self._environ),
+                env=env,
                 cwd=self._cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -474,6 +657,31 @@ class Supervisor:
         self._children[key] = _Child(process, attempt, popen, reader)
         self._record(key, self._children[key])
         return None
+
+    def _forked(self, process: plan.ProcessPlan, env: dict[str, str]) -> ForkedProcess | None:
+        """The replica forked by the fork server, when it runs the runtime and the server
+        takes it; None: start it as a process of its own (`fork_problem` says why)."""
+        if not self._forking or forkwire.forkable_module(process.argv, sys.executable) is None:
+            return None
+        if self._fork_server is None:
+            enter = None if self.network is None else self.network.enter
+            server = ForkServer.start(env, self._cwd, enter)
+            if isinstance(server, str):
+                self._forking = False  # not tried again for this run
+                self.fork_problem = server
+                return None
+            self._fork_server = server
+        read_fd, write_fd = os.pipe()
+        try:
+            pid = self._fork_server.spawn(process.argv, env, self._cwd, write_fd)
+        finally:
+            os.close(write_fd)
+        if isinstance(pid, str):
+            os.close(read_fd)
+            self.fork_problem = pid
+            return None
+        self.fork_problem = None
+        return ForkedProcess(pid, os.fdopen(read_fd, "rb"), self._fork_server)
 
     def wait_for_port(self, key: ReplicaKey, attempt: int) -> bool:
         """Note that the replica waits for its port (like a Pod that cannot get its host port:
@@ -562,6 +770,9 @@ class Supervisor:
                     self._record(key, child)
             if child.reader is not None:
                 child.reader.join(timeout=5)
+        if self._fork_server is not None:
+            self._fork_server.close()
+            self._fork_server = None
         if self.network is not None:
             self.network.close()
             self.network = None

@@ -168,10 +168,16 @@ def train_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging() -> None:
+    """The replica's log lines: before TensorFlow's import, whose logger adds a handler of
+    its own (another format) when the root logger has none."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
 def train_main(argv: list[str]) -> int:
     """``trainjob train``: run this replica; return its exit code."""
     args = train_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging()
 
     env = dict(os.environ)
     for key, value in (
