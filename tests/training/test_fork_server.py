@@ -81,7 +81,8 @@ def _fork(
 
 
 def _report(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))
+    report: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return report
 
 
 def test_a_forked_replica_sees_what_its_own_process_would_and_exits_alike(

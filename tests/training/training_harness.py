@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tests.support import ports, waits
-from trainjob.core import constants
+from trainjob.core import constants, forkwire
+from trainjob.local import supervisor
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.05
@@ -87,7 +88,7 @@ def replica_env(
 @dataclass
 class Replica:
     name: str
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | supervisor.ForkedProcess
     log_path: Path
     started: float = field(default_factory=time.monotonic)
     peak_rss_mb: float = 0.0
@@ -120,13 +121,43 @@ class Replica:
         self.process.wait(timeout=30)
 
 
+# The fork servers of this test process, one for each environment replicas start in (their
+# identities aside): the runtime's replicas are forked from them as `trainjob run` forks its
+# own (tests/training/test_fork_server.py shows a forked replica is the process it would be).
+_fork_servers: dict[frozenset[tuple[str, str]], supervisor.ForkServer | None] = {}
+
+
+def _forked(
+    cmd: Sequence[str], env: Mapping[str, str], cwd: Path, output_fd: int
+) -> supervisor.ForkedProcess | None:
+    """The replica forked from this test process's server for its environment; None when it
+    is not the runtime's train command or the server refuses it (then it runs on its own)."""
+    if not forkwire.enabled(os.environ) or forkwire.forkable_module(cmd, sys.executable) is None:
+        return None
+    key = frozenset(
+        {**forkwire.import_env(env), "framework": env.get(constants.ENV_FRAMEWORK, "")}.items()
+    )
+    if key not in _fork_servers:
+        started = supervisor.ForkServer.start(env, str(cwd))
+        _fork_servers[key] = started if isinstance(started, supervisor.ForkServer) else None
+    server = _fork_servers[key]
+    if server is None:
+        return None
+    read_fd = os.open(os.devnull, os.O_RDONLY)  # the output goes to the log file, not a pipe
+    pid = server.spawn(cmd, env, str(cwd), output_fd)
+    if isinstance(pid, str):
+        os.close(read_fd)
+        return None
+    return supervisor.ForkedProcess(pid, os.fdopen(read_fd, "rb"), server)
+
+
 def start(
     name: str, env: Mapping[str, str], log_dir: Path, command: Sequence[str] | None = None
 ) -> Replica:
     log_path = log_dir / f"{name}.log"
     cmd = list(command or [sys.executable, "-m", "trainjob.runtime", "train"])
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(
+        process = _forked(cmd, env, log_dir, log.fileno()) or subprocess.Popen(
             cmd,
             env=dict(env),
             stdout=log,
