@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from tests.support import ports, waits
 from trainjob.core import constants, forkwire
 from trainjob.local import supervisor
+from trainjob.runtime import forkserver
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.05
@@ -134,9 +135,11 @@ def _forked(
     is not the runtime's train command or the server refuses it (then it runs on its own)."""
     if not forkwire.enabled(os.environ) or forkwire.forkable_module(cmd, sys.executable) is None:
         return None
-    key = frozenset(
-        {**forkwire.import_env(env), "framework": env.get(constants.ENV_FRAMEWORK, "")}.items()
-    )
+    # Keyed as the server compares: the environment the runtime prepares for the import.
+    prepared = forkserver.prepared(env)
+    if isinstance(prepared, str):
+        return None  # the replica reports its refused configuration itself
+    key = frozenset(forkwire.import_env(prepared).items())
     if key not in _fork_servers:
         started = supervisor.ForkServer.start(env, str(cwd))
         _fork_servers[key] = started if isinstance(started, supervisor.ForkServer) else None
