@@ -168,3 +168,36 @@ def test_a_replica_that_would_start_differently_is_refused_naming_why(
     # The server goes on serving.
     replica = _fork(server, _env(tmp_path, "after"), tmp_path)
     assert replica.wait(120) == 7
+
+
+def _children(pid: int) -> list[int]:
+    """The live children of a process (a forked replica's environment is not in its /proc
+    environ: that shows the server's, from its exec)."""
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
+    return [int(child) for child in text.split()]
+
+
+def test_a_replica_started_for_a_request_given_up_on_is_stopped(
+    tmp_path: Path, server: supervisor.ForkServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server too busy to answer in time: stopped, really, until after the request gave up.
+    monkeypatch.setattr(supervisor, "FORK_SERVER_ANSWER_SECONDS", 0.5)
+    late_env = _env(tmp_path, "late", then="wait")
+    os.kill(server._popen.pid, signal.SIGSTOP)
+    # Its output to a file: a replica writing to a pipe nobody reads would end by itself.
+    output = os.open(tmp_path / "late.log", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        answer = server.spawn(ARGV, late_env, str(tmp_path), output)
+    finally:
+        os.kill(server._popen.pid, signal.SIGCONT)
+        os.close(output)
+    assert answer == "the fork server did not answer"
+    monkeypatch.setattr(supervisor, "FORK_SERVER_ANSWER_SECONDS", 30.0)
+    # The server answers the old request first, then this one: each goes to its own.
+    replica = _fork(server, _env(tmp_path, "after"), tmp_path)
+    assert replica.wait(120) == 7
+    waits.wait_until(
+        lambda: not _children(server._popen.pid),
+        timeout=30,
+        what="the replica nobody claimed to be stopped",
+    )

@@ -80,8 +80,9 @@ def test_the_switch_is_on_unless_turned_off() -> None:
 
 
 def test_messages_round_trip_and_garbage_reads_as_nothing() -> None:
-    message = forkwire.request(["a"], {"K": "v"}, "/d")
+    message = forkwire.request(3, ["a"], {"K": "v"}, "/d")
     assert forkwire.decode(forkwire.encode(message)) == message
+    assert forkwire.decode(forkwire.encode(forkwire.started(3, 12))) == {"id": 3, "started": 12}
     assert forkwire.decode(forkwire.encode(forkwire.exited(7, -9))) == {
         "exited": 7,
         "returncode": -9,

@@ -104,16 +104,17 @@ def decode(data: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def request(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> dict[str, Any]:
-    return {"argv": list(argv), "env": dict(env), "cwd": cwd}
+def request(number: int, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> dict[str, Any]:
+    """Request `number`: its answer carries the number, so a late one is told apart."""
+    return {"id": number, "argv": list(argv), "env": dict(env), "cwd": cwd}
 
 
-def started(pid: int) -> dict[str, Any]:
-    return {"started": pid}
+def started(number: Any, pid: int) -> dict[str, Any]:
+    return {"id": number, "started": pid}
 
 
-def refused(reason: str) -> dict[str, Any]:
-    return {"refused": reason}
+def refused(number: Any, reason: str) -> dict[str, Any]:
+    return {"id": number, "refused": reason}
 
 
 def exited(pid: int, returncode: int) -> dict[str, Any]:

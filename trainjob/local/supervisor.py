@@ -170,7 +170,8 @@ class ForkServer:
         self._exits: dict[int, int] = {}
         self._changed = threading.Condition()
         self._gone = False
-        self._lock = threading.Lock()  # one request at a time: its answer is the next reply
+        self._lock = threading.Lock()  # one request at a time
+        self._requests = 0  # the number of the latest request; its answer carries it
         self._reader = threading.Thread(target=self._read, name="trainjob-forkserver", daemon=True)
         self._reader.start()
 
@@ -227,8 +228,12 @@ class ForkServer:
                 with self._changed:
                     self._exits[pid] = code
                     self._changed.notify_all()
-            else:
+            elif message.get("id") in (None, self._requests):
                 self._replies.put(message)
+            elif isinstance(late := message.get("started"), int) and late > 0:
+                # The answer to a request given up on (it waited past its time): nobody would
+                # stop a replica started for it, so it is stopped now.
+                _signal_group(late, signal.SIGKILL)
 
     def _reply(self, timeout: float) -> dict[str, object]:
         try:
@@ -241,15 +246,18 @@ class ForkServer:
     ) -> int | str:
         """Fork a replica writing to `output_fd` (the caller closes its own copy): its pid, or
         why the server would not (then it is started as a process of its own)."""
-        message = forkwire.encode(forkwire.request(argv, env, cwd))
         with self._lock:
             if self._gone:
                 return "the fork server has exited"
+            self._requests += 1
+            message = forkwire.encode(forkwire.request(self._requests, argv, env, cwd))
             try:
                 socket.send_fds(self._sock, [message], [output_fd])
             except OSError as error:
                 return f"the fork server cannot be reached: {error}"
             answer = self._reply(FORK_SERVER_ANSWER_SECONDS)
+            if not answer:
+                self._requests += 1  # a late answer to this one is not taken for the next
         pid = answer.get("started")
         if isinstance(pid, int):
             return pid

@@ -132,29 +132,40 @@ def serve(sock: socket.socket, env: Mapping[str, str]) -> Request | None:
         data, fds, _, _ = socket.recv_fds(sock, forkwire.MAX_MESSAGE_BYTES, 1)
         if not data:
             return None
-        request = _request(forkwire.decode(data), fds, env)
+        message = forkwire.decode(data)
+        number = message.get("id")
+        request = _request(message, fds, env)
         if isinstance(request, str):
             for fd in fds:
                 os.close(fd)
-            _send(sock, forkwire.refused(request))
+            _send(sock, forkwire.refused(number, request))
             continue
         sys.stdout.flush()
         sys.stderr.flush()
+        # Closed by the child once it leads its own process group: the pid is answered only
+        # then, so that a signal to the group reaches it at once, as after Popen's start.
+        in_group_read, in_group_write = os.pipe()
         pid = os.fork()
         if pid == 0:
+            os.setsid()  # its own session and process group, as the supervisor's Popen gives
+            os.close(in_group_read)
+            os.close(in_group_write)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os.close(wake_read)
             os.close(wake_write)
             sock.close()
             return request
+        os.close(in_group_write)
+        os.read(in_group_read, 1)  # b"" once the child closed its end (or died)
+        os.close(in_group_read)
         os.close(request.output_fd)
-        _send(sock, forkwire.started(pid))
+        _send(sock, forkwire.started(number, pid))
 
 
 def become(request: Request, server_python_path: str | None) -> None:
-    """In the forked child: turn into the replica, then run it as ``python -m`` would."""
-    os.setsid()  # its own session and process group, as the supervisor's Popen gives one
+    """In the forked child (its own process group already): turn into the replica, then run
+    it as ``python -m`` would."""
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -204,7 +215,7 @@ def main(argv: list[str]) -> int:
     server_python_path = os.environ.get(forkwire.PYTHONPATH)
     env = prepared(dict(os.environ))
     if isinstance(env, str):
-        _send(sock, forkwire.refused(env))
+        _send(sock, forkwire.refused(None, env))
         return 1
     os.environ.clear()
     os.environ.update(env)
