@@ -109,6 +109,7 @@ def test_a_forked_replica_sees_what_its_own_process_would_and_exits_alike(
 
     forked = _fork(server, env, forked_dir)
     assert forked.wait(120) == 7
+    assert forked.stdout is not None
     output = forked.stdout.read().decode()
     seen = _report(tmp_path / "forked.json")
 

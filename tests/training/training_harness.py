@@ -146,12 +146,11 @@ def _forked(
     server = _fork_servers[key]
     if server is None:
         return None
-    read_fd = os.open(os.devnull, os.O_RDONLY)  # the output goes to the log file, not a pipe
     pid = server.spawn(cmd, env, str(cwd), output_fd)
     if isinstance(pid, str):
-        os.close(read_fd)
         return None
-    return supervisor.ForkedProcess(pid, os.fdopen(read_fd, "rb"), server)
+    # No stdout to read, as a Popen writing to a file has none: the output is in the log.
+    return supervisor.ForkedProcess(pid, None, server)
 
 
 def start(

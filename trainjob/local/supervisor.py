@@ -94,6 +94,15 @@ def package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(trainjob.__file__)))
 
 
+def _wait_or_kill(process: subprocess.Popen[bytes], seconds: float) -> None:
+    """Wait up to `seconds` for a process asked to stop; SIGKILL it after that, then reap it."""
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class Server:
     """A long-running helper process of one's own (TensorBoard), its output in a log file."""
 
@@ -113,11 +122,7 @@ class Server:
         if self._popen.poll() is not None:
             return
         self._popen.terminate()
-        try:
-            self._popen.wait(grace_seconds)
-        except subprocess.TimeoutExpired:
-            self._popen.kill()
-            self._popen.wait()
+        _wait_or_kill(self._popen, grace_seconds)
 
 
 # The fork server's TensorFlow import: a few seconds, a minute only on a machine very busy.
@@ -129,7 +134,7 @@ class ForkedProcess:
     """A replica forked by the fork server: the part of a Popen the supervisor uses (the
     server, its parent, reaps it and reports its exit)."""
 
-    def __init__(self, pid: int, stdout: IO[bytes], server: ForkServer) -> None:
+    def __init__(self, pid: int, stdout: IO[bytes] | None, server: ForkServer) -> None:
         self.pid = pid
         self.stdout = stdout
         self._server = server
@@ -288,11 +293,7 @@ class ForkServer:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
-        try:
-            self._popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._popen.kill()
-            self._popen.wait()
+        _wait_or_kill(self._popen, 5)
 
 
 def _exists(pid: int) -> bool:
@@ -440,11 +441,7 @@ class PrivateNetwork:
             return
         if self._pasta.poll() is None:
             self._pasta.terminate()
-            try:
-                self._pasta.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._pasta.kill()
-                self._pasta.wait()
+            _wait_or_kill(self._pasta, 5)
         self._pasta = None
 
     def close(self) -> None:
@@ -482,11 +479,7 @@ def _stop_holder(holder: subprocess.Popen[bytes]) -> None:
         if stream is not None:
             with contextlib.suppress(OSError):
                 stream.close()
-    try:
-        holder.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        holder.kill()
-        holder.wait()
+    _wait_or_kill(holder, 5)
 
 
 @dataclasses.dataclass(frozen=True)
