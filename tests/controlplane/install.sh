@@ -3,7 +3,7 @@
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
 #       built from the k8s.io/kubernetes Go module (wrapper module in tests/controlplane/k8s)
 #   etcd   built from its Go module (wrapper module in tests/controlplane/etcd)
-#   kwok   go install sigs.k8s.io/kwok/cmd/kwok
+#   kwok   sigs.k8s.io/kwok/cmd/kwok, with kwok/pod-uid-precondition.patch applied (KWOK_PATCH says why)
 #   helm   go install helm.sh/helm/v3/cmd/helm
 #   kueue  the Kueue controller, built from its Go module (wrapper module tests/controlplane/kueue),
 #          with its CRDs and webhook manifests copied from the module (tests/controlplane/kueue.py)
@@ -66,6 +66,10 @@ modversion() {
 K8S_VERSION="$(modversion "$HERE/k8s/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(modversion "$HERE/etcd/go.mod" go.etcd.io/etcd/server/v3)"
 KWOK_VERSION="v0.8.0"
+# kwok deletes and patches pods by name alone: one played late for a pod that is gone hits a
+# newer pod of the same name (a restarted replica's). Built with kwok/pod-uid-precondition.patch,
+# its calls carry the pod's uid as the kubelet's do; the cache folder is named after the patch.
+KWOK_PATCH="pod-uid-precondition"
 HELM_VERSION="v3.22.0"
 KIND_VERSION="v0.33.0"
 
@@ -181,8 +185,17 @@ build_etcd() {
 }
 
 build_kwok() {
-    local out="$1" version="$2"
-    GOBIN="$out" "$GO" install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$version"
+    local out="$1" _version="$2"
+    local module src
+    module="$("$GO" mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" |
+        sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+    [[ -d "$module" ]] || { echo "install.sh: kwok $KWOK_VERSION not downloaded" >&2; return 1; }
+    src="$(mktemp -d)"
+    cp -R "$module/." "$src"
+    chmod -R u+w "$src"
+    (cd "$src" && git apply -p1 "$HERE/kwok/$KWOK_PATCH.patch" &&
+        "$GO" build -trimpath -ldflags "-s -w" -o "$out/kwok" ./cmd/kwok)
+    rm -rf "$src"
 }
 
 build_helm() {
@@ -366,7 +379,7 @@ fi
 
 total_start=$SECONDS
 build_into etcd "$ETCD_VERSION" build_etcd etcd
-build_into kwok "$KWOK_VERSION" build_kwok kwok
+build_into kwok "$KWOK_VERSION-$KWOK_PATCH" build_kwok kwok
 build_into helm "$HELM_VERSION" build_helm helm
 build_into kubernetes "$K8S_VERSION" build_kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl
 build_into kueue "$KUEUE_VERSION" build_kueue kueue

@@ -36,6 +36,15 @@ def install_sh_version(name: str) -> str:
     return match.group(1)
 
 
+def install_sh_value(name: str) -> str:
+    """A ``NAME="value"`` assignment in install.sh."""
+    text = (HERE / "install.sh").read_text(encoding="utf-8")
+    match = re.search(rf'^{name}="([^"$]+)"', text, re.MULTILINE)
+    if match is None:
+        raise ToolsMissingError(f"{name} not found in {HERE / 'install.sh'}")
+    return match.group(1)
+
+
 def tools_dir() -> Path:
     """Where install.sh caches the binaries."""
     env = os.environ.get("TRAINJOB_TOOLS_DIR")
@@ -63,7 +72,8 @@ class Tools:
         base = root if root is not None else tools_dir()
         k8s = go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
         etcd = go_mod_version(HERE / "etcd" / "go.mod", "go.etcd.io/etcd/server/v3")
-        kwok = install_sh_version("KWOK_VERSION")
+        # Built with a patch of ours (install.sh says why), cached under the patch's name.
+        kwok = f'{install_sh_version("KWOK_VERSION")}-{install_sh_value("KWOK_PATCH")}'
         helm = install_sh_version("HELM_VERSION")
         kdir = base / f"kubernetes-{k8s}"
         return cls(

@@ -4,6 +4,8 @@ exit code from the annotation trainjob.dev/kwok-exit-code."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 from typing import Any, Final
 
 import pytest
@@ -136,3 +138,67 @@ def test_kwok_runs_trainjob_pods_to_the_annotated_exit_code(
         return "kwok-worker-9" not in pod_names(core_v1, namespace)
 
     waits.wait_until(deleted, timeout=30, what="kwok to finish deleting kwok-worker-9")
+
+
+def test_kwok_acts_on_the_pod_it_saw_not_a_newer_one_of_the_same_name(
+    kwok: Component, core_v1: k8s.CoreV1Api, namespace: str
+) -> None:
+    """A replica restarted under the same name (the operator's restarts, a StatefulSet's) is a
+    new pod: the deletion kwok plays for the old one must not take it, as the kubelet deletes
+    only the pod of its uid. Here a pod runs to Succeeded, is deleted (at once: it is terminal)
+    and is replaced under its name straight away, many times over, on several names at once
+    so that kwok has events queued; every replacement must run to Succeeded in its turn.
+    Before kwok was patched (install.sh, KWOK_PATCH), 4 of the 8 names lost a replacement."""
+    names = [f"kwok-again-{i}" for i in range(8)]
+    rounds = 12
+    taken: list[str] = []
+
+    def create(name: str) -> str | None:
+        """The new pod's uid; None while the old one is still there."""
+        try:
+            created = core_v1.create_namespaced_pod(namespace, trainjob_pod(name, "0"))
+        except k8s.ApiException as exc:
+            if exc.status == 409:
+                return None
+            raise
+        assert created.metadata is not None
+        return str(created.metadata.uid)
+
+    def fate(name: str, uid: str) -> str | None:
+        """`ok` once the pod of `uid` has Succeeded; what became of it if anything else did."""
+        try:
+            pod = core_v1.read_namespaced_pod(name, namespace)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return "gone"
+            raise
+        assert pod.metadata is not None
+        if str(pod.metadata.uid) != uid:
+            return "replaced"
+        if pod.metadata.deletion_timestamp is not None:
+            return "deleting"
+        return "ok" if phase(pod) == "Succeeded" else None
+
+    def replace_repeatedly(name: str) -> None:
+        for round_ in range(rounds):
+            what = f"{name} #{round_}"
+            uid = waits.wait_until(
+                functools.partial(create, name), timeout=30, what=f"{what} created"
+            )
+            outcome = waits.wait_until(
+                functools.partial(fate, name, uid), timeout=30, what=f"{what} to succeed"
+            )
+            if outcome != "ok":
+                taken.append(f"{what}: {outcome} before it ran to its end")
+                return
+            # Terminal: the API server removes it at once, and its name is free again.
+            preconditions = k8s.V1Preconditions(uid=uid)
+            core_v1.delete_namespaced_pod(
+                name, namespace, body=k8s.V1DeleteOptions(preconditions=preconditions)
+            )
+
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        for future in [pool.submit(replace_repeatedly, name) for name in names]:
+            future.result()
+    assert not taken, taken
+    assert kwok.running()
