@@ -27,22 +27,21 @@ def go_mod_version(gomod: Path, module: str) -> str:
     return match.group(1)
 
 
-def install_sh_version(name: str) -> str:
-    """A ``NAME="vX"`` assignment in install.sh (the one place kwok/helm/kind versions live)."""
-    text = (HERE / "install.sh").read_text(encoding="utf-8")
-    match = re.search(rf'^{name}="(v[^"]+)"', text, re.MULTILINE)
-    if match is None:
-        raise ToolsMissingError(f"{name} not found in {HERE / 'install.sh'}")
-    return match.group(1)
-
-
 def install_sh_value(name: str) -> str:
-    """A ``NAME="value"`` assignment in install.sh."""
+    """A ``NAME="value"`` assignment in install.sh (a literal, not one built from others)."""
     text = (HERE / "install.sh").read_text(encoding="utf-8")
     match = re.search(rf'^{name}="([^"$]+)"', text, re.MULTILINE)
     if match is None:
         raise ToolsMissingError(f"{name} not found in {HERE / 'install.sh'}")
     return match.group(1)
+
+
+def install_sh_version(name: str) -> str:
+    """A ``NAME="vX"`` assignment in install.sh (the one place kwok/helm/kind versions live)."""
+    value = install_sh_value(name)
+    if not value.startswith("v"):
+        raise ToolsMissingError(f"{name} in {HERE / 'install.sh'} is not a version: {value}")
+    return value
 
 
 def tools_dir() -> Path:
@@ -73,7 +72,7 @@ class Tools:
         k8s = go_mod_version(HERE / "k8s" / "go.mod", "k8s.io/kubernetes")
         etcd = go_mod_version(HERE / "etcd" / "go.mod", "go.etcd.io/etcd/server/v3")
         # Built with a patch of ours (install.sh says why), cached under the patch's name.
-        kwok = f'{install_sh_version("KWOK_VERSION")}-{install_sh_value("KWOK_PATCH")}'
+        kwok = f"{install_sh_version('KWOK_VERSION')}-{install_sh_value('KWOK_PATCH')}"
         helm = install_sh_version("HELM_VERSION")
         kdir = base / f"kubernetes-{k8s}"
         return cls(
