@@ -168,13 +168,46 @@ def _torn(loop_dir: Path) -> set[str]:
     return {p.name for p in loop_dir.glob("*") if "_temp" in p.name or ".tmp" in p.name}
 
 
+def _stopped(pid: int) -> bool:
+    """Whether every thread of the process is stopped (SIGSTOP is delivered to each thread
+    in its own time: a thread inside a system call finishes it first)."""
+    try:
+        stats = [t.read_text() for t in Path(f"/proc/{pid}/task").glob("*/stat")]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return all(stat.rsplit(")", 1)[1].split()[0] in ("T", "t", "Z", "X") for stat in stats)
+
+
+def _kill_during_a_save(replica: harness.Replica, loop_dir: Path, rng: random.Random) -> int:
+    """SIGKILL the replica at a seeded random point of one of its saves; the number of saves
+    it let go by. At that point the process is frozen (SIGSTOP) and its save's `_temp` files
+    are looked for: still there, the save is under way and the kill tears it; gone, the save
+    ended first, and the process goes on (SIGCONT) to its next save. So every kill hits a
+    save however fast this machine saves, rather than by chance."""
+    missed, deadline = 0, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        before = _torn(loop_dir)
+        while not _torn(loop_dir) - before and time.monotonic() < deadline:
+            time.sleep(0.0005)  # a save lasts milliseconds: poll that finely
+        time.sleep(rng.uniform(0.0, 0.003))  # the seeded random point of the save
+        replica.signal(signal.SIGSTOP)
+        harness.wait_until(lambda: _stopped(replica.process.pid), 10, "frozen", [replica])
+        if _torn(loop_dir) - before:
+            replica.kill()
+            return missed
+        missed += 1
+        replica.signal(signal.SIGCONT)
+    raise AssertionError(f"no save was caught under way in 60 s ({missed} ended first)")
+
+
 @pytest.mark.timeout(600)
 def test_a_process_killed_during_checkpoint_saves_resumes_from_the_last_complete_one(
     tmp_path: Path,
 ) -> None:
-    """10 seeded SIGKILLs, each at a random point of a save (a few milliseconds after its
-    `_temp` files appeared; the loop saves after every step): every restart restores the
-    checkpoint the state file names, with the state of that very step, never a torn one."""
+    """10 seeded SIGKILLs, each at a random point of a save (the process frozen a few
+    milliseconds after the save's `_temp` files appeared, and killed only if they are still
+    there; the loop saves after every step): every restart restores the checkpoint the state
+    file names, with the state of that very step, never a torn one."""
     ckpt = tmp_path / "ckpt"
     loop_dir = ckpt / "loop"
     total = 300
@@ -199,19 +232,14 @@ def test_a_process_killed_during_checkpoint_saves_resumes_from_the_last_complete
         for event in harness.events_of(events, "worker-0", "step"):
             assert event["metrics"]["w"] == event["step"], event
 
-    expected_start, lost, torn_kills = 0, [], 0
+    expected_start, lost, missed, torn_kills = 0, [], [], 0
     for seed in range(10):
         rng = random.Random(seed)
         replica, progress = start(f"kill{seed}")
         try:
             _wait_step(progress, "worker-0", expected_start + rng.randint(1, 5), [replica])
             before = _torn(loop_dir)
-            deadline = time.monotonic() + 30
-            while not _torn(loop_dir) - before and time.monotonic() < deadline:
-                time.sleep(0.0005)  # a save lasts milliseconds: poll that finely
-            # The seeded random point of the save this kill hits.
-            time.sleep(rng.uniform(0.0, 0.005))
-            replica.kill()
+            missed.append(_kill_during_a_save(replica, loop_dir, rng))
         finally:
             harness.stop_all([replica])
         events = harness.read_events(progress)
@@ -226,14 +254,17 @@ def test_a_process_killed_during_checkpoint_saves_resumes_from_the_last_complete
         codes = harness.wait_exit([replica], 180)
     finally:
         harness.stop_all([replica])
-    print(f"kills during saves: {torn_kills}/10 left a save's files; lost steps per kill {lost}")
+    print(
+        f"kills during saves: {torn_kills}/10 left a save's files; lost steps per kill {lost};"
+        f" saves that ended before the freeze, per kill {missed}"
+    )
     assert codes == {"final": 0}, harness.dump_logs([replica])
     events = harness.read_events(progress)
     (start_event,) = harness.events_of(events, "worker-0", "start")
     assert start_event["initial_step"] == expected_start
     consistent(events)
     assert harness.events_of(events, "worker-0", "end")[0]["step"] == total
-    assert torn_kills >= 1, "no kill hit a save: the test did not test torn checkpoints"
+    assert torn_kills == 10, "a kill left no save's files: it did not tear a checkpoint"
 
 
 def test_parameter_server_sample_of_unbatched_scalars_runs_to_the_end(tmp_path: Path) -> None:
