@@ -793,10 +793,10 @@ class Kube:
         self, job: Obj, event: policy.Event, now: datetime.datetime, event_id: str | None = None
     ) -> str | None:
         """A core/v1 Event on the job (a TrainJob, or a TFJob), so `kubectl describe` tells
-        its story; returns
-        its name when this call created it (None: it was there already, or refused).
-        `event_id` makes its name deterministic (`<job>.<event_id>`), so a decision posted
-        again after a crash posts its Events once (409 = already posted).
+        its story; returns its name when this call created it (None: it was there already,
+        or refused). `event_id` makes its name deterministic (`<job>.<event_id>`), so a
+        decision posted again after a crash posts its Events once (409 = already posted: the
+        Event is reworded to this call's message).
         An Event the API server refuses (4xx) is logged and dropped; an unreachable or failing
         API server raises TransientError, so the reconcile is retried before any status write."""
         event_type, reason, message = event.type, event.reason, event.message
@@ -845,6 +845,7 @@ class Kube:
                 accept=(409,),
             )
             if status == 409:
+                await self._reword_event(namespace, event_name(name, event_id or ""), message)
                 return None
             return str((json.loads(payload).get("metadata") or {}).get("name") or "") or None
         except TransientError as exc:
@@ -857,6 +858,24 @@ class Kube:
         except RejectedError as exc:
             self._event_refused(reason, kind, namespace, name, exc)
         return None
+
+    async def _reword_event(self, namespace: str, name: str, message: str) -> None:
+        """An Event posted already (409) for the same transition decided again: it tells the
+        words of this decision, the one about to be recorded (the earlier one may have named
+        a replica that has since succeeded and is not restarted). The same words are a no-op
+        for the API server. Best effort: an Event left in its first words still tells of
+        the right transition."""
+        try:
+            await self._request(
+                "PATCH",
+                core_path(namespace, "events", name),
+                f"rewording Event {namespace}/{name}",
+                body={"message": message[:1024]},
+                content_type=MERGE_PATCH,
+                accept=(404,),
+            )
+        except (TransientError, RejectedError) as exc:
+            logger.info("Could not reword Event %s/%s: %s", namespace, name, exc)
 
     async def withdraw_events(self, namespace: str, names: Iterable[str]) -> None:
         """Delete Events this operator posted for a decision that was never recorded (its

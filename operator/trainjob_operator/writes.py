@@ -179,16 +179,18 @@ def status_fingerprint(status: Mapping[str, Any]) -> str:
 
 def event_id(uid: str, fingerprint: str, occurrence: int, event: policy.Event) -> str:
     """The name suffix of an Event of a decision made from TrainJob `uid` whose status was
-    `fingerprint`; `occurrence` counts the same Event (type, reason, message) earlier in the
+    `fingerprint`; `occurrence` counts the Events of the same type and reason earlier in the
     same decision. The same transition decided again from the same recorded status gets the
     same name, whatever else changed in between (the resourceVersion moves with labels,
-    annotations, progress) and whatever other Events come with it (the next decision
-    may see more: a second replica that ended meanwhile adds an Event before the terminal
-    one, which a name by position in the list would count as another Succeeded): a decision
-    whose status write never landed (a crash, a conflict) posts each of its Events once. A
-    later transition starts from another status (conditions carry their transition times),
-    so it gets other names."""
-    key = f"{uid}/{fingerprint}/{occurrence}/{event.type}/{event.reason}/{event.message}"
+    annotations, progress), whatever other Events come with it (a second replica that ended
+    meanwhile adds an Event before the terminal one, which a name by position in the list
+    would count as another Succeeded) and whatever its words now say (the next decision may
+    see more: worker 1 succeeded meanwhile, so "Restarting worker 0, worker 1" becomes
+    "Restarting worker 0", the same restart): a decision whose status write never landed (a
+    crash, a conflict) posts each of its Events once, and the words are the last decision's
+    (kube.Kube.post_event rewords an Event already there). A later transition starts from
+    another status (conditions carry their transition times), so it gets other names."""
+    key = f"{uid}/{fingerprint}/{occurrence}/{event.type}/{event.reason}"
     return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
@@ -206,10 +208,11 @@ async def post_events(
     uid, job_name = str(metadata.get("uid") or ""), str(metadata.get("name"))
     names: list[str] = []
     created: list[str] = []
-    seen_before: collections.Counter[policy.Event] = collections.Counter()
+    seen_before: collections.Counter[tuple[str, str]] = collections.Counter()
     for event in events:
-        suffix = event_id(uid, fingerprint, seen_before[event], event)
-        seen_before[event] += 1
+        kind = (event.type, event.reason)
+        suffix = event_id(uid, fingerprint, seen_before[kind], event)
+        seen_before[kind] += 1
         name = await api.post_event(dict(raw), event, now, suffix)
         names.append(kube.event_name(job_name, suffix))
         if name is not None:

@@ -415,7 +415,9 @@ def check(
         if status.get("restartCount") != job.restarts:
             problems.append(f"{job.name} ({job.kind}): restartCount {status.get('restartCount')}")
         if reasons["Restarting"] != status.get("restartCount"):
-            problems.append(f"{job.name}: {reasons['Restarting']} Restarting Events, {status}")
+            problems.append(
+                f"{job.name}: {reasons['Restarting']} Restarting Events, {status}, {story}"
+            )
         # A suspend the operator recorded moved every replica to a new attempt, and its
         # resume said so. Known limit: an operator killed between posting a Suspended Event
         # and recording the suspend, with the job resumed in that moment, leaves that Event

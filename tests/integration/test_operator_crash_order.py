@@ -177,6 +177,37 @@ def test_an_event_posted_for_a_decision_never_recorded_is_not_posted_again(
     assert reasons.count("Created") == 1, reasons
 
 
+def test_a_restart_decided_again_from_what_changed_since_posts_one_restarting_event(
+    cluster: Cluster, operators: Operators
+) -> None:
+    """The operator dies after posting the Restarting Event of worker 0's failure ("Restarting
+    worker 0, worker 1"), before writing the status that counts the restart; then worker 1
+    succeeds. The next operator decides the same restart from the same status, but now leaves
+    the succeeded worker 1 alone ("Restarting worker 0"): other words, the same transition.
+    Named after its words, it was a second Restarting Event for one restart (seen in the
+    chaos storm: c007, 2 Restarting Events, restartCount 1). It is the same Event, told in
+    the words of the decision that was recorded."""
+    name = running_job(
+        cluster, operators, trainjob("twice", chief=0, workers=2, restart_policy="ExitCode")
+    )
+    crashing = operators.start(crash_after="POST /events 1")
+    cluster.set_exited("twice-worker-0", 137)
+    crashed(crashing)
+    told = [str(e.message) for e in cluster.events(name) if e.reason == "Restarting"]
+    assert len(told) == 1 and "worker 1" in told[0], told
+    cluster.set_exited("twice-worker-1", 0)
+    operators.start()
+    waits.wait_until(
+        lambda: (cluster.job(name) or {}).get("status", {}).get("restartCount") == 1,
+        timeout=T,
+        what="the restart counted",
+    )
+    restarting = [e for e in cluster.events(name) if e.reason == "Restarting"]
+    recorded = told[0].replace("worker 0, worker 1", "worker 0")
+    story = [(e.metadata.name, e.message) for e in restarting]
+    assert [e.message for e in restarting] == [recorded], story
+
+
 def stopped(operator: operator_process.Operator) -> None:
     """Wait until the operator has paused itself (SIGSTOP) at its chosen point."""
 

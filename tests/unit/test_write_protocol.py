@@ -163,6 +163,13 @@ def test_a_transition_decided_again_with_more_events_posts_its_terminal_event_on
     # Two identical Events of one decision still get two names.
     twice = names(stopped, stopped)
     assert twice[0] != twice[1]
+    # The same restart in other words (worker 1 succeeded meanwhile and is not restarted):
+    # the same Event, so one restart is one Restarting Event (seen in the chaos storm: c007).
+    both = policy.Event("Warning", "Restarting", "Restarting worker 0, worker 1 after ...")
+    alone = policy.Event("Warning", "Restarting", "Restarting worker 0 after ...")
+    assert names(both) == names(alone)
+    # Two restarts in one decision (two parameter-server groups) are still two Events.
+    assert len(set(names(both, alone))) == 2
     # Another recorded status: another transition, other names.
     other, _ = asyncio.run(writes.post_events(Recorder(), trainjob(), "other", [succeeded], NOW))
     assert other != first

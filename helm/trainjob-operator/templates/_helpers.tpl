@@ -110,10 +110,11 @@ No wildcards, no Secrets, no ConfigMaps.
   resources: [services]
   verbs: [list, watch, create, delete]
 # Record what happened on the TrainJob (kubectl describe tj): our Events and kopf's warnings;
-# delete withdraws the Events of a decision that was superseded before it was recorded.
+# delete withdraws the Events of a decision that was superseded before it was recorded, patch
+# rewords an Event posted already when the same transition is decided again.
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, delete]
+  verbs: [create, patch, delete]
 {{- if .Values.networkPolicy.enabled }}
 # One NetworkPolicy per TrainJob (only its own replicas reach its TensorFlow ports), created
 # before its Pods; the garbage collector deletes it with the job (ownerReference).
