@@ -3,8 +3,9 @@ protocol of reconciler.py (its module docstring says why this order).
 
 - `current_trainjob`: the watched copy when it is known to be at least as new as anything
   this job's loop has read or written (`Seen`), else a GET.
-- `record_decision`: the decision's Events (named after the job and the status decided
-  from, so the same transition decided again posts the same names), then its status,
+- `record_decision`: the decision's Events (named after the job, the status decided
+  from and each Event's type and reason, so the same transition decided again posts the
+  same names, whatever its words), then its status,
   conditional on the version decided from; a conflict leaves the Events to withdraw
   (`Superseded`) and the reconcile is made again from a fresh read.
 - `status_diff`: the merge patch from the status there is to the status wanted (our keys);
