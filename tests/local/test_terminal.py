@@ -20,6 +20,8 @@ import pexpect
 import pyte
 import pytest
 
+from tests.support.processes import all_threads_stopped
+
 from .conftest import (
     cli_env,
     command_replica,
@@ -85,6 +87,25 @@ def _wait_for_quiet(child: pexpect.spawn, stream: pyte.ByteStream) -> None:
             return
 
 
+def _resize_between_draws(
+    child: pexpect.spawn, stream: pyte.ByteStream, screen: pyte.HistoryScreen, columns: int
+) -> None:
+    """Resize as a person dragging a window does, between two draws: a real terminal draws
+    every byte written before the resize at the old width, but this harness reads in chunks,
+    so a redraw the run wrote after the last read was drawn at the new width (two tables in
+    one snapshot, seen once on a loaded machine). So the run is frozen (SIGSTOP; each frame
+    is one write, which a stopping thread finishes first), what it wrote is drawn at the old
+    width, both sides are resized, and the run goes on (SIGCONT) to redraw for the new one."""
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: all_threads_stopped(child.pid), DEADLINE_S, "the run frozen")
+        _wait_for_quiet(child, stream)  # frozen: this drains what it wrote, and returns
+        child.setwinsize(ROWS, columns)
+        screen.resize(ROWS, columns)
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+
+
 def _run_on_terminal(
     tmp_path: Path, columns: int, resize_to: int | None = None
 ) -> tuple[list[str], list[list[str]], int]:
@@ -119,12 +140,8 @@ def _run_on_terminal(
             snapshot = _lines(screen)
             snapshots.append(snapshot)
             if resize_to is not None and not resized and _both_at_line_08(snapshot):
-                # Resize between two draws, as a person dragging a window does: bytes written
-                # for the old width must reach the emulator before it changes size (a real
-                # terminal serialises both; this harness reads in chunks).
                 _wait_for_quiet(child, stream)
-                child.setwinsize(ROWS, resize_to)
-                screen.resize(ROWS, resize_to)
+                _resize_between_draws(child, stream, screen, resize_to)
                 resized = True
         else:
             raise AssertionError(f"trainjob run did not end in {DEADLINE_S}s")

@@ -38,6 +38,17 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of process `pid` is stopped (or the process is gone). SIGSTOP is
+    delivered to each thread in its own time: a thread inside a system call (a write, say)
+    finishes it first."""
+    try:
+        stats = [task.read_text() for task in Path(f"/proc/{pid}/task").glob("*/stat")]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return all(stat.rsplit(")", 1)[1].split()[0] in ("T", "t", "Z", "X") for stat in stats)
+
+
 def log_tail(log: Path, lines: int) -> str:
     """The last `lines` lines of a log file; empty when it cannot be read."""
     try:

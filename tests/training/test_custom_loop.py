@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import training_harness as harness
 
+from tests.support.processes import all_threads_stopped
+
 pytestmark = [pytest.mark.training, pytest.mark.timeout(300)]
 
 ENTRYPOINT = "trainjob.samples.mnist_loop:build"
@@ -168,16 +170,6 @@ def _torn(loop_dir: Path) -> set[str]:
     return {p.name for p in loop_dir.glob("*") if "_temp" in p.name or ".tmp" in p.name}
 
 
-def _stopped(pid: int) -> bool:
-    """Whether every thread of the process is stopped (SIGSTOP is delivered to each thread
-    in its own time: a thread inside a system call finishes it first)."""
-    try:
-        stats = [t.read_text() for t in Path(f"/proc/{pid}/task").glob("*/stat")]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return all(stat.rsplit(")", 1)[1].split()[0] in ("T", "t", "Z", "X") for stat in stats)
-
-
 def _kill_during_a_save(replica: harness.Replica, loop_dir: Path, rng: random.Random) -> int:
     """SIGKILL the replica at a seeded random point of one of its saves; the number of saves
     it let go by. At that point the process is frozen (SIGSTOP) and its save's `_temp` files
@@ -191,7 +183,9 @@ def _kill_during_a_save(replica: harness.Replica, loop_dir: Path, rng: random.Ra
             time.sleep(0.0005)  # a save lasts milliseconds: poll that finely
         time.sleep(rng.uniform(0.0, 0.003))  # the seeded random point of the save
         replica.signal(signal.SIGSTOP)
-        harness.wait_until(lambda: _stopped(replica.process.pid), 10, "frozen", [replica])
+        harness.wait_until(
+            lambda: all_threads_stopped(replica.process.pid), 10, "frozen", [replica]
+        )
         if _torn(loop_dir) - before:
             replica.kill()
             return missed
