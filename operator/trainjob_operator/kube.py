@@ -806,12 +806,13 @@ class Kube:
         kind = str(job.get("kind") or constants.KIND)
         stamp = now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         micro = now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        named = event_name(name, event_id) if event_id else None
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": (
-                {"name": event_name(name, event_id), "namespace": namespace}
-                if event_id
+                {"name": named, "namespace": namespace}
+                if named
                 else {"generateName": f"{name}.", "namespace": namespace}
             ),
             "involvedObject": {
@@ -844,8 +845,9 @@ class Kube:
                 body=body,
                 accept=(409,),
             )
-            if status == 409:
-                await self._reword_event(namespace, event_name(name, event_id or ""), message)
+            if status == 409:  # only a named Event can be there already
+                if named:
+                    await self._reword_event(namespace, named, message)
                 return None
             return str((json.loads(payload).get("metadata") or {}).get("name") or "") or None
         except TransientError as exc:

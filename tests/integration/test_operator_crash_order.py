@@ -23,6 +23,7 @@ from kubernetes import client as k8s
 
 from tests.integration.operator_harness import Cluster, attempt, meta, trainjob
 from tests.support import operator_process, waits
+from tests.support.processes import all_threads_stopped
 
 pytestmark = pytest.mark.integration
 
@@ -211,12 +212,9 @@ def test_a_restart_decided_again_from_what_changed_since_posts_one_restarting_ev
 def stopped(operator: operator_process.Operator) -> None:
     """Wait until the operator has paused itself (SIGSTOP) at its chosen point."""
 
-    def state() -> bool:
-        assert operator.process is not None
-        fields = Path(f"/proc/{operator.process.pid}/stat").read_text().rsplit(")", 1)[1]
-        return fields.split()[0] == "T"
-
-    waits.wait_until(state, timeout=T, what="the operator's pause")
+    assert operator.process is not None
+    pid = operator.process.pid
+    waits.wait_until(lambda: all_threads_stopped(pid), timeout=T, what="the operator's pause")
 
 
 def test_the_events_of_a_superseded_decision_are_withdrawn(
