@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from trainjob.core import policy
-from trainjob.runtime import exitcodes, losscheck, reporter, settings
+from trainjob.runtime import exitcodes, losscheck, preemption, reporter, settings
 from trainjob.runtime.exitcodes import FailureKind
 
 
@@ -209,3 +209,39 @@ def test_the_lagged_check_raises_on_flush_and_then_holds_nothing() -> None:
     with pytest.raises(exitcodes.NonFiniteLossError, match="loss became inf at step 10"):
         lagged.flush()
     lagged.flush()  # emptied: nothing raised twice
+
+
+class UnavailableError(Exception):
+    """Named as TensorFlow's ``tf.errors.UnavailableError`` (its subclasses count too)."""
+
+
+class SocketClosedError(UnavailableError):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("thread", "error", "quiet"),
+    [
+        ("PeerTerminationWatcher-1", UnavailableError, True),
+        ("WorkerTerminationSignalWatcher-0", SocketClosedError, True),
+        # The same error in any other thread is someone's bug: its traceback stays.
+        ("Thread-3 (train)", UnavailableError, False),
+        (None, UnavailableError, False),
+        # Another error in the watcher is TF's or the runtime's bug: its traceback stays.
+        ("PeerTerminationWatcher-1", ValueError, False),
+    ],
+)
+def test_only_a_preemption_watcher_losing_the_coordination_service_is_quieted(
+    thread: str | None, error: type[BaseException], quiet: bool
+) -> None:
+    assert preemption.is_lost_coordination(thread, error) is quiet
+
+
+def test_a_lost_coordination_service_is_one_line_naming_the_thread_and_the_error() -> None:
+    error = UnavailableError("Socket closed\nAdditional GRPC error information from ...")
+    line = preemption.lost_coordination_line("PeerTerminationWatcher-1", error)
+    assert line == (
+        "TensorFlow's preemption watcher (PeerTerminationWatcher-1) stopped: the job's "
+        "coordination service is gone (UnavailableError: Socket closed), as when the worker "
+        "hosting it has ended"
+    )

@@ -28,6 +28,7 @@ itself should unblock it (``signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.S
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -110,6 +111,58 @@ class StopWatcher:
         os._exit(code)
 
 
+# The threads of TF's handler that wait on the job's coordination service (hosted by the first
+# worker or the chief): the peers' watcher blocks there for a save step, the poller writes this
+# worker's stop request there.
+HANDLER_THREAD_PREFIXES: Final = ("PeerTerminationWatcher-", "WorkerTerminationSignalWatcher-")
+# What their calls raise once the service's host has ended (TF's own shutdown of the handler
+# ignores the same errors, "some worker might have exited already").
+LOST_SERVICE_ERRORS: Final = ("UnavailableError", "AbortedError", "CancelledError")
+
+
+def is_lost_coordination(thread_name: str | None, error_type: type[BaseException]) -> bool:
+    """Whether a thread's uncaught error is TF's handler finding the coordination service gone
+    (pure): a consequence of a peer's end, never this replica's cause."""
+    return (thread_name or "").startswith(HANDLER_THREAD_PREFIXES) and any(
+        kind.__name__ in LOST_SERVICE_ERRORS for kind in error_type.__mro__
+    )
+
+
+def lost_coordination_line(thread_name: str | None, error: BaseException | None) -> str:
+    """The one line a handler thread's lost coordination service is worth (pure)."""
+    first = str(error).strip().splitlines()[0] if error is not None and str(error).strip() else ""
+    reason = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    return (
+        f"TensorFlow's preemption watcher ({thread_name}) stopped: the job's coordination "
+        f"service is gone ({reason}), as when the worker hosting it has ended"
+    )
+
+
+def quiet_lost_coordination() -> None:
+    """Turn a handler thread's lost coordination service into one log line.
+
+    When the service's host ends first (every worker hits the same NaN and the first exits a
+    moment sooner; a peer is killed), the watcher thread of every other worker dies with
+    ``UnavailableError: Socket closed``, and Python prints the thread's traceback into the
+    replica's log, under the line that says why the replica ended: a traceback that is no
+    cause. Every other thread's error still goes to the hook that was there. Idempotent.
+    """
+    previous = threading.excepthook
+    if getattr(previous, "trainjob_lost_coordination", False):
+        return
+    log = logging.getLogger(__name__)
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread is not None else None
+        if is_lost_coordination(name, args.exc_type):
+            log.info(lost_coordination_line(name, args.exc_value))
+            return
+        previous(args)
+
+    hook.trainjob_lost_coordination = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 def checkpoint_handler(
     tf: Any,
     cluster_resolver: Any,
@@ -131,6 +184,7 @@ def checkpoint_handler(
         grace_period=0,
         save_fn=save_fn,
     )
+    quiet_lost_coordination()  # before the handler starts its threads
     return tf.distribute.experimental.PreemptionCheckpointHandler(
         cluster_resolver, checkpoint_manager, termination_config=config
     )
