@@ -364,6 +364,19 @@ def test_the_last_exception_line_is_the_cause() -> None:
     assert logfilter.last_exception_line("all good\n") is None
 
 
+def test_tensorflows_noise_is_never_a_cause() -> None:
+    # What a replica SIGKILLed mid-training leaves on a CPU machine: its start-up noise (one
+    # line at error level, "CUDA error"), then progress lines. Its exit code says why.
+    log = "\n".join(
+        ["=== trainjob: job-worker-0 attempt 0 started 2026-01-01T00:00:00Z", *REAL_NOISE]
+    )
+    assert logfilter.last_exception_line(log) is None
+    cause = outcome.Cause("worker-0", logfilter.last_exception_line(log), "logs/worker-0.log")
+    assert view.exit_line(cause, 137) == (
+        "! worker-0 exited with code 137: killed by SIGKILL (log: logs/worker-0.log)"
+    )
+
+
 def test_a_failing_replica_gets_one_line_with_its_cause() -> None:
     cause = outcome.Cause("worker-1", "ValueError: bad", "/r/logs/worker-1.log")
     assert view.exit_line(cause, 1) == (

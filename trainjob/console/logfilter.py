@@ -119,7 +119,13 @@ _EXCEPTION_LINE: Final = re.compile(
 def last_exception_line(log_text: str) -> str | None:
     """The last exception line of a log (the cause a failure summary quotes), else the last
     error-like line (`Could not start gRPC server`, `Rejected ...`). Noise is never quoted."""
-    lines = [terminal_safe(line).strip() for line in log_text.splitlines()]
+    # Noise out first: on a CPU machine every replica's log starts with TensorFlow's "failed call
+    # to cuInit: ... CUDA error", the only error-like line a SIGKILLed replica leaves.
+    lines = [
+        safe
+        for safe in (terminal_safe(line).strip() for line in log_text.splitlines())
+        if not is_noise(safe)
+    ]
     for line in reversed(lines):
         if _EXCEPTION_LINE.match(line):
             return line
