@@ -71,14 +71,21 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="first wait this long, or until SIGUSR1 (tests/run: the tiers are done)",
+        help="first wait this long, or until the --when file exists",
+    )
+    kind_start.add_argument(
+        "--when",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="start as soon as this file exists (tests/run makes it when the tiers are done)",
     )
     sub.add_parser("kind-stop", help="delete the kind cluster and everything it made")
     args = parser.parse_args(argv)
     if args.command == "import-images":
         return _import_images()
     if args.command == "kind-start":
-        return _start_kind(args.after)
+        return _start_kind(args.after, args.when)
     if args.command == "kind-stop":
         from tests.controlplane.kind import clean_up, leftovers
 
@@ -182,13 +189,9 @@ def _up_node(workdir: Path | None) -> int:
 KIND_START_ATTEMPTS: Final = 2
 
 
-def _start_kind(after: float) -> int:
+def _start_kind(after: float, when: Path | None) -> int:
     from tests.controlplane.e2e_cluster import KIND_IMAGES
     from tests.controlplane.kind import start_kind
-
-    # Blocked for good: a SIGUSR1 that comes once the wait is over is left pending, never
-    # taken for its default action (which ends the process).
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt  # start_kind removes what it made on the way out
@@ -199,7 +202,7 @@ def _start_kind(after: float) -> int:
             # A ready cluster costs about a third of a core while it waits for the e2e tier
             # (tests/README.md): started later, it is ready nearer the moment it is needed.
             print(f"kind: starting in {after:.0f}s, or when the tiers are done", flush=True)
-            signal.sigtimedwait({signal.SIGUSR1}, after)
+            _wait_for_file(when, after)
         started = time.monotonic()
         for attempt in range(1, KIND_START_ATTEMPTS + 1):
             try:
@@ -226,6 +229,22 @@ def _start_kind(after: float) -> int:
         return 130
     print(f"kind cluster ready for the e2e tier in {time.monotonic() - started:.0f}s", flush=True)
     return 0
+
+
+# How often the wait for the --when file looks: a second against a start of minutes.
+START_FILE_POLL_S: Final = 1.0
+
+
+def _wait_for_file(path: Path | None, timeout: float) -> None:
+    """Until `path` exists or `timeout` seconds have passed. A file, not a signal: tests/run
+    once sent SIGUSR1 while this process was still importing, before it could block the
+    signal, and its default action ended the process (a cold CI run, 2026-12-02)."""
+    deadline = time.monotonic() + timeout
+    while not (path is not None and path.exists()):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(START_FILE_POLL_S, left))
 
 
 def _up_kind() -> int:

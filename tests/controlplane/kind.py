@@ -106,6 +106,8 @@ SHARED_VOLUMES: Final = 40  # one per claim of the tier, which keeps them (Retai
 SHARED_MOUNT: Final = "/shared"
 WORKERS: Final = (f"{CLUSTER_NAME}-worker", f"{CLUSTER_NAME}-worker2")
 CONTROL_PLANE: Final = f"{CLUSTER_NAME}-control-plane"
+# The lines of each log a failed start prints (control_plane_report).
+REPORT_LINES: Final = 15
 INSTALL_COMMAND: Final = "bash tests/controlplane/install.sh --kind"
 RUNTIME_WRAPPER: Final = HERE / "kind" / "runc-nosysres"
 NETPOL_NAME: Final = "kube-network-policies"  # its install.yaml's DaemonSet, in kube-system
@@ -707,6 +709,26 @@ class KindCluster:
 
     # -- stop ----------------------------------------------------------------------------
 
+    def control_plane_report(self) -> str:
+        """What the control-plane node says of a start that failed, before it is removed: its
+        kubelet's last lines and each control-plane Pod's (kubeadm's own error names only the
+        request that waited out its minute)."""
+        script = (
+            f"journalctl -u kubelet --no-pager -n {REPORT_LINES}; "
+            "for f in /var/log/pods/kube-system_*/*/*.log; do "
+            f'echo "--- $f"; tail -n {REPORT_LINES} "$f"; done'
+        )
+        answer = subprocess.run(
+            [str(self.tools.docker), "exec", CONTROL_PLANE, "sh", "-c", script],
+            env=self.docker_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        heading = f"--- {CONTROL_PLANE}: kubelet and control-plane Pods"
+        return f"{heading}\n{answer.stdout}{answer.stderr}"
+
     def stop(self) -> None:
         clean_up()
         found = leftovers()
@@ -840,6 +862,7 @@ def start_kind(images: Sequence[str] = ()) -> KindCluster:
                 if log.exists():
                     print("--- dockerd.log (last 40 lines)")
                     print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+                print(cluster.control_plane_report(), flush=True)
                 raise
             cluster.install_network_policies()
             archived.result()
